@@ -1,0 +1,115 @@
+"""Per-step attention metadata: one plan per sequence and layer kind, prepared once per step
+and shared by every layer of that kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from muser.attention.routes import Route, choose_route, inner_route
+from muser.attention.tiles import classify_tiles
+from muser.config import LayerKind, ModelConfig
+from muser.kvcache.ring import RingState
+
+
+@dataclass(frozen=True, slots=True)
+class SeqInput:
+    """What the runner knows about one sequence in a step (host integers)."""
+
+    slot: int
+    start: int  # logical position of the first new row == rows already cached
+    num_rows: int
+    ring: RingState
+    page_ids: tuple[int, ...]  # must cover positions [0, start + num_rows)
+
+
+@dataclass(slots=True)
+class SeqPlan:
+    rows: slice  # this sequence's rows in the step's flat batch
+    route: Route
+    inner: Route  # route over the attended key range (== route unless STAGING)
+    q_start: int
+    k_start: int  # logical position of read_rows[0]
+    read_rows: torch.Tensor  # flat physical rows attended, logical order (STAGING: tail only)
+    write_src: torch.Tensor  # which new rows are stored
+    write_dst: torch.Tensor  # where: flat physical rows of the layer's store
+    tiles: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class StepPlan:
+    kinds: dict[str, list[SeqPlan]]
+    next_rings: list[RingState]  # ring metadata once the step has committed
+    window: int
+    tile: int
+
+
+def plan_step(
+    cfg: ModelConfig, seqs: list[SeqInput], page_size: int, tile: int, force_f32: bool = False
+) -> StepPlan:
+    """Routes, tiles and row indices for every (sequence, kind) of one forward step."""
+    kinds: dict[str, list[SeqPlan]] = {"sliding": [], "global": []}
+    next_rings = []
+    offset = 0
+    for seq in seqs:
+        rows = slice(offset, offset + seq.num_rows)
+        offset += seq.num_rows
+        sliding = _plan_sliding(cfg, seq, rows, tile, force_f32)
+        kinds["sliding"].append(sliding[0])
+        next_rings.append(sliding[1])
+        kinds["global"].append(_plan_global(seq, rows, page_size, tile, force_f32))
+    return StepPlan(kinds, next_rings, cfg.sliding_window, tile)
+
+
+def _plan_sliding(
+    cfg: ModelConfig, seq: SeqInput, rows: slice, tile: int, force_f32: bool
+) -> tuple[SeqPlan, RingState]:
+    ring, n, window = seq.ring, seq.num_rows, cfg.sliding_window
+    route = choose_route("sliding", n, seq.start, ring, tile, force_f32)
+    next_ring, writes = ring.append(n)
+    base = seq.slot * ring.capacity
+    if route == Route.DECODE:
+        read = next_ring.tail(window)
+        k_start = next_ring.logical_end - len(read)
+    elif route == Route.STAGING:
+        read = ring.tail(window - 1)
+        k_start = ring.logical_end - len(read)
+    else:  # contiguous ring: logical row i is physical row i
+        k_start = max(0, seq.start - window + 1)
+        read = list(range(k_start, seq.start + n))
+    inner = inner_route(n, seq.start, tile) if route == Route.STAGING else route
+    src = torch.tensor([i for i, _ in writes], dtype=torch.long)
+    dst = torch.tensor([base + p for _, p in writes], dtype=torch.long)
+    num_keys = len(read) + (n if route == Route.STAGING else 0)
+    plan = SeqPlan(
+        rows, route, inner, seq.start, k_start, torch.tensor(read, dtype=torch.long) + base,
+        src, dst, _tiles(inner, seq.start, n, k_start, num_keys, window, tile),
+    )
+    return plan, next_ring
+
+
+def _plan_global(
+    seq: SeqInput, rows: slice, page_size: int, tile: int, force_f32: bool
+) -> SeqPlan:
+    n, end = seq.num_rows, seq.start + seq.num_rows
+    route = choose_route("global", n, seq.start, None, tile, force_f32)
+    positions = torch.arange(end)
+    pages = torch.tensor(seq.page_ids, dtype=torch.long)
+    flat = pages[positions // page_size] * page_size + positions % page_size
+    return SeqPlan(
+        rows, route, route, seq.start, 0, flat, torch.arange(n), flat[seq.start:],
+        _tiles(route, seq.start, n, 0, end, None, tile),
+    )
+
+
+def _tiles(
+    route: Route, q_start: int, n: int, k_start: int, num_keys: int, window: int | None, tile: int
+) -> torch.Tensor | None:
+    if route != Route.TILED:
+        return None
+    return classify_tiles(q_start, n, k_start, num_keys, window, tile, tile)
+
+
+def kind_window(kind: LayerKind, cfg: ModelConfig) -> int | None:
+    return cfg.sliding_window if kind == "sliding" else None

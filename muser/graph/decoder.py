@@ -1,0 +1,72 @@
+"""The Gemma 3 decoder, written once and run at both widths (prefill chunk or decode rows).
+
+embed * sqrt(hidden) -> per layer: norm -> QKV -> QK-norm + RoPE -> attention -> O ->
+post-attn norm + residual -> norm -> GeGLU MLP -> post-FFN norm + residual -> final norm ->
+tied LM head.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import torch
+
+from muser.attention.layer import attend
+from muser.attention.plan import StepPlan, kind_window
+from muser.config import ModelConfig
+from muser.graph.weights import LayerWeights, ModelWeights
+from muser.kvcache.pool import KVPool
+
+
+class Decoder:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, pool: KVPool, ops: ModuleType):
+        self.cfg, self.weights, self.pool, self.ops = cfg, weights, pool, ops
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, plan: StepPlan,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32."""
+        cfg, w, ops = self.cfg, self.weights, self.ops
+        h = w.embed[input_ids].float() * math.sqrt(cfg.hidden_size)  # residual stream, f32
+        rope = {
+            "sliding": ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta),
+            "global": ops.rope_cos_sin(
+                positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor
+            ),
+        }
+        x = ops.rms_norm(h, w.layers[0].attn_norm, cfg.rms_norm_eps)
+        for layer_id, layer in enumerate(w.layers):
+            next_norm = w.layers[layer_id + 1].attn_norm if layer_id + 1 < cfg.num_layers else (
+                w.final_norm
+            )
+            h, x = self.layer(layer_id, layer, h, x, rope, plan, next_norm)
+        logits = ops.linear(x[logit_rows], w.embed)
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def layer(
+        self, layer_id: int, w: LayerWeights, h: torch.Tensor, x: torch.Tensor,
+        rope: dict, plan: StepPlan, next_norm: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: residual [N, hidden] f32, x: normed input -> (h, input of the next norm'd stage)."""
+        cfg, ops = self.cfg, self.ops
+        kind = cfg.layer_kinds[layer_id]
+        n = x.shape[0]
+        q, k, v = ops.linear(x, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        cos, sin = rope[kind]
+        q = ops.qk_norm_rope(q.view(n, cfg.num_heads, cfg.head_dim), w.q_norm, cos, sin,
+                             cfg.rms_norm_eps)
+        k = ops.qk_norm_rope(k.view(n, cfg.num_kv_heads, cfg.head_dim), w.k_norm, cos, sin,
+                             cfg.rms_norm_eps)
+        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        k_cache, v_cache = self.pool.layer(layer_id)
+        a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),
+                   cfg.attn_scale, plan.tile)
+        o = ops.linear(a.view(n, cfg.q_size), w.o_proj)
+        h, x = ops.add_rms_norm(h, o, w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps)
+        m = ops.linear(ops.geglu(ops.linear(x, w.gate_up)), w.down)
+        return ops.add_rms_norm(h, m, w.post_ffn_norm, next_norm, cfg.rms_norm_eps)

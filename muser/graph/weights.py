@@ -1,0 +1,63 @@
+"""Weights of the layer graph, already in the layout the ops want (fused QKV, fused gate+up)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from muser.config import ModelConfig
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor  # [hidden] f32 (Gemma's 1 + w folded in)
+    qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
+    q_norm: torch.Tensor  # [head_dim] f32
+    k_norm: torch.Tensor  # [head_dim] f32
+    o_proj: torch.Tensor  # [hidden, q_size]
+    post_attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
+    down: torch.Tensor  # [hidden, intermediate]
+    post_ffn_norm: torch.Tensor
+
+
+@dataclass(slots=True)
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]; also the tied LM head
+    final_norm: torch.Tensor
+    layers: list[LayerWeights]
+
+    def nbytes(self) -> int:
+        tensors = [self.embed, self.final_norm]
+        for layer in self.layers:
+            tensors += [getattr(layer, name) for name in LayerWeights.__slots__]
+        return sum(t.nbytes for t in tensors)
+
+
+def random_weights(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0
+) -> ModelWeights:
+    """Seeded random weights of `cfg`'s shapes, created on `device` (no checkpoint needed)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def mat(rows: int, cols: int) -> torch.Tensor:
+        w = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.float32)
+        return (w * cols**-0.5).to(dtype)
+
+    def norm(size: int) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(size, generator=gen, device=device)
+
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    layers = [
+        LayerWeights(
+            attn_norm=norm(h), qkv=mat(cfg.q_size + 2 * cfg.kv_size, h),
+            q_norm=norm(cfg.head_dim), k_norm=norm(cfg.head_dim), o_proj=mat(h, cfg.q_size),
+            post_attn_norm=norm(h), ffn_norm=norm(h), gate_up=mat(2 * i, h), down=mat(h, i),
+            post_ffn_norm=norm(h),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    embed = (torch.randn(cfg.vocab_size, h, generator=gen, device=device) * 0.05).to(dtype)
+    return ModelWeights(embed=embed, final_norm=norm(h), layers=layers)
