@@ -1,0 +1,6 @@
+"""muser: an inference engine for hybrid-attention LLMs."""
+
+from muser.core import SamplingParams
+from muser.llm import LLM, Completion
+
+__all__ = ["LLM", "SamplingParams", "Completion"]

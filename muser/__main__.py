@@ -1,0 +1,3 @@
+from muser.cli import main
+
+raise SystemExit(main())

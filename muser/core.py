@@ -1,0 +1,88 @@
+"""The nouns that flow through the engine: sampling parameters, requests, step outputs."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0  # 1 = off; llama.cpp semantics over the last repeat_last_n
+    repeat_last_n: int = 64
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repeat_penalty > 0, "repeat_penalty must be > 0"),
+            (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
+            (all(self.stop), "stop strings must be non-empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+_uids = itertools.count()
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request (host only). The scheduler reads counts; the engine the rest."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    uid: int = field(default_factory=lambda: next(_uids))
+    output_ids: list[int] = field(default_factory=list)
+    num_cached: int = 0  # rows of this sequence already in the KV cache
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_prefill_left(self) -> int:
+        return max(0, self.num_prompt - self.num_cached)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    uid: int
+    token_id: int | None  # None when a request ends without a new token (e.g. cancelled)
+    text_delta: str
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled"

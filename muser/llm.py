@@ -1,0 +1,72 @@
+"""LLM: the public Python API. Load once, then stream or generate."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from muser.config import EngineConfig
+from muser.core import Request, SamplingParams, StepOutput
+from muser.engine import Engine
+from muser.loading import load_model
+from muser.runner import Runner
+from muser.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    ttft_s: float
+    tpot_s: float | None  # None with fewer than two new tokens
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float | None
+
+    @classmethod
+    def of(cls, req: Request, text: str) -> Completion:
+        ttft = req.first_token_s - req.arrival_s
+        steps = len(req.output_ids) - 1
+        tpot = (req.finish_s - req.first_token_s) / steps if steps > 0 else None
+        return cls(req.prompt_ids, req.output_ids, text, req.finish_reason, ttft, tpot,
+                   req.num_prompt / ttft, 1 / tpot if tpot else None)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class LLM:
+    def __init__(self, model: str | Path | None = None, progress: bool = True,
+                 **engine_kwargs) -> None:
+        """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig."""
+        engine_kwargs.setdefault("device", default_device())
+        config = EngineConfig(**engine_kwargs)
+        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        loaded = load_model(model, getattr(torch, config.dtype), config.device, progress)
+        limit = loaded.config.max_position_embeddings
+        self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
+        self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
+        self.runner = Runner(self.model_config, self.config, loaded.weights)
+        scheduler = Scheduler(self.config.max_num_seqs, self.config.prefill_chunk,
+                              self.config.decode_waiting_chunk)
+        self.engine = Engine(self.runner, self.tokenizer, scheduler)
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through."""
+        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+
+    def stream(self, prompt: str | list[int], sampling: SamplingParams) -> Iterator[StepOutput]:
+        """Yield StepOutputs as tokens are produced."""
+        return self.engine.run(self.engine.add_request(self.encode(prompt), sampling))
+
+    def generate(self, prompt: str | list[int], sampling: SamplingParams) -> Completion:
+        req = self.engine.add_request(self.encode(prompt), sampling)
+        text = "".join(out.text_delta for out in self.engine.run(req))
+        return Completion.of(req, text)

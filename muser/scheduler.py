@@ -1,0 +1,97 @@
+"""Decode-first continuous batching over host integers (no tensors here).
+
+Each call to `schedule()` returns the next unit of work:
+
+    decode-ready rows exist and the last batch was a prefill chunk (or nothing to prefill)
+        -> one decode pass over every decode-ready row
+    a prompt is being prefilled
+        -> its next chunk: `prefill_chunk` rows, or `decode_waiting_chunk` rows while any
+           decode is waiting (adaptive), so a long prompt never stalls running streams
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from muser.core import Request, Status
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound; the caller should retry later."""
+
+
+@dataclass(slots=True)
+class Batch:
+    is_prefill: bool
+    reqs: list[Request]
+    num_tokens: list[int]  # new rows per request, filled by the scheduler
+
+
+class Scheduler:
+    def __init__(
+        self,
+        max_num_seqs: int,
+        prefill_chunk: int = 512,
+        decode_waiting_chunk: int = 64,
+        adaptive: bool = True,
+        max_waiting: int | None = None,
+    ) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.prefill_chunk = prefill_chunk
+        self.decode_waiting_chunk = decode_waiting_chunk
+        self.adaptive = adaptive
+        self.max_waiting = max_waiting
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._last_was_prefill = False
+
+    def add(self, req: Request) -> None:
+        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests already waiting")
+        self.waiting.append(req)
+
+    def remove(self, uid: int) -> Request | None:
+        """Drop a request wherever it is; returns it, or None if unknown."""
+        for queue in (self.waiting, self.running):
+            for req in queue:
+                if req.uid == uid:
+                    queue.remove(req)
+                    return req
+        return None
+
+    @property
+    def decode_ready(self) -> list[Request]:
+        return [r for r in self.running if r.status == Status.DECODE]
+
+    @property
+    def prefilling(self) -> list[Request]:
+        return [r for r in self.running if r.status == Status.PREFILL]
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch | None:
+        self._admit()
+        decodes, prefills = self.decode_ready, self.prefilling
+        if decodes and (self._last_was_prefill or not prefills):
+            self._last_was_prefill = False
+            return Batch(False, decodes, [1] * len(decodes))
+        if prefills:
+            req = prefills[0]
+            width = self.decode_waiting_chunk if self.adaptive and decodes else self.prefill_chunk
+            self._last_was_prefill = True
+            return Batch(True, [req], [min(width, req.num_prefill_left)])
+        return None
+
+    def finish(self, req: Request) -> None:
+        req.status = Status.FINISHED
+        if req in self.running:
+            self.running.remove(req)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting.popleft()
+            req.status = Status.PREFILL
+            self.running.append(req)
