@@ -7,6 +7,8 @@ from pathlib import Path
 import gguf
 import pytest
 
+from muser.loading.reader import FastGGUFReader
+
 
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
@@ -18,5 +20,5 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def gguf_reader(gguf_path: Path) -> gguf.GGUFReader:
-    """The model's GGUF opened with gguf.GGUFReader (slow to open, so shared)."""
-    return gguf.GGUFReader(gguf_path)
+    """The model's GGUF, opened once per session."""
+    return FastGGUFReader(gguf_path)

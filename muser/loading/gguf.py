@@ -13,6 +13,7 @@ from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
 from muser.graph.weights import LayerWeights, ModelWeights
 from muser.loading.names import GLOBAL_NAMES, LAYER_NAMES, NORMS
+from muser.loading.reader import FastGGUFReader
 from muser.loading.quants import UnsupportedQuantization, dequantize
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)
@@ -26,7 +27,7 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path}")
     try:
-        reader = gguf.GGUFReader(path)
+        reader = FastGGUFReader(path)
     except Exception as exc:  # the reader raises many types on corrupt input
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from None
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
