@@ -1,20 +1,22 @@
 """Decode-first continuous batching over host integers (no tensors here).
 
-Each call to `schedule()` returns the next unit of work:
+Each call to `schedule()` returns the next unit of work, of one of two work classes:
 
     decode-ready rows exist and the last batch was a prefill chunk (or nothing to prefill)
-        -> one decode pass over every decode-ready row
+        -> DECODE: one pass over every decode-ready row
     a prompt is being prefilled
-        -> its next chunk: `prefill_chunk` rows, or `decode_waiting_chunk` rows while any
-           decode is waiting (adaptive), so a long prompt never stalls running streams
+        -> PREFILL: its next chunk of `prefill_chunk` rows, or `decode_waiting_chunk` rows while
+           any decode is waiting (adaptive), so a long prompt never stalls running streams
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from muser.core import Request, Status
+
+WORK_CLASSES = ("decode", "prefill")
 
 
 class QueueFull(RuntimeError):
@@ -26,6 +28,18 @@ class Batch:
     is_prefill: bool
     reqs: list[Request]
     num_tokens: list[int]  # new rows per request, filled by the scheduler
+
+    @property
+    def work_class(self) -> str:
+        return "prefill" if self.is_prefill else "decode"
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters for metrics: steps and rows scheduled per work class since start."""
+
+    steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WORK_CLASSES, 0))
+    rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WORK_CLASSES, 0))
 
 
 class Scheduler:
@@ -44,12 +58,17 @@ class Scheduler:
         self.max_waiting = max_waiting
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.stats = SchedulerStats()
         self._last_was_prefill = False
 
     def add(self, req: Request) -> None:
-        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
+        if self.is_full:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
         self.waiting.append(req)
+
+    @property
+    def is_full(self) -> bool:
+        return self.max_waiting is not None and len(self.waiting) >= self.max_waiting
 
     def remove(self, uid: int) -> Request | None:
         """Drop a request wherever it is; returns it, or None if unknown."""
@@ -72,18 +91,26 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def queue_depth(self) -> dict[str, int]:
+        """Requests waiting per work class: decode-ready rows; prompts not yet fully prefilled."""
+        return {"decode": len(self.decode_ready),
+                "prefill": len(self.waiting) + len(self.prefilling)}
+
     def schedule(self) -> Batch | None:
         self._admit()
         decodes, prefills = self.decode_ready, self.prefilling
         if decodes and (self._last_was_prefill or not prefills):
-            self._last_was_prefill = False
-            return Batch(False, decodes, [1] * len(decodes))
-        if prefills:
+            batch = Batch(False, decodes, [1] * len(decodes))
+        elif prefills:
             req = prefills[0]
             width = self.decode_waiting_chunk if self.adaptive and decodes else self.prefill_chunk
-            self._last_was_prefill = True
-            return Batch(True, [req], [min(width, req.num_prefill_left)])
-        return None
+            batch = Batch(True, [req], [min(width, req.num_prefill_left)])
+        else:
+            return None
+        self._last_was_prefill = batch.is_prefill
+        self.stats.steps[batch.work_class] += 1
+        self.stats.rows[batch.work_class] += sum(batch.num_tokens)
+        return batch
 
     def finish(self, req: Request) -> None:
         req.status = Status.FINISHED
