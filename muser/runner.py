@@ -57,10 +57,11 @@ class Runner:
 
     @torch.inference_mode()
     def forward(
-        self, seqs: list[SeqState], token_ids: list[list[int]], all_logits: bool = False
+        self, seqs: list[SeqState], token_ids: list[list[int]], all_logits: bool = False,
+        logit_rows: list[int] | None = None,
     ) -> torch.Tensor:
-        """Append `token_ids[i]` to `seqs[i]` -> logits of each sequence's last row [B, vocab]
-        (or of every new row [N, vocab] when `all_logits`)."""
+        """Append `token_ids[i]` to `seqs[i]` -> logits of each sequence's last row [B, vocab],
+        of every new row [N, vocab] when `all_logits`, or of the given flat rows."""
         for seq, ids in zip(seqs, token_ids):
             self._reserve_pages(seq, seq.num_cached + len(ids))
         inputs = [
@@ -72,10 +73,13 @@ class Runner:
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
         last_rows = torch.cumsum(lengths, 0) - 1
-        logit_rows = torch.arange(len(flat)) if all_logits else last_rows
+        if logit_rows is not None:
+            rows = torch.tensor(logit_rows, dtype=torch.long)
+        else:
+            rows = torch.arange(len(flat)) if all_logits else last_rows
         logits = self.model.forward(
             torch.tensor(flat, device=self.device), torch.tensor(positions, device=self.device),
-            plan, logit_rows.to(self.device),
+            plan, rows.to(self.device),
         )
         for seq, ids, ring in zip(seqs, token_ids, plan.next_rings):
             seq.num_cached += len(ids)
