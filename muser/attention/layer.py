@@ -26,14 +26,13 @@ def attend(
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for p in plans:
         kn, vn = k[p.rows].to(k_cache.dtype), v[p.rows].to(v_cache.dtype)
-        staging = p.route == Route.STAGING
-        if not staging:
+        if not p.staging:
             _store(k_rows, v_rows, kn, vn, p)
         keys, values = k_rows[p.read_rows], v_rows[p.read_rows]
-        if staging:  # NOTE: a detached shadow in logical order; the live ring is untouched.
+        if p.staging:  # NOTE: a detached shadow in logical order; the live ring is untouched.
             keys, values = torch.cat((keys, kn)), torch.cat((values, vn))
         out[p.rows] = _run(p, q[p.rows], keys, values, window, scale, tile)
-        if staging:
+        if p.staging:
             _store(k_rows, v_rows, kn, vn, p)
     return out
 

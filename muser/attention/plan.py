@@ -28,7 +28,8 @@ class SeqInput:
 class SeqPlan:
     rows: slice  # this sequence's rows in the step's flat batch
     route: Route
-    inner: Route  # route over the attended key range (== route unless STAGING)
+    inner: Route  # computation over the attended keys (STAGING: the shadow's route)
+    staging: bool  # attend a detached shadow, commit to the cache afterwards
     q_start: int
     k_start: int  # logical position of read_rows[0]
     read_rows: torch.Tensor  # flat physical rows attended, logical order (STAGING: tail only)
@@ -69,10 +70,11 @@ def _plan_sliding(
     route = choose_route("sliding", n, seq.start, ring, tile, force_f32)
     next_ring, writes = ring.append(n)
     base = seq.slot * ring.capacity
-    if route == Route.DECODE:
+    staging = n > 1 and not ring.can_append_in_place(n)
+    if n == 1:  # stored first, then the newest `window` rows are visible
         read = next_ring.tail(window)
         k_start = next_ring.logical_end - len(read)
-    elif route == Route.STAGING:
+    elif staging:
         read = ring.tail(window - 1)
         k_start = ring.logical_end - len(read)
     else:  # contiguous ring: logical row i is physical row i
@@ -81,10 +83,11 @@ def _plan_sliding(
     inner = inner_route(n, seq.start, tile) if route == Route.STAGING else route
     src = torch.tensor([i for i, _ in writes], dtype=torch.long)
     dst = torch.tensor([base + p for _, p in writes], dtype=torch.long)
-    num_keys = len(read) + (n if route == Route.STAGING else 0)
+    num_keys = len(read) + (n if staging else 0)
     plan = SeqPlan(
-        rows, route, inner, seq.start, k_start, torch.tensor(read, dtype=torch.long) + base,
-        src, dst, _tiles(inner, seq.start, n, k_start, num_keys, window, tile),
+        rows, route, inner, staging, seq.start, k_start,
+        torch.tensor(read, dtype=torch.long) + base, src, dst,
+        _tiles(inner, seq.start, n, k_start, num_keys, window, tile),
     )
     return plan, next_ring
 
@@ -98,7 +101,7 @@ def _plan_global(
     pages = torch.tensor(seq.page_ids, dtype=torch.long)
     flat = pages[positions // page_size] * page_size + positions % page_size
     return SeqPlan(
-        rows, route, route, seq.start, 0, flat, torch.arange(n), flat[seq.start:],
+        rows, route, route, False, seq.start, 0, flat, torch.arange(n), flat[seq.start:],
         _tiles(route, seq.start, n, 0, end, None, tile),
     )
 
