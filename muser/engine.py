@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from muser.core import Request, SamplingParams, Status, StepOutput
 from muser.errors import MuserError
@@ -30,24 +31,49 @@ class _Live:
     stops: StopMatcher
 
 
+class SlotInfo(NamedTuple):
+    uid: int
+    slot: int | None  # runner slot; None until the first chunk is scheduled
+    status: str
+    num_prompt: int
+    num_cached: int
+    num_output: int
+
+
 class Engine:
     def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler) -> None:
         self.runner, self.tokenizer, self.scheduler = runner, tokenizer, scheduler
         self.max_model_len = runner.engine.max_model_len
         self.live: dict[int, _Live] = {}
 
-    def add_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
-        """Queue a request; raises PromptError or scheduler.QueueFull."""
+    def make_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
+        """Validate a prompt -> a new Request (touches no engine state, so any thread may call it).
+        Raises PromptError."""
         if not prompt_ids:
             raise PromptError("the prompt is empty")
         if len(prompt_ids) >= self.max_model_len:
             raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
                               f"{self.max_model_len} (prompt + at least one new token)")
-        req = Request(list(prompt_ids), sampling)
+        return Request(list(prompt_ids), sampling)
+
+    def add(self, req: Request) -> None:
+        """Queue a request made by make_request; raises scheduler.QueueFull."""
         self.scheduler.add(req)
-        self.live[req.uid] = _Live(req, None, Sampler(sampling),
-                                   IncrementalDecoder(self.tokenizer), StopMatcher(sampling.stop))
+        self.live[req.uid] = _Live(req, None, Sampler(req.sampling),
+                                   IncrementalDecoder(self.tokenizer),
+                                   StopMatcher(req.sampling.stop))
+
+    def add_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
+        """Queue a request; raises PromptError or scheduler.QueueFull."""
+        req = self.make_request(prompt_ids, sampling)
+        self.add(req)
         return req
+
+    def slots(self) -> list[SlotInfo]:
+        """Host-side view of every live request, for /slots and metrics."""
+        return [SlotInfo(live.req.uid, live.seq.slot if live.seq else None, live.req.status.value,
+                         live.req.num_prompt, live.req.num_cached, len(live.req.output_ids))
+                for live in self.live.values()]
 
     def abort(self, uid: int) -> StepOutput | None:
         """Cancel a request and free its sequence and KV at once."""

@@ -1,0 +1,75 @@
+"""create_app: routes, keys, error bodies and metrics around one EngineLoop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from muser.server import llama_routes, openai_routes
+from muser.server.context import ServerContext
+from muser.server.errors import ApiError, install_error_handlers
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
+          "/detokenize", "/health", "/props", "/slots", "/metrics")
+
+
+def _user(request: Request) -> None:
+    request.app.state.ctx.keys.check_user(request)
+
+
+def _admin(request: Request) -> None:
+    request.app.state.ctx.keys.check_admin(request)
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+class _RequestCounter:
+    """Counts every HTTP response by route and status code (pure ASGI: streaming untouched)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = "/slots" if path.startswith("/slots/") else path if path in ROUTES else "other"
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                scope["app"].state.ctx.metrics.observe_request(route, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted_send)
+
+
+def create_app(ctx: ServerContext) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.loop.start()
+        yield
+        app.state.draining = True
+        ctx.loop.stop()
+
+    app = FastAPI(title="muser", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+    app.state.draining = False
+    install_error_handlers(app)
+    app.include_router(llama_routes.health_router)
+    app.include_router(openai_routes.router, dependencies=[Depends(_user)])
+    app.include_router(llama_routes.router, dependencies=[Depends(_user)])
+    app.include_router(llama_routes.admin_router, dependencies=[Depends(_admin)])
+    app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=[Depends(_user)])
+    app.add_middleware(_RequestCounter)
+    return app
+
+
+__all__ = ["create_app", "ApiError"]

@@ -1,0 +1,73 @@
+"""`muser serve`: load the model, then serve it over HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from muser.cli import _positive_int, add_engine_args, engine_kwargs
+from muser.errors import MuserError
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the model over HTTP (OpenAI and llama.cpp routes)",
+                       description="Serve a model: OpenAI-compatible /v1/* routes and "
+                       "llama.cpp-compatible ones, with continuous batching.")
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="default: %(default)s")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="accept KEY on every route but /health (repeatable)")
+    p.add_argument("--api-key-file", metavar="F", help="file with one API key per line")
+    p.add_argument("--admin-key", action="append", default=[], metavar="KEY",
+                   help="key for admin routes (/slots); also works as an API key")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=8,
+                   help="sequences decoded together (default: %(default)s)")
+    p.add_argument("--max-queue", type=_positive_int, default=64,
+                   help="requests waiting beyond --max-num-seqs before 429 (default: %(default)s)")
+    p.add_argument("--chunk-policy", choices=["adaptive", "fixed"], default="adaptive",
+                   help="adaptive: prefill chunks shrink to 64 rows while decodes wait "
+                   "(default: %(default)s)")
+    p.add_argument("--model-name", help="name clients use (default: the model file's stem)")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=4 << 20,
+                   help="largest request body (default: %(default)s)")
+    p.add_argument("--drain-timeout", type=float, default=300.0,
+                   help="seconds SIGTERM waits for in-flight requests (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(run=serve)
+
+
+def _keys(args: argparse.Namespace):
+    from muser.server.auth import Keys, read_key_file
+
+    api = list(args.api_key) + (read_key_file(args.api_key_file) if args.api_key_file else [])
+    if any(not k for k in api + list(args.admin_key)):
+        raise MuserError("API keys must be non-empty")
+    return Keys(tuple(api), tuple(args.admin_key))
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from muser import LLM
+    from muser.server.app import create_app
+    from muser.server.context import ServerContext
+    from muser.server.loop import EngineLoop
+    from muser.server.metrics import Metrics
+
+    keys = _keys(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    kwargs = engine_kwargs(args)
+    if args.chunk_policy == "fixed":
+        kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
+    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, **kwargs)
+    loop = EngineLoop(llm.engine, args.max_queue)
+    ctx = ServerContext(loop, llm.tokenizer, Metrics(lambda: loop.stats), keys,
+                        args.model_name or Path(llm.path).stem, str(llm.path),
+                        llm.config.max_model_len, args.max_num_seqs, args.max_body_bytes)
+    config = uvicorn.Config(create_app(ctx), host=args.host, port=args.port,
+                            log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
+                            server_header=False)
+    uvicorn.Server(config).run()
+    return 0

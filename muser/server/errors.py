@@ -1,0 +1,52 @@
+"""ApiError and the OpenAI-style error body every 4xx/5xx carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
+          429: "rate_limit_error", 503: "server_error", 500: "server_error"}
+
+
+class ApiError(Exception):
+    """An HTTP error with an OpenAI-style body: {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error, including unknown routes and framework validation, gets the same body."""
+
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return ApiError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return ApiError(400, str(exc.errors()[:1]), "invalid_request").response()
+
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        return ApiError(500, "internal server error", "internal_error").response()
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(Exception, internal_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

@@ -1,0 +1,98 @@
+"""Generation: one request's StepOutputs as an async iterator; closing it early aborts the request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request as HttpRequest
+
+from muser.core import SamplingParams, StepOutput
+from muser.server.loop import EngineLoop
+from muser.server.metrics import Metrics
+
+_DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(slots=True)
+class Result:
+    text: str
+    num_output: int
+    finish_reason: str
+
+
+class Generation:
+    def __init__(self, loop: EngineLoop, metrics: Metrics, prompt_ids: list[int],
+                 sampling: SamplingParams) -> None:
+        """Submits at once; raises PromptError or QueueFull."""
+        self.loop, self.metrics = loop, metrics
+        self.num_prompt = len(prompt_ids)
+        self.num_output = 0
+        self.finish_reason: str | None = None
+        self.last: StepOutput | None = None
+        self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
+        aloop = asyncio.get_running_loop()
+        self._start = self._last = time.perf_counter()
+        self._first: float | None = None
+        self.uid = loop.submit(prompt_ids, sampling,
+                               lambda out: aloop.call_soon_threadsafe(self._queue.put_nowait, out))
+        metrics.tokens_in.inc(self.num_prompt)
+
+    async def outputs(self) -> AsyncIterator[StepOutput]:
+        """Every output until the finishing one; leaving early aborts the request."""
+        try:
+            while self.finish_reason is None:
+                out = await self._queue.get()
+                self._account(out)
+                yield out
+        finally:
+            self.close()
+
+    async def collect(self, http: HttpRequest) -> Result:
+        """Wait for the whole text; abort if the client goes away meanwhile."""
+        parts = []
+        try:
+            while self.finish_reason is None:
+                try:
+                    out = await asyncio.wait_for(self._queue.get(), _DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        break
+                    continue
+                self._account(out)
+                parts.append(out.text_delta)
+        finally:
+            self.close()
+        return Result("".join(parts), self.num_output, self.finish_reason or "cancelled")
+
+    def timings(self) -> dict[str, float]:
+        """llama.cpp-style timings: prompt (to the first token) and generation, in ms."""
+        first = self._first or self._last
+        prompt_ms = (first - self._start) * 1e3
+        gen_ms = (self._last - first) * 1e3
+        per_s = (self.num_output - 1) / gen_ms * 1e3 if gen_ms > 0 else 0.0
+        return {"prompt_n": self.num_prompt, "prompt_ms": prompt_ms,
+                "predicted_n": self.num_output, "predicted_ms": gen_ms,
+                "predicted_per_second": per_s}
+
+    def close(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+            self.loop.abort(self.uid)
+
+    def _account(self, out: StepOutput) -> None:
+        now = time.perf_counter()
+        self.last = out
+        if self._first is None and out.finish_reason not in ("cancelled", "error"):
+            self._first = now
+            self.metrics.ttft.observe(now - self._start)
+        if out.token_id is not None:
+            self.num_output += 1
+            self.metrics.tokens_out.inc()
+            self._last = now
+        if out.finished:
+            self.finish_reason = out.finish_reason
+            if self._first is not None and self.num_output > 1:
+                self.metrics.tpot.observe((self._last - self._first) / (self.num_output - 1))

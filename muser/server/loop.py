@@ -1,0 +1,119 @@
+"""EngineLoop: one thread owns the engine; other threads submit and abort through a locked inbox."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from muser.core import Request, SamplingParams, StepOutput
+from muser.engine import Engine, SlotInfo
+from muser.scheduler import QueueFull
+
+log = logging.getLogger("muser.server")
+
+Sink = Callable[[StepOutput], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStats:
+    """A consistent snapshot taken by the loop thread after every step."""
+
+    queue_depth: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
+    steps: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
+    rows: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
+    slots: tuple[SlotInfo, ...] = ()
+    num_free_seqs: int = 0
+    num_free_pages: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, max_queue: int | None = None) -> None:
+        """max_queue: most requests waiting for a sequence slot before submit raises QueueFull."""
+        self.engine, self.max_queue = engine, max_queue
+        self.stats = LoopStats()
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[Request, Sink]] = []
+        self._aborts: list[int] = []
+        self._sinks: dict[int, Sink] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="muser-engine", daemon=True)
+
+    def start(self) -> None:
+        self._snapshot()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel whatever is still in flight and join the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink) -> int:
+        """Queue a request -> uid; `sink` is called from the loop thread with each StepOutput.
+        Raises PromptError, or QueueFull when the waiting queue is at its bound."""
+        req = self.engine.make_request(prompt_ids, sampling)
+        bound = self.max_queue
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if bound is not None and len(self._inbox) + len(self.engine.scheduler.waiting) >= bound:
+                raise QueueFull(f"{bound} requests already waiting")
+            self._inbox.append((req, sink))
+            self._cond.notify()
+        return req.uid
+
+    def abort(self, uid: int) -> None:
+        """Cancel a request; its sequence and KV are freed before the next step."""
+        with self._cond:
+            self._aborts.append(uid)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._inbox or self._aborts or self._stopping or self.engine.has_work):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                adds, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+            for req, sink in adds:
+                self.engine.add(req)
+                self._sinks[req.uid] = sink
+            for uid in aborts:
+                self._deliver(self.engine.abort(uid))
+            self._step()
+        for uid in list(self.engine.live):
+            self._deliver(self.engine.abort(uid))
+        for req, sink in self._inbox:
+            sink(StepOutput(req.uid, None, "", True, "cancelled"))
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception:
+            log.exception("engine step failed; failing every request in flight")
+            outputs = [self.engine.abort(uid) for uid in list(self.engine.live)]
+            outputs = [StepOutput(o.uid, None, "", True, "error") for o in outputs if o]
+        for out in outputs:
+            self._deliver(out)
+        self._snapshot()
+
+    def _deliver(self, out: StepOutput | None) -> None:
+        if out is None:
+            return
+        sink = self._sinks.pop(out.uid, None) if out.finished else self._sinks.get(out.uid)
+        if sink is not None:
+            try:
+                sink(out)
+            except Exception:
+                log.exception("dropping output for request %d", out.uid)
+
+    def _snapshot(self) -> None:
+        sched, runner = self.engine.scheduler, self.engine.runner
+        self.stats = LoopStats(sched.queue_depth(), dict(sched.stats.steps),
+                               dict(sched.stats.rows), tuple(self.engine.slots()),
+                               len(runner.free_slots), runner.pages.num_free)

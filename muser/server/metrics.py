@@ -1,0 +1,62 @@
+"""Prometheus metrics: per-route requests and errors, TTFT/TPOT, tokens, per-work-class queues."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from muser.server.loop import LoopStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine loop's latest snapshot at scrape time."""
+
+    def __init__(self, stats: Callable[[], LoopStats]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        depth = GaugeMetricFamily("muser_queue_depth", "Requests waiting, per work class",
+                                  labels=["work_class"])
+        steps = CounterMetricFamily("muser_steps", "Engine steps, per work class",
+                                    labels=["work_class"])
+        rows = CounterMetricFamily("muser_scheduled_rows", "Rows run, per work class",
+                                   labels=["work_class"])
+        for work_class in ("decode", "prefill"):
+            depth.add_metric([work_class], s.queue_depth[work_class])
+            steps.add_metric([work_class], s.steps[work_class])
+            rows.add_metric([work_class], s.rows[work_class])
+        yield from (depth, steps, rows)
+        yield GaugeMetricFamily("muser_live_requests", "Requests in the engine", len(s.slots))
+        yield GaugeMetricFamily("muser_free_sequence_slots", "Free sequence slots",
+                                s.num_free_seqs)
+        yield GaugeMetricFamily("muser_free_kv_pages", "Free KV pages", s.num_free_pages)
+
+
+class Metrics:
+    def __init__(self, stats: Callable[[], LoopStats]) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("muser_requests", "HTTP requests by route and status code",
+                                ["route", "code"], registry=r)
+        self.errors = Counter("muser_request_errors", "HTTP 4xx/5xx by route and status code",
+                              ["route", "code"], registry=r)
+        self.ttft = Histogram("muser_ttft_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("muser_tpot_seconds", "Time per output token after the first",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokens_in = Counter("muser_prompt_tokens", "Prompt tokens admitted", registry=r)
+        self.tokens_out = Counter("muser_generation_tokens", "Tokens generated", registry=r)
+        r.register(_EngineCollector(stats))
+
+    def observe_request(self, route: str, code: int) -> None:
+        self.requests.labels(route, str(code)).inc()
+        if code >= 400:
+            self.errors.labels(route, str(code)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
