@@ -10,15 +10,20 @@ import torch
 import torch.nn.functional as F
 
 
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """float32, except float64 stays float64 (tests run the spec in float64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [N, K] float32, weight: [M, K] -> [N, M] float32; the product runs in weight.dtype."""
-    return F.linear(x.to(weight.dtype), weight).float()
+    return _up(F.linear(x.to(weight.dtype), weight))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [..., D] -> same shape, float32. Gemma's (1 + w) is already folded into `weight`."""
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    x = _up(x)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * _up(weight)
 
 
 def add_rms_norm(
@@ -56,5 +61,102 @@ def qk_norm_rope(
 
 def geglu(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up: [N, 2 * I] (gate first) -> gelu_tanh(gate) * up: [N, I] float32."""
-    gate, up = gate_up.float().chunk(2, dim=-1)
+    gate, up = _up(gate_up).chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
+
+
+def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """linear(geglu(gate_up), weight): the MLP's down projection. [N, 2 * I] -> [N, M]."""
+    return linear(geglu(gate_up), weight)
+
+
+def store_kv(
+    k_rows: torch.Tensor, v_rows: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+    src: torch.Tensor, dst: torch.Tensor,
+) -> None:
+    """k_rows[dst[i]] = k_new[src[i]] (and v), cast to the cache dtype; dst < 0 writes nothing.
+
+    k_rows/v_rows: [num_rows, kv_heads, head_dim] flat physical rows of one layer's store.
+    """
+    keep = dst >= 0
+    src, dst = src[keep], dst[keep]
+    k_rows[dst] = k_new[src].to(k_rows.dtype)
+    v_rows[dst] = v_new[src].to(v_rows.dtype)
+
+
+def stage_gather(
+    k_rows: torch.Tensor, v_rows: torch.Tensor, read_rows: torch.Tensor,
+    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous keys/values in logical order: rows `read_rows` of the store, then (staging
+    shadow) the chunk's own new rows -> ([S, kv_heads, head_dim], same) in the cache dtype."""
+    keys, values = k_rows[read_rows], v_rows[read_rows]
+    if k_new is not None:
+        keys = torch.cat((keys, k_new.to(k_rows.dtype)))
+        values = torch.cat((values, v_new.to(v_rows.dtype)))
+    return keys, values
+
+
+def decode_rows(
+    block_table: torch.Tensor, start: int, length: int, origin: int, block_size: int
+) -> torch.Tensor:
+    """Flat physical rows of logical keys [start, length) of one sequence.
+
+    key i lives at j = (origin + i) mod (block_size * blocks); row = table[j // bs] * bs + j % bs.
+    A sliding ring is one block of `capacity` rows whose physical origin moves; a paged global
+    cache is many blocks with origin 0 (the modulo never wraps).
+    """
+    j = (origin + torch.arange(start, length, device=block_table.device)) % (
+        block_size * block_table.shape[0]
+    )
+    return block_table[j // block_size].long() * block_size + j % block_size
+
+
+def decode_attention(
+    q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
+    starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """One query row per sequence over its cached keys. q: [B, H, D]; k/v_rows: flat physical
+    rows [R, KVH, D]; block_table: [B, blocks] int32; starts/lens/origins: [B] int32 ->
+    [B, H, D] float32 (zeros where lens <= starts: padding rows)."""
+    from muser.attention.dense_ref import attention_decode
+
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for b in range(q.shape[0]):
+        start, length = int(starts[b]), int(lens[b])
+        if length <= start:
+            continue
+        rows = decode_rows(block_table[b], start, length, int(origins[b]), block_size)
+        out[b] = attention_decode(q[b], k_rows[rows], v_rows[rows], scale)
+    return out
+
+
+def prefill_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
+    window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route,
+    tile_ranges: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A chunk's queries q: [T, H, D] at positions q_start.. over contiguous keys/values
+    [S, KVH, D] at k_start.. (causal, windowed when `window`) -> [T, H, D] float32.
+
+    The reference runs the chunk's route: SHORT_CHUNK (decode per row), TILED (classifier),
+    DENSE or FALLBACK_F32 (masked dense). `tile_ranges` is only used by the Triton twin.
+    """
+    from muser.attention.dense_ref import attention_decode, attention_dense
+    from muser.attention.flash_ref import attention_tiled
+    from muser.attention.routes import Route
+
+    if route == Route.SHORT_CHUNK:
+        rows = []
+        for i in range(q.shape[0]):
+            pos = q_start + i
+            first = 0 if window is None else max(0, pos - window + 1 - k_start)
+            last = pos - k_start + 1
+            rows.append(attention_decode(q[i], keys[first:last], values[first:last], scale))
+        return torch.stack(rows)
+    if route == Route.TILED:
+        return attention_tiled(q, keys, values, q_start, k_start, window, scale, tiles, tile, tile)
+    q_pos = torch.arange(q_start, q_start + q.shape[0], device=q.device)
+    k_pos = torch.arange(k_start, k_start + keys.shape[0], device=q.device)
+    return attention_dense(q, keys, values, q_pos, k_pos, window, scale)

@@ -1,0 +1,120 @@
+"""Split-KV decode attention over a ring (sliding layers) or pages (global layers), with GQA.
+
+Grid (batch, kv head, split): each program takes one split of one sequence's key range, all
+query heads of its KV group at once (one K/V read per group), and writes a partial
+(max, sum, acc); a second kernel merges the splits. Key i of a sequence lives at
+
+    j   = (origin + i) mod (block_size * blocks)      ring: 1 block of `capacity` rows
+    row = table[j // block_size] * block_size + j % block_size
+
+so the same kernel reads a wrapped ring and a page table; only the metadata differs.
+Splits are a launch constant, so the kernel is safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.triton.alloc import empty
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, starts_ptr, lens_ptr, origins_ptr, mid_o, mid_ml,
+    H, stride_qb, stride_qh, stride_t, num_blocks, block_size, scale_log2,
+    KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+):
+    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(starts_ptr + b)
+    length = tl.load(lens_ptr + b)
+    origin = tl.load(origins_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(tl.maximum(length - start, 0), SPLITS), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
+    hi = tl.minimum(lo + per_split, length)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    heads = kvh * G + g
+    g_mask = g < G
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, D), tl.float32)
+    wrap = block_size * num_blocks
+    for i0 in range(lo, hi, BLOCK_N):
+        i = i0 + tl.arange(0, BLOCK_N)
+        valid = i < hi
+        j = (origin + i) % wrap
+        blk = tl.load(table_ptr + b * stride_t + j // block_size, mask=valid, other=0)
+        row = blk.to(tl.int64) * block_size + j % block_size
+        at = (row * KVH + kvh)[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    part = (b * H + heads) * SPLITS + split
+    tl.store(mid_o + part[:, None] * D + d[None, :], acc, mask=g_mask[:, None])
+    tl.store(mid_ml + part * 2, m, mask=g_mask)
+    tl.store(mid_ml + part * 2 + 1, l, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(mid_o, mid_ml, out_ptr, H, D: tl.constexpr, SPLITS: tl.constexpr):
+    bh = tl.program_id(0)
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    m = tl.load(mid_ml + (bh * SPLITS + s) * 2)
+    l = tl.load(mid_ml + (bh * SPLITS + s) * 2 + 1)
+    m_max = tl.max(m, axis=0)
+    # NOTE: empty splits (l == 0, m == -inf) weigh nothing; a padding row (all empty) gives 0.
+    w = tl.where(l > 0, tl.exp2(m - m_max), 0.0)
+    o = tl.load(mid_o + (bh * SPLITS + s)[:, None] * D + d[None, :])
+    num = tl.sum(o * w[:, None], axis=0)
+    den = tl.sum(l * w, axis=0)
+    out = num / tl.maximum(den, 1e-30)
+    tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def num_splits(batch: int, num_kv_heads: int, max_keys: int) -> int:
+    """Enough programs to cover the chip (~2 per SM of 132), at least 64 keys per split."""
+    want = max(1, 256 // max(1, batch * num_kv_heads))
+    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(-(-max_keys // 64))))
+
+
+def decode_attention(
+    q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
+    starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
+    scale: float, splits: int | None = None,
+) -> torch.Tensor:
+    """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
+    starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts)."""
+    batch, heads, head_dim = q.shape
+    kv_heads = k_rows.shape[1]
+    group = heads // kv_heads
+    assert q.stride(2) == 1 and k_rows.is_contiguous() and v_rows.is_contiguous()
+    assert block_table.dtype == torch.int32 and block_table.stride(1) == 1
+    if splits is None:
+        splits = num_splits(batch, kv_heads, block_table.shape[1] * block_size)
+    mid_o = empty((batch, heads, splits, head_dim), torch.float32, q.device)
+    mid_ml = empty((batch, heads, splits, 2), torch.float32, q.device)
+    out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
+    block_g = max(16, triton.next_power_of_2(group))
+    _decode_split_kernel[(batch, kv_heads, splits)](
+        q, k_rows, v_rows, block_table, starts, lens, origins, mid_o, mid_ml, heads,
+        q.stride(0), q.stride(1), block_table.stride(0), block_table.shape[1], block_size,
+        scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim,
+        BLOCK_N=32, SPLITS=splits, num_warps=4,
+    )
+    _decode_merge_kernel[(batch * heads,)](mid_o, mid_ml, out, heads, D=head_dim, SPLITS=splits)
+    return out

@@ -1,0 +1,58 @@
+"""RMSNorm, and RMSNorm fused with the residual add: one row per program, one pass."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.triton.alloc import empty
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    res_ptr, x_ptr, post_ptr, next_ptr, res_out_ptr, out_ptr, D, stride_res, stride_x, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mask = d < D
+    x = tl.load(x_ptr + row * stride_x + d, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + d, mask=mask, other=0.0).to(tl.float32)
+        post = tl.load(post_ptr + d, mask=mask, other=0.0).to(tl.float32)
+        x = r + x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * post
+        tl.store(res_out_ptr + row * D + d, x, mask=mask)
+    w = tl.load(next_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * w
+    tl.store(out_ptr + row * D + d, y, mask=mask)
+
+
+def _launch(residual, x, post, nxt, eps):
+    n, d = x.shape
+    assert x.stride(-1) == 1 and nxt.shape == (d,)
+    out = empty((n, d), torch.float32, x.device)
+    res_out = empty(out.shape, out.dtype, out.device) if residual is not None else out
+    block = triton.next_power_of_2(d)
+    warps = 4 if block <= 2048 else 8
+    _add_rms_norm_kernel[(n,)](
+        residual if residual is not None else x, x, post if post is not None else nxt, nxt,
+        res_out, out, d, residual.stride(0) if residual is not None else 0, x.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=warps,
+    )
+    return res_out, out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [..., D] -> same shape, float32."""
+    shape = x.shape
+    return _launch(None, x.reshape(-1, shape[-1]), None, weight, eps)[1].view(shape)
+
+
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor, post_weight: torch.Tensor,
+    next_weight: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual [N, D] f32 + rms_norm(x, post) -> (new residual, rms_norm(it, next)), f32."""
+    assert residual.stride(-1) == 1 and residual.shape == x.shape
+    return _launch(residual, x, post_weight, next_weight, eps)

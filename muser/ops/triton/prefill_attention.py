@@ -1,0 +1,110 @@
+"""Prefill flash attention (causal, optionally windowed) driven by the chunk's tile classifier.
+
+Grid (query tile, head). Each program walks only the key tiles its classifier row marks
+non-empty (`tile_ranges`: [first, last + 1) per query tile, computed once per chunk and
+kind), so empty tiles are never read; FULL tiles skip the position mask, PARTIAL apply it.
+Online softmax in float32 with exp2; QK^T and PV on tensor cores in the cache dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.triton.alloc import empty
+
+from muser.attention.tiles import EMPTY, FULL
+
+
+@triton.jit
+def _flash_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, tiles_ptr, ranges_ptr, T, S, q_start, k_start, window,
+    scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+    G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):
+    qt, h = tl.program_id(0), tl.program_id(1)
+    kvh = h // G
+    rq = qt * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, D)
+    q_mask = rq < T
+    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h * stride_qh + d[None, :],
+                mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q_pos = q_start + rq
+    m = tl.full((BLOCK,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK,), tl.float32)
+    acc = tl.zeros((BLOCK, D), tl.float32)
+    lo = tl.load(ranges_ptr + 2 * qt)
+    hi = tl.load(ranges_ptr + 2 * qt + 1)
+    for kt in range(lo, hi):
+        rk = kt * BLOCK + tl.arange(0, BLOCK)
+        k_mask = rk < S
+        at = rk[:, None].to(tl.int64) * stride_kt + kvh * stride_kh + d[None, :]
+        k = tl.load(k_ptr + at, mask=k_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        full = tl.load(tiles_ptr + qt * num_k_tiles + kt) == 2  # FULL
+        k_pos = k_start + rk
+        visible = (k_pos[None, :] <= q_pos[:, None]) | full
+        if HAS_WINDOW:
+            visible &= ((q_pos[:, None] - k_pos[None, :]) < window) | full
+        s = tl.where(visible & k_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # NOTE: a row may see nothing in its first tile (window edge): keep its max at 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        v = tl.load(v_ptr + at, mask=k_mask[:, None], other=0.0)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    out = acc / tl.maximum(l, 1e-30)[:, None]
+    tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h * stride_oh + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
+
+
+def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
+    """tiles: int8 [QT, KT] classifier -> int32 [QT, 2]: each query tile's [first, last + 1)
+    non-empty key tile ((0, 0) when none)."""
+    nonempty = tiles != EMPTY
+    cols = torch.arange(tiles.shape[1], device=tiles.device)
+    first = torch.where(nonempty, cols, tiles.shape[1]).amin(1)
+    last = torch.where(nonempty, cols, -1).amax(1) + 1
+    first = torch.where(last > 0, first, 0)
+    return torch.stack((first, last.clamp(min=0)), 1).to(torch.int32).contiguous()
+
+
+def prefill_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
+    window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route=None,
+    tile_ranges: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [T, H, D]; keys/values: [S, KVH, D] contiguous at positions k_start.. ->
+    [T, H, D] in the keys' dtype. tiles: the int8 classifier at `tile` (computed if None)."""
+    from muser.attention.routes import Route
+    from muser.attention.tiles import classify_tiles
+
+    if route == Route.FALLBACK_F32:
+        from muser.ops import ref
+
+        return ref.prefill_attention(q, keys, values, q_start, k_start, window, scale, None,
+                                     tile, route)
+    num_q, heads, head_dim = q.shape
+    num_k, kv_heads = keys.shape[0], keys.shape[1]
+    assert q.stride(2) == 1 and keys.is_contiguous() and values.is_contiguous()
+    if tiles is None:
+        tiles = classify_tiles(q_start, num_q, k_start, num_k, window, tile, tile)
+    tiles = tiles.to(q.device)
+    ranges = classifier_ranges(tiles) if tile_ranges is None else tile_ranges
+    assert FULL == 2 and tiles.shape == (triton.cdiv(num_q, tile), triton.cdiv(num_k, tile))
+    out = empty((num_q, heads, head_dim), keys.dtype, q.device)
+    grid = (tiles.shape[0], heads)
+    _flash_kernel[grid](
+        q, keys, values, out, tiles.contiguous(), ranges, num_q, num_k, q_start, k_start,
+        window or 0, scale * math.log2(math.e), tiles.shape[1], q.stride(0), q.stride(1),
+        keys.stride(0), keys.stride(1), out.stride(0), out.stride(1), G=heads // kv_heads,
+        D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
+        num_warps=8 if head_dim > 128 else 4, num_stages=2,
+    )
+    return out

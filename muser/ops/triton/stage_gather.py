@@ -1,0 +1,52 @@
+"""Staging-shadow gather: cache rows (logical order) then the chunk's new rows, into one
+detached contiguous buffer. With no new rows it is the plain gather of a chunk's key range."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.triton.alloc import empty
+
+
+@triton.jit
+def _stage_gather_kernel(k_rows, v_rows, read_ptr, k_new, v_new, k_out, v_out, num_read,
+                         stride_kn, stride_vn, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK)
+    mask = e < ROW
+    if i < num_read:
+        row = tl.load(read_ptr + i).to(tl.int64)
+        k = tl.load(k_rows + row * ROW + e, mask=mask)
+        v = tl.load(v_rows + row * ROW + e, mask=mask)
+    else:
+        j = i - num_read
+        k = tl.load(k_new + j * stride_kn + e, mask=mask)
+        v = tl.load(v_new + j * stride_vn + e, mask=mask)
+    tl.store(k_out + i * ROW + e, k.to(k_out.dtype.element_ty), mask=mask)
+    tl.store(v_out + i * ROW + e, v.to(v_out.dtype.element_ty), mask=mask)
+
+
+def stage_gather(
+    k_rows: torch.Tensor, v_rows: torch.Tensor, read_rows: torch.Tensor,
+    k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k/v_rows: [R, KVH, D] store; read_rows: [S] device ints; k/v_new: [T, KVH, D] rows with
+    a unit inner layout, or None -> ([S + T, KVH, D], same) contiguous, cache dtype."""
+    assert k_rows.is_contiguous() and v_rows.is_contiguous()
+    num_read = read_rows.numel()
+    num_new = 0 if k_new is None else k_new.shape[0]
+    if k_new is None:
+        k_new, v_new = k_rows, v_rows
+    assert k_new.stride(2) == 1 and k_new.stride(1) == k_new.shape[2]
+    assert v_new.stride(2) == 1 and v_new.stride(1) == v_new.shape[2]
+    shape = (num_read + num_new, *k_rows.shape[1:])
+    k_out = empty(shape, k_rows.dtype, k_rows.device)
+    v_out = empty(shape, v_rows.dtype, v_rows.device)
+    row = k_rows.shape[1] * k_rows.shape[2]
+    if shape[0]:
+        _stage_gather_kernel[(shape[0],)](k_rows, v_rows, read_rows, k_new, v_new, k_out, v_out,
+                                          num_read, k_new.stride(0), v_new.stride(0), ROW=row,
+                                          BLOCK=triton.next_power_of_2(row))
+    return k_out, v_out

@@ -1,0 +1,59 @@
+"""Helpers of the kernel tests: device, dtypes, tolerances, seeded inputs.
+
+Imported before any Triton code: without CUDA it selects the interpreter (TRITON_INTERPRET=1;
+fp32/fp16 only, since the interpreter computes bf16 wrongly) and poisons every kernel output.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("MUSER_POISON_OUTPUTS", "1")
+
+
+
+def _patch_interpreter_index() -> None:
+    """Triton 3.6's interpreter turns a loop bound loaded from memory into int() of a 1-element
+    numpy array, which numpy 2 refuses; take the element instead (interpreter only)."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if not HAS_CUDA:
+    try:
+        _patch_interpreter_index()
+    except ImportError:
+        pass
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
+ATTN_DTYPES = [torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
+# |out - ref| <= atol * scale + rtol * |ref|, ref in float64
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    atol, rtol = TOL[dtype]
+    out, ref = out.double().cpu(), ref.double().cpu()
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert not out.isnan().any(), "NaN in the output: an element was never written"
+    err = (out - ref).abs()
+    worst = (err - (atol * scale + rtol * ref.abs())).max().item()
+    assert worst <= 0, f"max excess {worst:.3g}, max abs err {err.max().item():.3g}"
+
+
+def rand(gen: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0):
+    """Seeded normal values (never zeros) on the test device."""
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(DEVICE)

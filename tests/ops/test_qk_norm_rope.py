@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muser.ops import ref
+from muser.ops.triton import qk_norm_rope
+from opcheck import DTYPES, check, rand
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,heads,head_dim", [(1, 1, 64), (6, 3, 128), (4, 2, 256)])
+def test_qk_norm_rope(gen, dtype, n, heads, head_dim):
+    # A strided view, as the split of the fused QKV projection hands it over.
+    qkv = rand(gen, n, (heads + 2) * head_dim, dtype=dtype)
+    x = qkv[:, : heads * head_dim].view(n, heads, head_dim)
+    w = 1 + rand(gen, head_dim, scale=0.1)
+    positions = torch.tensor([0, 511, 512, 1023, 1027, 7][:n] + [5] * max(0, n - 6))
+    cos, sin = ref.rope_cos_sin(positions.to(x.device), head_dim, 10000.0)
+    out = qk_norm_rope(x, w, cos, sin, 1e-6)
+    expect = ref.qk_norm_rope(x.double(), w.double(), cos.double(), sin.double(), 1e-6)
+    check(out, expect, torch.float32, scale=4.0)
