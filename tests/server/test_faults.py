@@ -1,0 +1,168 @@
+"""Bad input, disconnects and back-pressure: 4xx with an OpenAI-style body; the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from tests.server.conftest import MAX_BODY, MAX_NUM_SEQS, Server
+
+GEN_ROUTES = {"/v1/completions": ("prompt", "max_tokens"), "/completion": ("prompt", "n_predict")}
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
+    """(method, path, body) triples, every one of which must be refused with a 4xx."""
+    bad: list[tuple[str, str, bytes | None]] = []
+    raw = [b"", b"{", b'{"prompt": ', b"null", b"[]", b'"text"', b"123", b'{"prompt": "x",}',
+           b"{'prompt': 'x'}", b'{"prompt": NaN}', b'{"prompt": "x", "max_tokens": Infinity}',
+           b"\xff\xfe{}", b'{"prompt": "\xc3\x28"}', b'{"prompt": "\xed\xa0\x80"}',
+           b'{"prompt": "\\ud800"}', b'{"content": "\xff"}']
+    for path in [*GEN_ROUTES, CHAT, "/tokenize", "/detokenize"]:
+        bad += [("POST", path, body) for body in raw]
+    for path, (prompt, limit) in GEN_ROUTES.items():
+        base = {prompt: "Hello", limit: 2}
+        changes = [{limit: v} for v in (-5, 0 if limit == "max_tokens" else -2, 10**12, 2**70,
+                                        "5", 1.5, True, [], {})]
+        changes += [{"temperature": v} for v in (-0.1, 1e308 * 10, "hot", [1], 1000.0)]
+        changes += [{"top_p": v} for v in (0, 1.5, -1, "x")]
+        changes += [{"top_k": v} for v in (-1, 2.5, "k")]
+        changes += [{"min_p": v} for v in (-0.5, 2)]
+        changes += [{"stream": v} for v in ("yes", 1, None)]
+        changes += [{"stop": v} for v in ([""], [1], ["x"] * 40, {"a": 1})]
+        changes += [{"seed": v} for v in ("s", 1.5)]
+        changes += [{prompt: v} for v in (None, 5, [], [-1], [10**9], [1.5], {"a": 1},
+                                          "word " * 1500, [2] * 1100)]
+        changes += [{prompt: "x" * (MAX_BODY + 10)}]
+        bad += [("POST", path, json.dumps({**base, **c}).encode()) for c in changes]
+        bad += [("POST", path, json.dumps({k: v for k, v in base.items() if k != prompt})
+                 .encode())]
+    oa = {"model": model, "prompt": "Hello", "max_tokens": 2}
+    bad += [("POST", "/v1/completions", json.dumps({**oa, **c}).encode()) for c in (
+        {"model": "gpt-4"}, {"model": "llama"}, {"model": model + "x"}, {"n": 2}, {"echo": True},
+        {"logprobs": 3}, {"best_of": 3}, {"frequency_penalty": 0.5}, {"presence_penalty": -3},
+        {"repetition_penalty": 0}, {"prompt": ["a", "b"]}, {"suffix": "x"},
+        {"stream_options": {"include_usage": "yes"}})]
+    chat = {"model": model, "messages": USER, "max_tokens": 2}
+    bad += [("POST", CHAT, json.dumps({**chat, **c}).encode()) for c in (
+        {"messages": []}, {"messages": None}, {"messages": "hi"}, {"messages": [{"role": "x",
+         "content": "hi"}]}, {"messages": [{"content": "hi"}]}, {"messages": [{"role": "user",
+         "content": 5}]}, {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+        {"messages": [{"role": "user", "content": "word " * 1500}]}, {"model": "gpt-4o"},
+        {"max_tokens": -1}, {"max_completion_tokens": 0}, {"temperature": 3}, {"n": 3},
+        {"tools": [{"type": "function"}]}, {"logprobs": True}, {"max_tokens": 10**9})]
+    bad += [("POST", "/tokenize", json.dumps(b).encode()) for b in (
+        {}, {"content": 5}, {"content": None}, {"content": "x", "add_special": "no"})]
+    bad += [("POST", "/detokenize", json.dumps(b).encode()) for b in (
+        {}, {"tokens": [-1]}, {"tokens": [10**10]}, {"tokens": ["a"]}, {"tokens": "1 2"})]
+    bad += [("GET", "/v1/completions", None), ("GET", "/completion", None),
+            ("PUT", "/v1/models", None), ("GET", "/no/such/route", None),
+            ("POST", "/slots/99?action=erase", None), ("POST", "/slots/0?action=save", None)]
+    return bad
+
+
+def _good(server: Server, i: int) -> str:
+    c = server.client()
+    if i % 3 == 0:
+        r = c.post("/completion", json={"prompt": f"Count: {i}", "n_predict": 3,
+                                        "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+    if i % 3 == 1:
+        r = c.post("/v1/completions", json={"model": server.model, "prompt": f"Item {i}",
+                                            "max_tokens": 3, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    with c.stream("POST", CHAT, json={"messages": USER, "max_tokens": 3, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                   for line in lines[:-1])
+
+
+def _wait_idle(server: Server, timeout_s: float = 10) -> float:
+    deadline = time.monotonic() + timeout_s
+    while server.busy_slots():
+        assert time.monotonic() < deadline, server.busy_slots()
+        time.sleep(0.02)
+    return server.metric("muser_steps_total")
+
+
+def _assert_no_leaks(server: Server) -> None:
+    _wait_idle(server)
+    assert server.metric("muser_live_requests") == 0
+    assert server.metric("muser_free_sequence_slots") == MAX_NUM_SEQS
+    free_pages = server.metric("muser_free_kv_pages")
+    assert free_pages > 0 and free_pages == server.metric("muser_free_kv_pages")
+    assert server.client(key=None).get("/health").json() == {"status": "ok"}
+
+
+def test_bad_request_corpus_mixed_with_good_ones(server: Server) -> None:
+    bad = _bad_requests(server.model)
+    assert len(bad) >= 200
+    pages_before = server.metric("muser_free_kv_pages")
+    c = server.client()
+    with ThreadPoolExecutor(2) as pool:
+        goods = []
+        for i, (method, path, body) in enumerate(bad):
+            if i % 25 == 0:
+                goods.append(pool.submit(_good, server, i // 25))
+            r = c.request(method, path, content=body,
+                          headers={"Content-Type": "application/json"})
+            assert 400 <= r.status_code < 500, (path, body[:200] if body else body, r.text)
+            err = r.json()["error"]
+            assert err["message"] and err["type"], r.text
+        texts = [g.result(timeout=120) for g in goods]
+    assert len(texts) >= 8 and all(isinstance(t, str) for t in texts)
+    _assert_no_leaks(server)
+    assert server.metric("muser_free_kv_pages") == pages_before
+
+
+def test_chunked_body_over_the_limit_is_413(server: Server) -> None:
+    body = (b" " * 4096 for _ in range(MAX_BODY // 4096 + 2))
+    r = server.client().post("/completion", content=body)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_stream_disconnect_frees_the_sequence_within_a_step(server: Server) -> None:
+    body = {"prompt": "Tell me a long story.", "n_predict": 500, "ignore_eos": True,
+            "stream": True}
+    with server.client().stream("POST", "/completion", json=body) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        assert len(server.busy_slots()) == 1
+        steps_at_close = server.metric("muser_steps_total")
+    steps_when_free = _wait_idle(server)
+    assert steps_when_free - steps_at_close <= 2
+    _assert_no_leaks(server)
+
+
+def test_non_stream_disconnect_frees_the_sequence(server: Server) -> None:
+    body = {"prompt": "Tell me a long story.", "n_predict": 500, "ignore_eos": True}
+    try:
+        server.client(timeout=1.5).post("/completion", json=body)
+    except httpx.ReadTimeout:
+        pass
+    _wait_idle(server, timeout_s=5)
+    _assert_no_leaks(server)
+
+
+def test_past_the_queue_bound_is_429_with_retry_after(server: Server) -> None:
+    def one(i: int) -> httpx.Response:
+        return server.client().post("/completion", json={
+            "prompt": f"Number {i}", "n_predict": 4, "ignore_eos": True})
+
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(one, range(16)))
+    codes = [r.status_code for r in responses]
+    assert set(codes) == {200, 429}, codes
+    refused = [r for r in responses if r.status_code == 429]
+    assert all(r.headers["retry-after"] == "1" for r in refused)
+    assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in refused)
+    _assert_no_leaks(server)

@@ -1,0 +1,30 @@
+"""/metrics in Prometheus text format, read with prometheus-client's own parser."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import Server
+
+
+def test_metrics_cover_latency_queues_tokens_and_routes(server: Server) -> None:
+    c = server.client()
+    c.post("/completion", json={"prompt": "Hello", "n_predict": 3, "temperature": 0})
+    c.post("/completion", json={"prompt": "Hello", "n_predict": "three"})
+    families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+    for name in ("muser_ttft_seconds", "muser_tpot_seconds"):
+        assert families[name].type == "histogram"
+        count = [s for s in families[name].samples if s.name == name + "_count"]
+        assert count[0].value >= 1
+    depth = {s.labels["work_class"] for s in families["muser_queue_depth"].samples}
+    steps = {s.labels["work_class"]: s.value for s in families["muser_steps"].samples}
+    assert depth == {"decode", "prefill"} and steps["decode"] >= 2 and steps["prefill"] >= 1
+    assert families["muser_prompt_tokens"].samples[0].value >= 2
+    assert families["muser_generation_tokens"].samples[0].value >= 3
+    requests = {(s.labels["route"], s.labels["code"]) for s in families["muser_requests"].samples
+                if s.name == "muser_requests_total"}
+    assert {("/completion", "200"), ("/completion", "400")} <= requests
+    errors = {(s.labels["route"], s.labels["code"])
+              for s in families["muser_request_errors"].samples
+              if s.name == "muser_request_errors_total"}
+    assert ("/completion", "400") in errors and ("/completion", "200") not in errors
