@@ -68,6 +68,7 @@ class EngineConfig:
     prefill_chunk: int = 512  # rows per prefill chunk
     decode_waiting_chunk: int = 64  # chunk width while a decode waits
     max_num_seqs: int = 8
+    enforce_eager: bool = False  # GPU: no CUDA graphs for decode
     max_model_len: int = 32768
     page_size: int = 256  # rows per KV page of full-attention layers
     num_pages: int | None = None  # None: sized from max_num_seqs * max_model_len

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 import torch
 
 from muser import ops
+from muser.attention.decode_meta import prepare_plan
 from muser.attention.plan import SeqInput, plan_step
 from muser.config import EngineConfig, ModelConfig
 from muser.graph.decoder import Decoder
 from muser.graph.weights import ModelWeights
+from muser.graphs import DecodeGraphs
 from muser.kvcache.pages import OutOfPages, PageAllocator
 from muser.kvcache.pool import KVPool
 from muser.kvcache.ring import RingState
@@ -43,6 +45,11 @@ class Runner:
         self.pages = PageAllocator(num_pages)
         self.free_slots = list(range(engine.max_num_seqs - 1, -1, -1))
         self.model = Decoder(cfg, weights, self.pool, ops.backend(self.device))
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not engine.enforce_eager:
+            self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, cfg.sliding_window,
+                                       engine.page_size, pages_per_seq, self.device)
+            self.graphs.capture()
 
     def allocate(self) -> SeqState:
         """A fresh sequence with an empty ring in a free slot."""
@@ -68,8 +75,15 @@ class Runner:
             SeqInput(s.slot, s.num_cached, len(ids), s.ring, tuple(s.page_ids))
             for s, ids in zip(seqs, token_ids)
         ]
-        plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile)
         flat = [t for ids in token_ids for t in ids]
+        if self.graphs is not None and all(len(ids) == 1 for ids in token_ids):
+            logits = self.graphs.replay(inputs, flat)
+            for seq in seqs:
+                seq.num_cached += 1
+                seq.ring = seq.ring.append(1)[0]
+            return logits if logit_rows is None else logits[logit_rows]
+        plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile)
+        plan = prepare_plan(plan, self.cfg, inputs, flat, self.engine.page_size, self.device)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
         last_rows = torch.cumsum(lengths, 0) - 1

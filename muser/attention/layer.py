@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
+from muser.attention.decode_meta import DecodeMeta
 from muser.attention.dense_ref import attention_decode, attention_dense
+from muser.attention.dispatch import attend_ops
 from muser.attention.flash_ref import attention_tiled
 from muser.attention.plan import SeqPlan
 from muser.attention.routes import Route
+from muser.ops import ref
 
 
 def attend(
@@ -20,8 +25,15 @@ def attend(
     window: int | None,
     scale: float,
     tile: int,
+    ops: ModuleType = ref,
+    decode: DecodeMeta | None = None,
 ) -> torch.Tensor:
-    """q: [N, H, D], k/v: [N, KVH, D] new rows; caches: [blocks, rows, KVH, D] -> [N, H, D] f32."""
+    """q: [N, H, D], k/v: [N, KVH, D] new rows; caches: [blocks, rows, KVH, D] -> [N, H, D] f32.
+
+    With batched decode metadata, or a kernel backend, the routes run through `ops`
+    (attention/dispatch.py); the loop below is the reference path."""
+    if decode is not None or ops is not ref:
+        return attend_ops(q, k, v, k_cache, v_cache, plans, window, scale, tile, ops, decode)
     k_rows, v_rows = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for p in plans:

@@ -36,6 +36,7 @@ class SeqPlan:
     write_src: torch.Tensor  # which new rows are stored
     write_dst: torch.Tensor  # where: flat physical rows of the layer's store
     tiles: torch.Tensor | None
+    tile_ranges: torch.Tensor | None = None  # device plans: [first, last + 1) per query tile
 
 
 @dataclass(slots=True)
@@ -44,6 +45,7 @@ class StepPlan:
     next_rings: list[RingState]  # ring metadata once the step has committed
     window: int
     tile: int
+    decode: dict | None = None  # kind -> DecodeMeta when every sequence brings one row
 
 
 def plan_step(

@@ -42,7 +42,7 @@ class Decoder:
                 w.final_norm
             )
             h, x = self.layer(layer_id, layer, h, x, rope, plan, next_norm)
-        logits = ops.linear(x[logit_rows], w.embed)
+        logits = ops.linear(x[logit_rows], w.embed).float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
@@ -65,8 +65,8 @@ class Decoder:
         v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
         k_cache, v_cache = self.pool.layer(layer_id)
         a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),
-                   cfg.attn_scale, plan.tile)
+                   cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
         o = ops.linear(a.view(n, cfg.q_size), w.o_proj)
         h, x = ops.add_rms_norm(h, o, w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps)
-        m = ops.linear(ops.geglu(ops.linear(x, w.gate_up)), w.down)
+        m = ops.geglu_linear(ops.linear(x, w.gate_up), w.down)
         return ops.add_rms_norm(h, m, w.post_ffn_norm, next_norm, cfg.rms_norm_eps)

@@ -147,7 +147,7 @@ def prefill_attention(
     from muser.attention.flash_ref import attention_tiled
     from muser.attention.routes import Route
 
-    if route == Route.SHORT_CHUNK:
+    if route in (Route.SHORT_CHUNK, Route.DECODE):
         rows = []
         for i in range(q.shape[0]):
             pos = q_start + i

@@ -1,0 +1,43 @@
+"""Attention through the ops layer: the same routes as `layer.attend`, each a kernel call.
+
+    decode (every sequence one row) .. ops.store_kv, then ops.decode_attention over all
+                                        sequences at once (ring-aware; graph-capturable)
+    prefill chunk, in place ........... ops.store_kv, ops.stage_gather (the key range),
+                                        ops.prefill_attention (tile classifier)
+    prefill chunk, STAGING ............ ops.stage_gather (ring tail + chunk: the detached
+                                        shadow), ops.prefill_attention, then ops.store_kv
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from muser.attention.decode_meta import DecodeMeta
+from muser.attention.plan import SeqPlan
+
+
+def attend_ops(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, plans: list[SeqPlan], window: int | None, scale: float, tile: int,
+    ops: ModuleType, decode: DecodeMeta | None,
+) -> torch.Tensor:
+    """q: [N, H, D], k/v: [N, KVH, D] new rows; caches: [blocks, rows, KVH, D] -> [N, H, D]."""
+    k_rows, v_rows = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+    if decode is not None:
+        ops.store_kv(k_rows, v_rows, k, v, decode.src, decode.write_dst)
+        return ops.decode_attention(q, k_rows, v_rows, decode.block_table, decode.starts,
+                                    decode.lens, decode.origins, decode.block_size, scale)
+    outs = []
+    for p in plans:
+        kn, vn = k[p.rows], v[p.rows]
+        if not p.staging:
+            ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
+        new = (kn, vn) if p.staging else (None, None)
+        keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, *new)
+        outs.append(ops.prefill_attention(q[p.rows], keys, values, p.q_start, p.k_start, window,
+                                          scale, p.tiles, tile, p.inner, p.tile_ranges))
+        if p.staging:  # NOTE: commit only after the shadow was attended.
+            ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -1,0 +1,91 @@
+"""CUDA graphs of the decode width: one graph per batch-size bucket, one shared memory pool.
+
+Static inputs live in GraphBuffers: one int32 device buffer (token ids, positions and every
+kind's decode metadata; layout in attention/decode_meta.py) refilled by a single copy per
+step, and the captured logits. Padding rows of a bucket store nothing (write_dst = -1) and
+attend nothing (lens = 0). Prefill stays eager.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from muser.attention.decode_meta import DecodeLayout
+from muser.attention.plan import SeqInput, StepPlan
+from muser.config import ModelConfig
+from muser.graph.decoder import Decoder
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """[1, 2, 4, 8] + range(16, max_bs + 1, 16), capped at max_bs, largest first."""
+    sizes = [s for s in [1, 2, 4, 8] if s <= max_bs] + list(range(16, max_bs + 1, 16))
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return sorted(set(sizes), reverse=True)
+
+
+@dataclass(slots=True)
+class GraphBuffers:
+    layout: DecodeLayout
+    meta: torch.Tensor  # int32 [layout.size] on the device: what the graphs read
+    host: torch.Tensor  # pinned twin, packed on the host each step
+    logit_rows: torch.Tensor  # [max_bs] arange
+    logits: dict[int, torch.Tensor]  # bucket -> captured output [bs, vocab]
+
+
+class DecodeGraphs:
+    def __init__(self, cfg: ModelConfig, model: Decoder, max_bs: int, ring_capacity: int,
+                 page_size: int, max_pages: int, device: torch.device) -> None:
+        self.cfg, self.model, self.max_bs = cfg, model, max_bs
+        layout = DecodeLayout(max_bs, ring_capacity, page_size, max_pages)
+        self.buf = GraphBuffers(
+            layout, torch.zeros(layout.size, dtype=torch.int32, device=device),
+            torch.zeros(layout.size, dtype=torch.int32).pin_memory(),
+            torch.arange(max_bs, device=device), {},
+        )
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture_s = 0.0
+        self._copied = torch.cuda.Event()
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        layout, meta = self.buf.layout, self.buf.meta
+        plan = StepPlan({"sliding": [], "global": []}, [], self.cfg.sliding_window, 64,
+                        decode=layout.metas(meta, bs))
+        return self.model.forward(layout.view(meta, "input_ids", bs),
+                                  layout.view(meta, "positions", bs), plan,
+                                  self.buf.logit_rows[:bs])
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every bucket, largest first, into one pool -> seconds taken."""
+        start = time.perf_counter()
+        self._pack([], [])  # all rows are padding while capturing
+        self.buf.meta.copy_(self.buf.host)
+        pool = None
+        for bs in graph_batch_sizes(self.max_bs):
+            self._forward(bs)  # NOTE: compiles/autotunes kernels outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.buf.logits[bs] = self._forward(bs)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - start
+        return self.capture_s
+
+    def _pack(self, seqs: list[SeqInput], token_ids: list[int]) -> None:
+        self.buf.layout.pack(self.buf.host, self.cfg, seqs, token_ids)
+
+    def replay(self, seqs: list[SeqInput], token_ids: list[int]) -> torch.Tensor:
+        """One decode step for single-row `seqs` -> logits [len(seqs), vocab] float32."""
+        bs = min(s for s in self.graphs if s >= len(seqs))
+        self._copied.synchronize()  # NOTE: the last step's copy has left the pinned buffer
+        self._pack(seqs, token_ids)
+        self.buf.meta.copy_(self.buf.host, non_blocking=True)
+        self._copied.record()
+        self.graphs[bs].replay()
+        return self.buf.logits[bs][:len(seqs)].clone()
