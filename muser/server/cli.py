@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from muser.cli import _positive_int, add_engine_args, engine_kwargs
@@ -61,7 +62,8 @@ def serve(args: argparse.Namespace) -> int:
     kwargs = engine_kwargs(args)
     if args.chunk_policy == "fixed":
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
-    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, **kwargs)
+    llm = LLM(args.model, progress=sys.stderr.isatty(), max_num_seqs=args.max_num_seqs,
+              **kwargs)
     loop = EngineLoop(llm.engine, args.max_queue)
     ctx = ServerContext(loop, llm.tokenizer, Metrics(lambda: loop.stats), keys,
                         args.model_name or Path(llm.path).stem, str(llm.path),
