@@ -80,8 +80,10 @@ class DecodeLayout:
         """Fill host buffer `buf` for single-row sequences `seqs` (the rest is padding)."""
         buf.zero_()
         n = len(seqs)
-        put = lambda name, values: self.view(buf, name, len(values)).copy_(  # noqa: E731
-            torch.tensor(values, dtype=torch.int32))
+        def put(name: str, values: list) -> None:
+            if values:
+                self.view(buf, name, len(values)).copy_(torch.tensor(values, dtype=torch.int32))
+
         put("input_ids", token_ids)
         put("positions", [s.start for s in seqs])
         rings = [_decode_ring(s.ring) for s in seqs]

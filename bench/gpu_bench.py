@@ -1,0 +1,613 @@
+"""One device call: check every Triton kernel at real shapes, check the model on the GPU against
+a float64 reference, and benchmark decode and prefill side by side with transformers.
+
+    python bench/gpu_bench.py --out $OUT            # everything
+    python bench/gpu_bench.py --models gemma3-1b --skip-correctness
+
+Writes gpu_bench.json (environment, ceilings, kernel checks, correctness, one object per
+benchmark cell) and gpu_bench.png (fractions of the measured ceilings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is scripts, not a package
+
+from hf_twin import hf_twin  # noqa: E402
+
+import muser.ops.triton as tops  # noqa: E402
+from muser.attention.dense_ref import attention_dense  # noqa: E402
+from muser.attention.routes import Route  # noqa: E402
+from muser.attention.tiles import classify_tiles  # noqa: E402
+from muser.config import EngineConfig  # noqa: E402
+from muser.graph.weights import random_weights  # noqa: E402
+from muser.ops import ref  # noqa: E402
+from muser.ops.triton import alloc  # noqa: E402
+from muser.presets import preset  # noqa: E402
+from muser.runner import Runner  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+LOG: list[str] = []
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+    LOG.append(msg)
+
+
+def bench_ms(fn, warmup: int = 3, reps: int = 20) -> float:
+    """Median milliseconds of fn() with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------- ceilings
+def ceilings() -> dict:
+    n = 2**31  # 4 GiB of bf16
+    x = torch.randn(n // 2, device=DEV, dtype=torch.float32).view(BF16)
+    y = torch.empty_like(x)
+    ms = bench_ms(lambda: y.copy_(x), reps=10)
+    copy_bw = 2 * x.nbytes / (ms / 1e3)
+    del x, y
+    a = torch.randn(8192, 8192, device=DEV, dtype=BF16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=BF16)
+    ms = bench_ms(lambda: a @ b, reps=10)
+    flops = 2 * 8192**3 / (ms / 1e3)
+    say(f"ceilings: copy {copy_bw / 1e12:.2f} TB/s (read+write), bf16 GEMM 8192^3 "
+        f"{flops / 1e12:.0f} TFLOP/s")
+    return {"copy_bytes_per_s": copy_bw, "gemm_bf16_flops_per_s": flops}
+
+
+# ---------------------------------------------------------------- kernel checks
+def rel_err(out: torch.Tensor, expect: torch.Tensor) -> float:
+    out, expect = out.double(), expect.double()
+    if out.isnan().any():
+        return float("inf")
+    return ((out - expect).norm() / expect.norm().clamp_min(1e-30)).item()
+
+
+def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
+    """Each op at `cfg`'s real shapes vs float64, outputs poisoned (NaN) before each run."""
+    alloc.POISON = True
+    rows = []
+    h, i, q, kv, d = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, cfg.head_dim
+    rn = lambda *s, dt=torch.float32, sc=1.0: (  # noqa: E731
+        torch.randn(*s, generator=gen, device=DEV) * sc).to(dt)
+
+    def record(op: str, shape, err: float, tol: float) -> None:
+        rows.append({"op": op, "shape": str(shape), "rel_err": err, "tol": tol,
+                     "ok": bool(err <= tol)})
+        say(f"  check {op:<28} {str(shape):<34} rel_err {err:.2e} (tol {tol:.0e}) "
+            f"{'ok' if err <= tol else 'FAIL'}")
+
+    lin_tol = 1e-2  # bf16 output rounding (~4e-3) over float64
+    for name, m, k in [("qkv", q + 2 * kv, h), ("o_proj", h, q), ("gate_up", 2 * i, h)]:
+        w = rn(m, k, dt=BF16, sc=k**-0.5)
+        for n in (1, 4):
+            x = rn(n, k)
+            expect = x.to(BF16).double() @ w.double().t()
+            record(f"gemv {name} N={n}", (m, k), rel_err(tops.linear(x, w), expect), lin_tol)
+        x = rn(512, k)
+        record(f"gemm {name} N=512", (m, k),
+               rel_err(tops.linear(x, w), x.to(BF16).double() @ w.double().t()), lin_tol)
+    w = rn(h, i, dt=BF16, sc=i**-0.5)
+    gate_up = rn(1, 2 * i, dt=BF16)
+    expect = ref.geglu(gate_up.double()).to(BF16).double() @ w.double().t()
+    record("gemv geglu+down N=1", (h, i), rel_err(tops.geglu_linear(gate_up, w), expect), lin_tol)
+    gate_up = rn(64, 2 * i, dt=BF16)
+    record("geglu", (64, 2 * i), rel_err(tops.geglu(gate_up), ref.geglu(gate_up.double())),
+           lin_tol)
+    res, x = rn(7, h, sc=3.0), rn(7, h, dt=BF16)
+    post, nxt = 1 + rn(h, sc=0.1), 1 + rn(h, sc=0.1)
+    got = tops.add_rms_norm(res, x, post, nxt, 1e-6)
+    want = ref.add_rms_norm(res.double(), x.double(), post.double(), nxt.double(), 1e-6)
+    record("add_rms_norm (residual)", (7, h), rel_err(got[0], want[0]), 1e-5)
+    record("add_rms_norm (normed)", (7, h), rel_err(got[1], want[1]), 1e-5)
+    qkv = rn(5, q + 2 * kv, dt=BF16)
+    x = qkv[:, :q].view(5, cfg.num_heads, d)
+    wq = 1 + rn(d, sc=0.1)
+    pos = torch.tensor([0, cfg.sliding_window - 1, cfg.sliding_window, 2 * cfg.sliding_window + 3,
+                        8191], device=DEV)
+    cos, sin = ref.rope_cos_sin(pos, d, cfg.rope_theta, cfg.rope_scaling_factor)
+    record("qk_norm_rope", tuple(x.shape),
+           rel_err(tops.qk_norm_rope(x, wq, cos, sin, 1e-6),
+                   ref.qk_norm_rope(x.double(), wq.double(), cos.double(), sin.double(), 1e-6)),
+           1e-5)
+    rows += check_cache_ops(cfg, rn, record)
+    alloc.POISON = False
+    return rows
+
+
+def check_cache_ops(cfg, rn, record) -> list[dict]:
+    kvh, d, window = cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window
+    # store_kv / stage_gather: exact copies.
+    k_rows, v_rows = rn(4 * window, kvh, d, dt=BF16), rn(4 * window, kvh, d, dt=BF16)
+    new = rn(9, kvh + 2, d)
+    kn, vn = new[:, :kvh], new[:, 2:2 + kvh]
+    src = torch.arange(9, device=DEV)
+    dst = torch.randperm(4 * window, device=DEV)[:9]
+    dst[3] = -1
+    k2, v2 = k_rows.clone(), v_rows.clone()
+    tops.store_kv(k_rows, v_rows, kn, vn, src, dst)
+    ref.store_kv(k2, v2, kn, vn, src, dst)
+    record("store_kv (bitwise)", tuple(kn.shape), 0.0 if torch.equal(k_rows, k2) and torch.equal(
+        v_rows, v2) else 1.0, 0.0)
+    read = (torch.arange(window - 1, device=DEV) + 100) % window + window  # a wrapped ring tail
+    got = tops.stage_gather(k_rows, v_rows, read, kn, vn)
+    want = ref.stage_gather(k_rows, v_rows, read, kn, vn)
+    record("stage_gather (bitwise)", tuple(got[0].shape),
+           0.0 if torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) else 1.0, 0.0)
+    attn_tol = 2e-2  # bf16 q/k/v/p on tensor cores vs float64
+    scale = cfg.attn_scale
+    # decode: a wrapped ring (sliding) and a shuffled page table (global), 2 sequences + padding.
+    ctx, ps = 2048, 256
+    pages = torch.randperm(3 * ctx // ps, device=DEV)[: 2 * ctx // ps].view(2, -1).int()
+    kc, vc = rn(3 * ctx, kvh, d, dt=BF16), rn(3 * ctx, kvh, d, dt=BF16)
+    qd = rn(3, cfg.num_heads, d)
+    for label, table, starts, lens, origins, bs in [
+        ("decode ring (wrapped)", torch.tensor([[1], [3], [0]], device=DEV).int(),
+         [0, 0, 0], [window, window // 3, 0], [window // 2 + 7, 0, 0], window),
+        ("decode pages", torch.cat((pages, pages[:1])), [0, 0, 0], [ctx, 777, 0], [0, 0, 0], ps),
+    ]:
+        t = lambda v: torch.tensor(v, device=DEV, dtype=torch.int32)  # noqa: E731
+        args = (qd, kc, vc, table.contiguous(), t(starts), t(lens), t(origins), bs, scale)
+        got = tops.decode_attention(*args)
+        want = torch.zeros(qd.shape, dtype=torch.float64, device=DEV)
+        for b in range(2):
+            rows_ = ref.decode_rows(table[b], starts[b], lens[b], origins[b], bs)
+            p = torch.arange(len(rows_), device=DEV)
+            want[b] = attention_dense(qd[b:b + 1].double(), kc[rows_].double(),
+                                      vc[rows_].double(), p[-1:], p, None, scale,
+                                      torch.float64)[0]
+        ok_pad = bool((got[2] == 0).all())
+        record(label, (3, cfg.num_heads, d), rel_err(got, want) if ok_pad else 1.0, attn_tol)
+    # prefill: a causal 2048-row chunk, and a staging shadow (window tail + 2048-row chunk).
+    for label, q_start, k_start, win in [("flash causal", 0, 0, None),
+                                         ("flash window (staging)", 3000, 3000 - window + 1,
+                                          window)]:
+        t_rows = 2048
+        num_k = q_start - k_start + t_rows
+        qp = rn(t_rows, cfg.num_heads, d)
+        kp, vp = rn(num_k, kvh, d, dt=BF16), rn(num_k, kvh, d, dt=BF16)
+        tiles = classify_tiles(q_start, t_rows, k_start, num_k, win, 64, 64).to(DEV)
+        got = tops.prefill_attention(qp, kp, vp, q_start, k_start, win, scale, tiles, 64,
+                                     Route.TILED)
+        qpos = torch.arange(q_start, q_start + t_rows, device=DEV)
+        kpos = torch.arange(k_start, k_start + num_k, device=DEV)
+        want = attention_dense(qp.double(), kp.double(), vp.double(), qpos, kpos, win, scale,
+                               torch.float64)
+        record(label, (t_rows, num_k, cfg.num_heads, d), rel_err(got, want), attn_tol)
+    return []
+
+
+def gemv_bandwidth(cfg) -> list[dict]:
+    """Decode GEMV (Triton) vs cuBLAS at N=1 on the model's matrices, weights rotated past L2."""
+    out = []
+    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    for name, m, k, fused in [("qkv", q + 2 * kv, h, False), ("o_proj", h, q, False),
+                              ("gate_up", 2 * i, h, False), ("down+geglu", h, i, True),
+                              ("lm_head", cfg.vocab_size, h, False)]:
+        nbytes = m * k * 2
+        copies = max(2, math.ceil(512e6 / nbytes))
+        ws = [torch.randn(m, k, device=DEV, dtype=BF16) for _ in range(copies)]
+        x = torch.randn(1, 2 * k if fused else k, device=DEV)
+        xb = torch.randn(1, k, device=DEV, dtype=BF16)
+        ours = (lambda: [tops.geglu_linear(x, w) for w in ws]) if fused else (
+            lambda: [tops.linear(x, w) for w in ws])
+        t_ours = bench_ms(ours, reps=10) / copies
+        t_cublas = bench_ms(lambda: [torch.mm(xb, w.t()) for w in ws], reps=10) / copies
+        row = {"matrix": name, "shape": [m, k], "triton_gemv_GBps": nbytes / t_ours / 1e6,
+               "cublas_GBps": nbytes / t_cublas / 1e6}
+        say(f"  gemv {name:<11} {m}x{k}: triton {row['triton_gemv_GBps']:.0f} GB/s, "
+            f"cuBLAS {row['cublas_GBps']:.0f} GB/s")
+        out.append(row)
+        del ws
+    return out
+
+
+# ---------------------------------------------------------------- the model on the GPU
+def make_runner(cfg, weights, max_len: int, eager: bool = False) -> tuple[Runner, float]:
+    engine = EngineConfig(device=DEV, max_num_seqs=1, max_model_len=max_len,
+                          prefill_chunk=max_len, enforce_eager=eager)
+    t0 = time.perf_counter()
+    runner = Runner(cfg, engine, weights)
+    torch.cuda.synchronize()
+    return runner, time.perf_counter() - t0
+
+
+def prefill_logits(runner: Runner, ids: list[int], chunk: int, positions: list[int]):
+    """Prefill `ids` in chunks of `chunk` rows (1: token by token through the decode width)
+    -> logits at `positions` [len(positions), vocab]."""
+    seq = runner.allocate()
+    out = {}
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        logits = runner.forward([seq], [part], all_logits=True)
+        for r, p in enumerate(range(start, start + len(part))):
+            if p in positions:
+                out[p] = logits[r]
+    runner.free(seq)
+    return torch.stack([out[p] for p in positions])
+
+
+def decode_logits(runner: Runner, prompt: list[int], steps: list[int]) -> torch.Tensor:
+    """Prefill `prompt`, then decode `steps` one token at a time -> their logits."""
+    seq = runner.allocate()
+    runner.forward([seq], [prompt])
+    out = torch.cat([runner.forward([seq], [[t]]) for t in steps])
+    runner.free(seq)
+    return out
+
+
+def greedy(runner: Runner, prompt: list[int], steps: int) -> list[int]:
+    seq = runner.allocate()
+    logits = runner.forward([seq], [prompt])
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(logits[-1].argmax()))
+        logits = runner.forward([seq], [[tokens[-1]]])
+    runner.free(seq)
+    return tokens
+
+
+def correctness_1b(gen: torch.Generator) -> dict:
+    """gemma3-1b random weights: GPU vs float64 CPU reference (transformers, float64 norms),
+    chunkings against each other, graph replay vs eager, greedy tokens vs the CPU backend."""
+    cfg = preset("gemma3-1b")
+    w_cpu = random_weights(cfg, BF16, "cpu", seed=0)
+    weights = _to_device(w_cpu, DEV)
+    window = cfg.sliding_window
+    positions = [1, 31, 32, 33, window - 1, window, window + 1, 2 * window - 1, 2 * window,
+                 2 * window + 1]
+    ids = torch.randint(0, cfg.vocab_size, (2 * window + 2,), generator=gen).tolist()
+    runner, _ = make_runner(cfg, weights, 4096)
+    res: dict = {"positions": positions}
+    one = prefill_logits(runner, ids, len(ids), positions)
+    c64 = prefill_logits(runner, ids, 64, positions)
+    tok = prefill_logits(runner, ids, 1, positions)
+    say("correctness gemma3-1b: float64 CPU reference ...")
+    torch.set_num_threads(os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    hf = hf_twin(cfg, w_cpu, "cpu", torch.float64, attn="eager")
+    with torch.no_grad():
+        want = hf(torch.tensor([ids]), logits_to_keep=torch.tensor(positions)).logits[0]
+    del hf
+    say(f"  reference forward {time.perf_counter() - t0:.1f} s")
+    per_pos = []
+    for j, p in enumerate(positions):
+        row = {"position": p}
+        for name, got in (("one_chunk", one), ("chunks64", c64), ("token_by_token", tok)):
+            g = got[j].double().cpu()
+            row[name] = {"rel_err": ((g - want[j]).norm() / want[j].norm()).item(),
+                         "max_abs": (g - want[j]).abs().max().item(),
+                         "top1_match": bool(g.argmax() == want[j].argmax())}
+        per_pos.append(row)
+    res["vs_float64"] = per_pos
+    res["ref_logit_std"] = want.std().item()
+    worst = max(r[n]["rel_err"] for r in per_pos for n in ("one_chunk", "chunks64",
+                                                          "token_by_token"))
+    res["vs_float64_worst_rel_err"] = worst
+    res["tolerance_rel_err"] = 2e-2
+    res["top1_all_match"] = all(r[n]["top1_match"] for r in per_pos for n in (
+        "one_chunk", "chunks64", "token_by_token"))
+    say(f"  GPU vs float64 at {positions}: worst rel L2 err {worst:.2e} (tol 2e-2), "
+        f"top-1 all equal: {res['top1_all_match']}")
+    for a_name, a, b_name, b in (("one_chunk", one, "chunks64", c64),
+                                 ("one_chunk", one, "token_by_token", tok),
+                                 ("chunks64", c64, "token_by_token", tok)):
+        key = f"{a_name}_vs_{b_name}"
+        res[key] = {"bitwise": bool(torch.equal(a, b)), "max_abs": (a - b).abs().max().item()}
+        say(f"  {key}: bitwise {res[key]['bitwise']}, max |diff| {res[key]['max_abs']:.3g}")
+    # CUDA-graph replay vs eager decode.
+    eager, _ = make_runner(cfg, weights, 4096, eager=True)
+    prompt = ids[:40]
+    la = [decode_logits(r, prompt, ids[40:48]) for r in (runner, eager)]
+    res["graph_vs_eager"] = {"bitwise": bool(torch.equal(la[0], la[1])),
+                             "max_abs": (la[0] - la[1]).abs().max().item()}
+    say(f"  graph replay vs eager decode (8 steps): {res['graph_vs_eager']}")
+    del eager
+    # Greedy: 64 tokens on the GPU vs the CPU backend (bf16 reference ops).
+    prompt = ids[:16]
+    gpu_tokens = greedy(runner, prompt, 64)
+    t0 = time.perf_counter()
+    cpu_runner = Runner(cfg, EngineConfig(device="cpu", max_num_seqs=1, max_model_len=256),
+                        w_cpu)
+    cpu_tokens = greedy(cpu_runner, prompt, 64)
+    same = sum(a == b for a, b in zip(gpu_tokens, cpu_tokens))
+    first_diff = next((i for i, (a, b) in enumerate(zip(gpu_tokens, cpu_tokens)) if a != b), None)
+    res["greedy"] = {"steps": 64, "identical": gpu_tokens == cpu_tokens, "equal_count": same,
+                     "first_divergence": first_diff, "gpu": gpu_tokens, "cpu": cpu_tokens}
+    say(f"  greedy 64 steps GPU vs CPU backend: identical {gpu_tokens == cpu_tokens} "
+        f"(first divergence {first_diff}; CPU took {time.perf_counter() - t0:.0f} s)")
+    return res
+
+
+def _to_device(w, device):
+    from muser.graph.weights import LayerWeights, ModelWeights
+
+    layers = [LayerWeights(**{f: getattr(lw, f).to(device) for f in LayerWeights.__slots__})
+              for lw in w.layers]
+    return ModelWeights(w.embed.to(device), w.final_norm.to(device), layers)
+
+
+# ---------------------------------------------------------------- benchmarks
+def matrix_params(cfg) -> int:
+    h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    return cfg.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * i)
+
+
+def decode_bytes(cfg, weights, context: int) -> int:
+    """Bytes one decode step must read: every weight once (LM head included) + the KV rows."""
+    row = cfg.num_kv_heads * cfg.head_dim * 2 * 2  # k and v, bf16
+    kv = sum(min(context, cfg.sliding_window) if k == "sliding" else context
+             for k in cfg.layer_kinds) * row
+    return weights.nbytes() + kv
+
+
+def prefill_flops(cfg, t: int) -> float:
+    """Matrix FLOPs (LM head on the last row only) + attention FLOPs over visible pairs."""
+    pairs = {"global": t * (t + 1) / 2,
+             "sliding": sum(min(p + 1, cfg.sliding_window) for p in range(t))}
+    attn = sum(4 * cfg.num_heads * cfg.head_dim * pairs[k] for k in cfg.layer_kinds)
+    return 2 * t * matrix_params(cfg) + 2 * cfg.vocab_size * cfg.hidden_size + attn
+
+
+def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int) -> dict:
+    runner, startup = make_runner(cfg, weights, max(lengths) + decode_steps + 64)
+    out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s, "prefill_s": {}}
+    say(f"  muser startup {startup:.1f} s (graph capture {runner.graphs.capture_s:.1f} s)")
+    for t in lengths:
+        times = []
+        for rep in range(4):
+            seq = runner.allocate()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runner.forward([seq], [ids[:t]])
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            runner.free(seq)
+        out["prefill_s"][t] = statistics.median(times[1:])
+        say(f"  muser prefill {t}: {out['prefill_s'][t] * 1e3:.1f} ms "
+            f"({t / out['prefill_s'][t]:.0f} tok/s)")
+    seq = runner.allocate()
+    logits = runner.forward([seq], [ids[:2048]])
+    token = int(logits[-1].argmax())
+    times = []
+    for step in range(decode_steps + 8):
+        t0 = time.perf_counter()
+        token = int(runner.forward([seq], [[token]])[-1].argmax())
+        if step >= 8:
+            times.append(time.perf_counter() - t0)
+    out["decode_s"] = statistics.median(times)
+    graph = runner.graphs.graphs[1]
+    out["decode_replay_s"] = bench_ms(graph.replay, reps=30) / 1e3
+    runner.free(seq)
+    say(f"  muser decode after 2048: {out['decode_s'] * 1e3:.3f} ms/token step "
+        f"(graph replay alone {out['decode_replay_s'] * 1e3:.3f} ms)")
+    del runner
+    torch.cuda.empty_cache()
+    return out
+
+
+@torch.no_grad()
+def bench_hf(cfg, weights, ids: list[int], lengths, decode_steps: int, compile_: bool) -> dict:
+    model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
+    out: dict = {"prefill_s": {}}
+    for t in lengths:
+        x = torch.tensor([ids[:t]], device=DEV)
+        times = []
+        for rep in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model(x, logits_to_keep=1, use_cache=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out["prefill_s"][t] = statistics.median(times[1:])
+        say(f"  transformers eager prefill {t}: {out['prefill_s'][t] * 1e3:.1f} ms")
+    x = torch.tensor([ids[:2048]], device=DEV)
+    res = model(x, use_cache=True, logits_to_keep=1)
+    cache, token = res.past_key_values, res.logits[:, -1:].argmax(-1)
+    times = []
+    for step in range(decode_steps // 2 + 4):
+        t0 = time.perf_counter()
+        res = model(token, past_key_values=cache, use_cache=True)
+        token = res.logits[:, -1:].argmax(-1)
+        token.item()
+        if step >= 4:
+            times.append(time.perf_counter() - t0)
+    out["decode_eager_s"] = statistics.median(times)
+    say(f"  transformers eager decode: {out['decode_eager_s'] * 1e3:.2f} ms/token")
+    del cache, res
+    if compile_:
+        out |= _hf_static_compile(model, x)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def _hf_static_compile(model, x) -> dict:
+    """generate() with a static cache (transformers compiles the decode step) ->
+    per-token time from the difference of two generation lengths."""
+    def run(n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                       cache_implementation="static")
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        run(8)
+        run(8)
+        warm = time.perf_counter() - t0
+        short, long_ = run(8), run(72)
+        per = (long_ - short) / 64
+        say(f"  transformers static cache + torch.compile decode: {per * 1e3:.2f} ms/token "
+            f"(compile+warm-up {warm:.0f} s)")
+        return {"decode_static_compile_s": per, "compile_warmup_s": warm}
+    except Exception as exc:  # noqa: BLE001  (recorded, the rest of the run goes on)
+        say(f"  transformers static+compile failed: {type(exc).__name__}: {exc}"[:400])
+        return {"decode_static_compile_error": f"{type(exc).__name__}: {exc}"[:400]}
+
+
+BARS = {("gemma3-27b", "decode"): ("fraction_of_ceiling", 0.80),
+        ("gemma3-27b", "prefill", 2048): ("fraction_of_ceiling", 0.60),
+        ("gemma3-1b", "decode"): ("fraction_of_ceiling", 0.40),
+        ("gemma3-1b", "prefill", 2048): ("value", 80000.0)}
+
+
+def cells_for(name, cfg, weights, ceil, ours, hf, lengths) -> list[dict]:
+    cells = []
+    shape = {"layers": cfg.num_layers, "hidden": cfg.hidden_size,
+             "intermediate": cfg.intermediate_size, "heads": cfg.num_heads,
+             "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+             "window": cfg.sliding_window, "vocab": cfg.vocab_size}
+    floor_bytes = decode_bytes(cfg, weights, 2048 + 32)
+    floor_s = floor_bytes / ceil["copy_bytes_per_s"]
+    hf_best = hf.get("decode_static_compile_s")
+    cell = {"name": f"{name} decode b1 @2048", "model": name, "regime": "decode",
+            "value": ours["decode_s"] * 1e3, "unit": "ms/token",
+            "graph_replay_ms": ours["decode_replay_s"] * 1e3,
+            "bytes_per_token": floor_bytes, "floor_ms": floor_s * 1e3,
+            "fraction_of_ceiling": floor_s / ours["decode_s"],
+            "ceiling": "device-to-device copy bandwidth",
+            "transformers_eager_ms": hf.get("decode_eager_s", float("nan")) * 1e3,
+            "transformers_static_compile_ms": hf_best * 1e3 if hf_best else None,
+            "vs_transformers": (hf_best or hf["decode_eager_s"]) / ours["decode_s"],
+            "vs_transformers_baseline": "static cache + torch.compile" if hf_best else
+            "eager (static+compile not measured)",
+            "dtype": "bfloat16", "batch": 1, "context": 2048, "shape": shape}
+    cells.append(cell)
+    for t in lengths:
+        s = ours["prefill_s"][t]
+        flops = prefill_flops(cfg, t)
+        hf_s = hf["prefill_s"][t]
+        cells.append({
+            "name": f"{name} prefill {t}", "model": name, "regime": "prefill", "tokens": t,
+            "value": t / s, "unit": "tokens/s", "ms": s * 1e3, "flops": flops,
+            "fraction_of_ceiling": flops / s / ceil["gemm_bf16_flops_per_s"],
+            "ceiling": "bf16 GEMM FLOP/s at 8192^3", "transformers_tokens_per_s": t / hf_s,
+            "vs_transformers": hf_s / s, "vs_transformers_baseline": "eager (sdpa)",
+            "dtype": "bfloat16", "batch": 1, "shape": shape,
+        })
+    for c in cells:
+        key = (name, c["regime"]) if c["regime"] == "decode" else (name, "prefill", c["tokens"])
+        if key in BARS:
+            field, bar = BARS[key]
+            c["bar"] = {"field": field, "min": bar, "met": bool(c[field] >= bar)}
+        say(f"  CELL {c['name']:<30} {c['value']:>12.3f} {c['unit']:<9} "
+            f"fraction {c['fraction_of_ceiling']:.3f}  vs transformers x{c['vs_transformers']:.2f}"
+            + (f"  bar {'MET' if c['bar']['met'] else 'MISSED'}" if "bar" in c else ""))
+    return cells
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    names = [c["name"] for c in cells]
+    fr = [c["fraction_of_ceiling"] for c in cells]
+    colors = ["tab:blue" if c["regime"] == "decode" else "tab:orange" for c in cells]
+    ax.bar(range(len(cells)), fr, color=colors)
+    for j, c in enumerate(cells):
+        ax.text(j, fr[j] + 0.01, f"{fr[j]:.2f}\nx{c['vs_transformers']:.1f} HF", ha="center",
+                fontsize=7)
+        if "bar" in c and c["bar"]["field"] == "fraction_of_ceiling":
+            ax.hlines(c["bar"]["min"], j - 0.4, j + 0.4, colors="red", linestyles="dashed")
+    ax.set_xticks(range(len(cells)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("fraction of measured ceiling")
+    ax.set_ylim(0, 1.1)
+    ax.set_title("muser on H200, bf16: decode vs copy bandwidth (blue), prefill vs GEMM (orange)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def environment() -> dict:
+    import transformers
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {"gpu": torch.cuda.get_device_name(0), "sms": p.multi_processor_count,
+            "memory_GiB": p.total_memory / 2**30, "torch": torch.__version__,
+            "triton": triton.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "dtype": "bfloat16",
+            "kv_dtype": "bfloat16"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--models", default="gemma3-1b,gemma3-27b")
+    ap.add_argument("--lengths", default="512,2048,8192")
+    ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--hf-compile", action="store_true")
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    result: dict = {"environment": environment()}
+    say(json.dumps(result["environment"]))
+    result["ceilings"] = ceil = ceilings()
+    lengths = [int(t) for t in args.lengths.split(",")]
+    models = args.models.split(",")
+    save = lambda: (out_dir / "gpu_bench.json").write_text(  # noqa: E731
+        json.dumps(result | {"log": LOG}, indent=1, default=str))
+    if not args.skip_checks:
+        result["kernel_checks"], result["gemv_bandwidth"] = {}, {}
+        for name in models:
+            say(f"kernel checks, {name} shapes:")
+            cfg = preset(name)
+            result["kernel_checks"][name] = check_kernels(cfg, gen)
+            result["gemv_bandwidth"][name] = gemv_bandwidth(cfg)
+        save()
+    if not args.skip_correctness:
+        result["correctness_gemma3_1b"] = correctness_1b(torch.Generator().manual_seed(0))
+        save()
+    result["cells"] = []
+    for name in models:
+        say(f"benchmark {name}:")
+        cfg = preset(name)
+        weights = random_weights(cfg, BF16, DEV, seed=0)
+        ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
+                            generator=torch.Generator().manual_seed(1)).tolist()
+        ours = bench_muser(cfg, weights, ids, lengths, args.decode_steps)
+        hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps, args.hf_compile)
+        result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
+        result["cells"] += cells_for(name, cfg, weights, ceil, ours, hf, lengths)
+        del weights
+        torch.cuda.empty_cache()
+        save()
+    plot(result["cells"], out_dir / "gpu_bench.png")
+    save()
+    say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
