@@ -18,14 +18,14 @@ def _stage_gather_kernel(k_rows, v_rows, read_ptr, k_new, v_new, k_out, v_out, n
     mask = e < ROW
     if i < num_read:
         row = tl.load(read_ptr + i).to(tl.int64)
-        k = tl.load(k_rows + row * ROW + e, mask=mask)
-        v = tl.load(v_rows + row * ROW + e, mask=mask)
+        k = tl.load(k_rows + row * ROW + e, mask=mask).to(k_out.dtype.element_ty)
+        v = tl.load(v_rows + row * ROW + e, mask=mask).to(v_out.dtype.element_ty)
     else:
         j = i - num_read
-        k = tl.load(k_new + j * stride_kn + e, mask=mask)
-        v = tl.load(v_new + j * stride_vn + e, mask=mask)
-    tl.store(k_out + i * ROW + e, k.to(k_out.dtype.element_ty), mask=mask)
-    tl.store(v_out + i * ROW + e, v.to(v_out.dtype.element_ty), mask=mask)
+        k = tl.load(k_new + j * stride_kn + e, mask=mask).to(k_out.dtype.element_ty)
+        v = tl.load(v_new + j * stride_vn + e, mask=mask).to(v_out.dtype.element_ty)
+    tl.store(k_out + i * ROW + e, k, mask=mask)
+    tl.store(v_out + i * ROW + e, v, mask=mask)
 
 
 def stage_gather(
