@@ -1,0 +1,60 @@
+"""`muser generate` as a user runs it: a real process on the embedded model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _muser(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "muser", *args], input=stdin,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _assert_clean_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_generate_json(gguf_path: Path) -> None:
+    proc = _muser("generate", "The capital of France is", "--model", str(gguf_path),
+                  "--max-tokens", "6", "--ignore-eos", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"prompt_token_ids", "token_ids", "text", "ttft_s", "tpot_s",
+                        "prefill_tokens_per_s", "decode_tokens_per_s"}
+    assert out["prompt_token_ids"][0] == 2 and len(out["token_ids"]) == 6
+    assert out["text"].strip() and "<" not in out["text"]
+    assert out["ttft_s"] > 0 and out["decode_tokens_per_s"] > 0
+
+
+def test_generate_streams_from_prompt_file_and_stdin(gguf_path: Path, tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Count: one, two, three,")
+    args = ("--model", str(gguf_path), "--max-tokens", "5", "--ignore-eos", "--stop", "six")
+    from_file = _muser("generate", "--prompt-file", str(prompt), *args)
+    from_stdin = _muser("generate", *args, stdin=prompt.read_text())
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == from_stdin.stdout and "four" in from_file.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["generate", "hi", "--temperature", "-1"], "must be >= 0"),
+    (["generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["generate", "hi", "--max-tokens", "0"], "must be >= 1"),
+    (["generate", "hi", "--model", "/nonexistent.gguf"], "model file not found"),
+    (["generate", "--prompt-file", "/nonexistent.txt"], "cannot read --prompt-file"),
+])
+def test_bad_options_fail_cleanly(args: list[str], needle: str) -> None:
+    _assert_clean_error(_muser(*args), needle)
+
+
+def test_empty_and_over_long_prompts_fail_cleanly(gguf_path: Path) -> None:
+    _assert_clean_error(_muser("generate", "", "--model", str(gguf_path)), "prompt is empty")
+    long = _muser("generate", "word " * 100, "--model", str(gguf_path), "--max-model-len", "32")
+    _assert_clean_error(long, "the context holds 32")
