@@ -1,10 +1,160 @@
-"""`muser bench`: CPU/GPU prefill and decode throughput, with llama.cpp side by side."""
+"""`muser bench`: prefill and decode tokens/s, with llama.cpp on the same file in the same run."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+from muser.errors import MuserError
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure prefill and decode tokens/s")
-    p.set_defaults(run=lambda args: 0)
+    from muser.cli import add_engine_args
+
+    p = sub.add_parser("bench", help="measure prefill and decode tokens/s (JSON receipt)",
+                       description="Prefill tokens/s per prompt length and decode tokens/s, "
+                       "median of --repeats runs. When llama-cpp-python is installed, llama.cpp "
+                       "runs the same GGUF file in the same process and each cell gets a ratio.")
+    add_engine_args(p)
+    p.add_argument("--prompt-lengths", default="32,128,512,2048",
+                   help="comma-separated prefill lengths (default: %(default)s)")
+    p.add_argument("--decode-tokens", type=int, default=128, help="decode steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is kept")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
+    p.add_argument("--out", metavar="FILE", help="write the JSON receipt here")
+    p.set_defaults(run=_bench)
+
+
+def _median_rate(tokens: int, run: Callable[[], None], repeats: int) -> tuple[float, list[float]]:
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        rates.append(tokens / (time.perf_counter() - start))
+    return statistics.median(rates), rates
+
+
+def _prompt(vocab: int, length: int) -> list[int]:
+    """A deterministic prompt: BOS then ordinary-token ids."""
+    return [2] + [1000 + (i * 7919) % (vocab // 2) for i in range(length - 1)]
+
+
+class MuserSide:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from muser import LLM
+        from muser.cli import engine_kwargs
+
+        self.llm = LLM(args.model, max_num_seqs=1, **engine_kwargs(args))
+        self.runner = self.llm.runner
+
+    def prefill(self, ids: list[int]) -> None:
+        seq = self.runner.allocate()
+        chunk = self.llm.config.prefill_chunk
+        for start in range(0, len(ids), chunk):
+            self.runner.forward([seq], [ids[start:start + chunk]])
+        self.runner.free(seq)
+
+    def decode(self, ids: list[int], steps: int) -> Callable[[], None]:
+        """Prefill `ids`, return a function that runs `steps` greedy decode steps."""
+        seq = self.runner.allocate()
+        token = int(self.runner.forward([seq], [ids])[0].argmax())
+
+        def run() -> None:
+            nonlocal token
+            for _ in range(steps):
+                token = int(self.runner.forward([seq], [[token]])[0].argmax())
+        return run
+
+
+class LlamaCppSide:
+    def __init__(self, path: str, threads: int) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(path, n_ctx=8192, n_batch=512, n_threads=threads,
+                                   n_threads_batch=threads, verbose=False)
+        self.version = llama_cpp.__version__
+
+    def prefill(self, ids: list[int]) -> None:
+        self.llm.reset()
+        self.llm.eval(ids)
+
+    def decode(self, ids: list[int], steps: int) -> Callable[[], None]:
+        self.llm.reset()
+        self.llm.eval(ids)
+
+        def run() -> None:
+            for _ in range(steps):
+                self.llm.eval([int(self.llm.scores[self.llm.n_tokens - 1].argmax())])
+        return run
+
+
+def _bench(args: argparse.Namespace) -> int:
+    lengths = [int(x) for x in args.prompt_lengths.split(",")]
+    if args.repeats < 1 or args.decode_tokens < 1 or min(lengths) < 1:
+        raise MuserError("--repeats, --decode-tokens and every prompt length must be >= 1")
+    threads = args.threads or os.cpu_count() or 1
+    sides = {"muser": MuserSide(args)}
+    llm = sides["muser"].llm
+    if max(lengths) + args.decode_tokens >= llm.config.max_model_len:
+        raise MuserError("prompt length + decode tokens exceed --max-model-len")
+    if not args.no_llama_cpp:
+        try:
+            sides["llama.cpp"] = LlamaCppSide(str(llm.path), threads)
+        except ImportError:
+            print("llama-cpp-python is not installed: measuring muser alone")
+    vocab = llm.model_config.vocab_size
+    cells = [("prefill", n) for n in lengths] + [("decode", 32)]
+    results = []
+    bar = tqdm(total=len(cells) * len(sides), desc="bench", unit="cell")
+    for regime, n in cells:
+        ids = _prompt(vocab, n)
+        cell = {"name": f"{regime}_{n}" if regime == "prefill" else
+                f"decode_{args.decode_tokens}_after_{n}", "regime": regime, "prompt_tokens": n}
+        for name, side in sides.items():
+            side.prefill(_prompt(vocab, 8))  # warm-up
+            if regime == "prefill":
+                rate, runs = _median_rate(n, lambda: side.prefill(ids), args.repeats)
+            else:
+                rate, runs = _median_rate(args.decode_tokens, side.decode(ids, args.decode_tokens),
+                                          args.repeats)
+            cell[f"{name}_tokens_per_s"] = rate
+            cell[f"{name}_runs"] = runs
+            bar.update()
+        if "llama.cpp" in sides:
+            cell["ratio_vs_llama_cpp"] = cell["muser_tokens_per_s"] / cell["llama.cpp_tokens_per_s"]
+        results.append(cell)
+    bar.close()
+    receipt = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "threads": threads, "device": llm.config.device},
+        "versions": {"torch": torch.__version__,
+                     "llama_cpp": getattr(sides.get("llama.cpp"), "version", None)},
+        "model": str(llm.path), "dtype": llm.config.dtype, "kv_dtype": llm.config.kv_dtype,
+        "prefill_chunk": llm.config.prefill_chunk, "repeats": args.repeats,
+        "decode_tokens": args.decode_tokens, "cells": results,
+    }
+    _print_table(results, "llama.cpp" in sides)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(receipt, f, indent=2)
+    return 0
+
+
+def _print_table(results: list[dict], with_llama: bool) -> None:
+    header = f"{'cell':<24}{'muser tok/s':>14}"
+    if with_llama:
+        header += f"{'llama.cpp tok/s':>18}{'ratio':>8}"
+    print(header)
+    for cell in results:
+        line = f"{cell['name']:<24}{cell['muser_tokens_per_s']:>14.1f}"
+        if with_llama:
+            line += f"{cell['llama.cpp_tokens_per_s']:>18.1f}{cell['ratio_vs_llama_cpp']:>8.2f}"
+        print(line)
