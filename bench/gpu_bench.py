@@ -202,25 +202,38 @@ def check_cache_ops(cfg, rn, record) -> list[dict]:
 
 
 def gemv_bandwidth(cfg) -> list[dict]:
-    """Decode GEMV (Triton) vs cuBLAS at N=1 on the model's matrices, weights rotated past L2."""
+    """Decode projection at N=1 on the model's matrices: the chosen path (Triton GEMV or cuBLAS,
+    see ops/triton/linear.py) vs cuBLAS alone, both timed in CUDA graphs, weights rotated past
+    L2; and every Triton candidate config checked against float64 on the first matrix."""
+    from muser.ops.triton.gemv import candidates, gemv
+    from muser.ops.triton.linear import _CHOICE, _cublas, _graph_ms
+
     out = []
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
     for name, m, k, fused in [("qkv", q + 2 * kv, h, False), ("o_proj", h, q, False),
                               ("gate_up", 2 * i, h, False), ("down+geglu", h, i, True),
                               ("lm_head", cfg.vocab_size, h, False)]:
         nbytes = m * k * 2
-        copies = max(2, math.ceil(512e6 / nbytes))
-        ws = [torch.randn(m, k, device=DEV, dtype=BF16) for _ in range(copies)]
+        copies = max(1, min(8, math.ceil(384e6 / nbytes)))
+        ws = [torch.randn(m, k, device=DEV, dtype=BF16) * k**-0.5 for _ in range(copies)]
         x = torch.randn(1, 2 * k if fused else k, device=DEV)
-        xb = torch.randn(1, k, device=DEV, dtype=BF16)
-        ours = (lambda: [tops.geglu_linear(x, w) for w in ws]) if fused else (
-            lambda: [tops.linear(x, w) for w in ws])
-        t_ours = bench_ms(ours, reps=10) / copies
-        t_cublas = bench_ms(lambda: [torch.mm(xb, w.t()) for w in ws], reps=10) / copies
-        row = {"matrix": name, "shape": [m, k], "triton_gemv_GBps": nbytes / t_ours / 1e6,
+        ours = (lambda w: tops.geglu_linear(x, w)) if fused else (lambda w: tops.linear(x, w))
+        ours(ws[0])  # picks the path for this shape
+        t_ours = _graph_ms(ours, ws)
+        t_cublas = _graph_ms(lambda w: _cublas(x, w, fused), ws)
+        choice = _CHOICE[(1, m, k, fused, BF16, x.dtype)]
+        row = {"matrix": name, "shape": [m, k], "chosen": "cublas" if choice is None else
+               str(choice), "chosen_GBps": nbytes / t_ours / 1e6,
                "cublas_GBps": nbytes / t_cublas / 1e6}
-        say(f"  gemv {name:<11} {m}x{k}: triton {row['triton_gemv_GBps']:.0f} GB/s, "
-            f"cuBLAS {row['cublas_GBps']:.0f} GB/s")
+        if name in ("qkv", "down+geglu"):
+            xs = x.to(BF16).double() if not fused else ref.geglu(x.double()).to(BF16).double()
+            want = xs @ ws[0].double().t()
+            errs = [rel_err(gemv(x, ws[0], fused, c), want) for c in candidates(1, m, k)]
+            row["all_configs_max_rel_err"] = max(errs)
+        say(f"  decode {name:<11} {m}x{k}: chosen {row['chosen_GBps']:.0f} GB/s "
+            f"[{row['chosen']}], cuBLAS {row['cublas_GBps']:.0f} GB/s"
+            + (f", all configs max rel err {row['all_configs_max_rel_err']:.1e}"
+               if "all_configs_max_rel_err" in row else ""))
         out.append(row)
         del ws
     return out
@@ -400,8 +413,12 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int) -> dic
         if step >= 8:
             times.append(time.perf_counter() - t0)
     out["decode_s"] = statistics.median(times)
+    from muser.ops.triton.linear import decode_choices
+
+    out["decode_projection_paths"] = decode_choices()
     graph = runner.graphs.graphs[1]
     out["decode_replay_s"] = bench_ms(graph.replay, reps=30) / 1e3
+    out["decode_kernel_us"] = _profile(graph.replay)
     runner.free(seq)
     say(f"  muser decode after 2048: {out['decode_s'] * 1e3:.3f} ms/token step "
         f"(graph replay alone {out['decode_replay_s'] * 1e3:.3f} ms)")
@@ -410,8 +427,33 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int) -> dic
     return out
 
 
+def _profile(fn) -> dict:
+    """GPU microseconds per kernel name in one call of fn (CUPTI traces graph kernels too)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        rows = {}
+        for e in prof.key_averages():
+            us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if us:
+                rows[e.key[:60]] = (round(us, 1), e.count)
+        top = dict(sorted(rows.items(), key=lambda kv: -kv[1][0])[:14])
+        total = sum(v[0] for v in rows.values())
+        say(f"  decode step kernels: {sum(v[1] for v in rows.values())} launches, "
+            f"{total:.0f} us of kernel time")
+        for k, (us, count) in top.items():
+            say(f"    {us:9.1f} us  x{count:<4} {k}")
+        return {"total_us": total, "top": top}
+    except Exception as exc:  # noqa: BLE001
+        say(f"  profile failed: {exc}")
+        return {}
+
+
 @torch.no_grad()
-def bench_hf(cfg, weights, ids: list[int], lengths, decode_steps: int, compile_: bool) -> dict:
+def bench_hf(cfg, weights, ids: list[int], lengths, decode_steps: int) -> dict:
     model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
     out: dict = {"prefill_s": {}}
     for t in lengths:
@@ -439,8 +481,6 @@ def bench_hf(cfg, weights, ids: list[int], lengths, decode_steps: int, compile_:
     out["decode_eager_s"] = statistics.median(times)
     say(f"  transformers eager decode: {out['decode_eager_s'] * 1e3:.2f} ms/token")
     del cache, res
-    if compile_:
-        out |= _hf_static_compile(model, x)
     del model
     torch.cuda.empty_cache()
     return out
@@ -597,7 +637,7 @@ def main() -> int:
         ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
                             generator=torch.Generator().manual_seed(1)).tolist()
         ours = bench_muser(cfg, weights, ids, lengths, args.decode_steps)
-        hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps, args.hf_compile)
+        hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps)
         result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
         result["cells"] += cells_for(name, cfg, weights, ceil, ours, hf, lengths)
         del weights
@@ -605,6 +645,27 @@ def main() -> int:
         save()
     plot(result["cells"], out_dir / "gpu_bench.png")
     save()
+    if args.hf_compile:  # last: slow to compile, and the cells above are already saved
+        for name in models:
+            say(f"transformers static cache + torch.compile, {name}:")
+            cfg = preset(name)
+            weights = random_weights(cfg, BF16, DEV, seed=0)
+            ids = torch.randint(0, cfg.vocab_size, (2048,),
+                                generator=torch.Generator().manual_seed(1)).tolist()
+            with torch.no_grad():
+                model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
+                hf = _hf_static_compile(model, torch.tensor([ids], device=DEV))
+            del model, weights
+            torch.cuda.empty_cache()
+            result["raw"][name]["transformers"] |= hf
+            per = hf.get("decode_static_compile_s")
+            for c in result["cells"]:
+                if c["model"] == name and c["regime"] == "decode" and per:
+                    c["transformers_static_compile_ms"] = per * 1e3
+                    c["vs_transformers"] = per * 1e3 / c["value"]
+                    c["vs_transformers_baseline"] = "static cache + torch.compile"
+            save()
+        plot(result["cells"], out_dir / "gpu_bench.png")
     say("done")
     return 0
 

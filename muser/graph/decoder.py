@@ -58,10 +58,9 @@ class Decoder:
         n = x.shape[0]
         q, k, v = ops.linear(x, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         cos, sin = rope[kind]
-        q = ops.qk_norm_rope(q.view(n, cfg.num_heads, cfg.head_dim), w.q_norm, cos, sin,
-                             cfg.rms_norm_eps)
-        k = ops.qk_norm_rope(k.view(n, cfg.num_kv_heads, cfg.head_dim), w.k_norm, cos, sin,
-                             cfg.rms_norm_eps)
+        q, k = ops.qk_norm_rope_pair(q.view(n, cfg.num_heads, cfg.head_dim),
+                                     k.view(n, cfg.num_kv_heads, cfg.head_dim), w.q_norm,
+                                     w.k_norm, cos, sin, cfg.rms_norm_eps)
         v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
         k_cache, v_cache = self.pool.layer(layer_id)
         a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),

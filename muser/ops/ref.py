@@ -160,3 +160,11 @@ def prefill_attention(
     q_pos = torch.arange(q_start, q_start + q.shape[0], device=q.device)
     k_pos = torch.arange(k_start, k_start + keys.shape[0], device=q.device)
     return attention_dense(q, keys, values, q_pos, k_pos, window, scale)
+
+
+def qk_norm_rope_pair(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """qk_norm_rope of the queries and of the keys (one launch on the GPU)."""
+    return qk_norm_rope(q, q_weight, cos, sin, eps), qk_norm_rope(k, k_weight, cos, sin, eps)

@@ -20,3 +20,20 @@ def test_qk_norm_rope(gen, dtype, n, heads, head_dim):
     out = qk_norm_rope(x, w, cos, sin, 1e-6)
     expect = ref.qk_norm_rope(x.double(), w.double(), cos.double(), sin.double(), 1e-6)
     check(out, expect, torch.float32, scale=4.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_pair(gen, dtype):
+    from muser.ops.triton import qk_norm_rope_pair
+
+    n, heads, kv_heads, head_dim = 3, 4, 2, 64
+    qkv = rand(gen, n, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    q = qkv[:, : heads * head_dim].view(n, heads, head_dim)
+    k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    wq, wk = 1 + rand(gen, head_dim, scale=0.1), 1 + rand(gen, head_dim, scale=0.1)
+    cos, sin = ref.rope_cos_sin(torch.tensor([0, 9, 700]).to(q.device), head_dim, 1e6, 8.0)
+    got = qk_norm_rope_pair(q, k, wq, wk, cos, sin, 1e-6)
+    want = ref.qk_norm_rope_pair(q.double(), k.double(), wq.double(), wk.double(), cos.double(),
+                                 sin.double(), 1e-6)
+    check(got[0], want[0], torch.float32, scale=4.0)
+    check(got[1], want[1], torch.float32, scale=4.0)

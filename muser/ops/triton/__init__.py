@@ -11,11 +11,11 @@ from muser.ops.triton.geglu import geglu
 from muser.ops.triton.linear import geglu_linear, linear
 from muser.ops.triton.norm import add_rms_norm, rms_norm
 from muser.ops.triton.prefill_attention import prefill_attention
-from muser.ops.triton.qk_norm_rope import qk_norm_rope
+from muser.ops.triton.qk_norm_rope import qk_norm_rope, qk_norm_rope_pair
 from muser.ops.triton.stage_gather import stage_gather
 from muser.ops.triton.store_kv import store_kv
 
 __all__ = [
     "add_rms_norm", "decode_attention", "geglu", "geglu_linear", "linear", "prefill_attention",
-    "qk_norm_rope", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
+    "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
 ]

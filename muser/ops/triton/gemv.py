@@ -1,14 +1,18 @@
 """Decode GEMV: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), streaming W once.
 
-Each program owns BLOCK_M weight rows and walks K in BLOCK_K steps with 16-byte loads,
-accumulating elementwise products and reducing once at the end (no per-step shuffles).
-With GEGLU the input is gate_up [N, 2K] and x = gelu_tanh(gate) * up is formed on the fly,
-so the MLP's down projection reads gate_up directly (no intermediate tensor, one launch less).
+Two kernels, both split over M (BLOCK_M rows per program) and optionally over K (SPLIT_K
+programs per row block, combined with float32 atomics into a zeroed output):
+- `_gemv_fma_kernel`: elementwise products accumulated in registers, reduced once at the end;
+- `_gemv_dot_kernel`: the rows padded to 16 and fed to tensor cores, so Triton's pipeliner
+  keeps several weight tiles in flight (cp.async stages).
+With GEGLU the input is gate_up [N, 2K] and x = gelu_tanh(gate) * up is formed on load, so
+the MLP's down projection reads gate_up directly (no intermediate tensor, one launch less).
+x is rounded to the weight dtype before the product, as the reference's x.to(w.dtype).
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,61 +30,117 @@ def gelu_tanh(x):
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr, w_ptr, out_ptr, N, M, K, stride_xn, stride_on,
+def _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_dtype, GEGLU: tl.constexpr):
+    """x[rn, kk] rounded to the weight dtype ([BLOCK_N, BLOCK_K]), zero at kk >= k_hi."""
+    mask = (rn[:, None] < N) & (kk[None, :] < k_hi)
+    at = x_ptr + rn[:, None] * stride_xn + kk[None, :]
+    if GEGLU:
+        gate = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
+        x = gelu_tanh(gate) * up
+    else:
+        x = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    return x.to(w_dtype)
+
+
+@triton.jit
+def _store_y(out_ptr, y, rn, rm, N, M, stride_on, SPLIT_K: tl.constexpr):
+    """y: [BLOCK_N, BLOCK_M] float32 -> out (atomically added when split over K)."""
+    mask = (rn[:, None] < N) & (rm[None, :] < M)
+    at = out_ptr + rn[:, None] * stride_on + rm[None, :]
+    if SPLIT_K == 1:
+        tl.store(at, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(at, y, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _gemv_fma_kernel(
+    x_ptr, w_ptr, out_ptr, N, M, K, stride_xn, stride_on, k_per_split,
     GEGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    m_mask = rm < M
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
-        k_mask = kk < K
         w = tl.load(w_ptr + rm[:, None].to(tl.int64) * K + kk[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        x_mask = (rn[:, None] < N) & k_mask[None, :]
-        x_at = x_ptr + rn[:, None] * stride_xn + kk[None, :]
-        if GEGLU:
-            gate = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_at + K, mask=x_mask, other=0.0).to(tl.float32)
-            x = gelu_tanh(gate) * up
-        else:
-            x = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
-        # NOTE: round x to the weight dtype first, exactly as the reference's x.to(w.dtype).
-        x = x.to(w_ptr.dtype.element_ty).to(tl.float32)
-        acc += x[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=2)
-    out_mask = (rn[:, None] < N) & m_mask[None, :]
-    tl.store(out_ptr + rn[:, None] * stride_on + rm[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=out_mask)
+                    mask=(rm[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
+        x = _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_ptr.dtype.element_ty, GEGLU)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    _store_y(out_ptr, tl.sum(acc, axis=2), rn, rm, N, M, stride_on, SPLIT_K)
 
 
-_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
-    for bm, bk, nw, ns in [
-        (4, 512, 4, 3), (8, 256, 4, 3), (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3),
-        (8, 1024, 8, 3), (4, 1024, 4, 3), (32, 256, 8, 3), (2, 1024, 4, 3),
-    ]
-]
-_gemv_tuned = triton.autotune(_CONFIGS, key=["M", "K", "BLOCK_N", "GEGLU"])(_gemv_kernel)
+@triton.jit
+def _gemv_dot_kernel(
+    x_ptr, w_ptr, out_ptr, N, M, K, stride_xn, stride_on, k_per_split,
+    GEGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + rk
+        w = tl.load(w_ptr + rm[:, None].to(tl.int64) * K + kk[None, :],
+                    mask=(rm[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
+        x = _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_ptr.dtype.element_ty, GEGLU)
+        acc = tl.dot(w, tl.trans(x), acc)
+    _store_y(out_ptr, tl.trans(acc), rn, rm, N, M, stride_on, SPLIT_K)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, geglu: bool = False) -> torch.Tensor:
+@dataclass(frozen=True)
+class GemvConfig:
+    kind: str  # "fma" | "dot"
+    block_m: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int = 3
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, geglu: bool = False,
+         config: GemvConfig = GemvConfig("fma", 4, 64, 1, 4)) -> torch.Tensor:
     """x: [N, K] (or gate_up [N, 2K] when geglu) any float, N <= 8; weight: [M, K] contiguous
-    -> [N, M] in weight.dtype (the reference's rounding)."""
+    -> [N, M]: weight.dtype, or float32 when the config splits K (atomics)."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
     assert x.shape[1] == (2 * k if geglu else k), (x.shape, weight.shape)
-    out = empty((n, m), weight.dtype, x.device)
-    block_n = max(1, triton.next_power_of_2(n))
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        grid = (triton.cdiv(m, 4),)
-        _gemv_kernel[grid](x, weight, out, n, m, k, x.stride(0), out.stride(0),
-                           GEGLU=geglu, BLOCK_N=block_n, BLOCK_M=4, BLOCK_K=64)
-        return out
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)  # noqa: E731
-    _gemv_tuned[grid](x, weight, out, n, m, k, x.stride(0), out.stride(0),
-                      GEGLU=geglu, BLOCK_N=block_n)
+    c = config
+    if c.split_k > 1:
+        out = torch.zeros((n, m), dtype=torch.float32, device=x.device)
+    else:
+        out = empty((n, m), weight.dtype, x.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, c.split_k), c.block_k) * c.block_k
+    grid = (triton.cdiv(m, c.block_m), triton.cdiv(k, k_per_split))
+    kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
+    block_n = 16 if c.kind == "dot" else max(1, triton.next_power_of_2(n))
+    kernel[grid](x, weight, out, n, m, k, x.stride(0), out.stride(0), k_per_split,
+                 GEGLU=geglu, BLOCK_N=block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
+                 SPLIT_K=c.split_k, num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def candidates(n: int, m: int, k: int) -> list[GemvConfig]:
+    """Configs worth timing for one shape: a few tiles, split over K when M alone gives too
+    few programs to fill the chip."""
+    out = []
+    for kind, bm, bk, warps in [("fma", 8, 512, 4), ("fma", 16, 512, 8), ("fma", 8, 1024, 8),
+                                ("fma", 4, 1024, 4), ("dot", 64, 256, 4), ("dot", 128, 128, 4)]:
+        if kind == "fma" and n > 2 and bm * bk > 4096:
+            bm = max(1, 4096 // bk)
+        programs = triton.cdiv(m, bm)
+        splits = [1]
+        if programs < 1024:
+            splits.append(min(triton.next_power_of_2(triton.cdiv(1024, programs)),
+                              max(1, k // bk)))
+        for split in sorted(set(splits)):
+            out.append(GemvConfig(kind, bm, bk, split, warps, 4 if kind == "dot" else 3))
     return out

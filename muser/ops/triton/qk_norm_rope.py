@@ -10,12 +10,8 @@ from muser.ops.triton.alloc import empty
 
 
 @triton.jit
-def _qk_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xn, stride_xh, stride_c, eps,
-    HALF: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    n, h = pid // H, pid % H
+def _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, n, h, H, stride_xn, stride_xh,
+                    stride_c, eps, HALF: tl.constexpr):
     d = tl.arange(0, HALF)
     base = x_ptr + n.to(tl.int64) * stride_xn + h * stride_xh
     x1 = tl.load(base + d).to(tl.float32)
@@ -25,9 +21,34 @@ def _qk_norm_rope_kernel(
     x2 = x2 * inv * tl.load(w_ptr + HALF + d)
     c = tl.load(cos_ptr + n * stride_c + d)
     s = tl.load(sin_ptr + n * stride_c + d)
-    out = out_ptr + pid.to(tl.int64) * 2 * HALF
+    out = out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF
     tl.store(out + d, x1 * c - x2 * s)
     tl.store(out + HALF + d, x2 * c + x1 * s)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xn, stride_xh, stride_c, eps,
+    HALF: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pid // H, pid % H, H, stride_xn,
+                    stride_xh, stride_c, eps, HALF)
+
+
+@triton.jit
+def _qk_pair_kernel(
+    q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, H, KVH, stride_qn, stride_qh,
+    stride_kn, stride_kh, stride_c, eps, HALF: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n, h = pid // (H + KVH), pid % (H + KVH)
+    if h < H:
+        _norm_rope_head(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out, n, h, H, stride_qn, stride_qh,
+                        stride_c, eps, HALF)
+    else:
+        _norm_rope_head(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out, n, h - H, KVH, stride_kn,
+                        stride_kh, stride_c, eps, HALF)
 
 
 def qk_norm_rope(
@@ -45,3 +66,23 @@ def qk_norm_rope(
         _qk_norm_rope_kernel[(n * heads,)](x, weight, cos, sin, out, heads, x.stride(0),
                                            x.stride(1), cos.stride(0), eps, HALF=half)
     return out
+
+
+def qk_norm_rope_pair(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """qk_norm_rope of q: [N, H, D] and k: [N, KVH, D] in one launch -> (q, k) float32."""
+    n, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    half = head_dim // 2
+    assert q.stride(2) == 1 and k.stride(2) == 1 and k.shape == (n, kv_heads, head_dim)
+    assert half == triton.next_power_of_2(half) and cos.shape == (n, half)
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float32
+    q_out = empty((n, heads, head_dim), torch.float32, q.device)
+    k_out = empty((n, kv_heads, head_dim), torch.float32, q.device)
+    if n:
+        _qk_pair_kernel[(n * (heads + kv_heads),)](
+            q, k, q_weight, k_weight, cos, sin, q_out, k_out, heads, kv_heads, q.stride(0),
+            q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps, HALF=half)
+    return q_out, k_out
