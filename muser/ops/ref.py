@@ -17,7 +17,13 @@ def _up(x: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [N, K] float32, weight: [M, K] -> [N, M] float32; the product runs in weight.dtype."""
-    return _up(F.linear(x.to(weight.dtype), weight))
+    x = x.to(weight.dtype)
+    if x.shape[0] == 1 and x.device.type == "cpu":
+        # NOTE: CPU GEMM picks a GEMV path for one row whose K-reduction order differs (seen at
+        # K=2048); two rows take the GEMM path every wider batch takes, so a row's bits do not
+        # depend on how many sequences share the decode step.
+        return _up(F.linear(x.expand(2, -1), weight)[:1])
+    return _up(F.linear(x, weight))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

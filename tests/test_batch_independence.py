@@ -1,0 +1,99 @@
+"""A sequence's greedy tokens do not depend on what else shares its steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from muser import LLM, SamplingParams
+from muser.engine import Engine
+
+MAX_TOKENS = 16
+PROMPT_REPEATS = (60, 2, 9, 20, 30, 5, 14, 1)  # 10..~600 tokens: rings partial and wrapped
+ARRIVAL_STEPS = (0, 0, 2, 3, 5, 6, 8, 9)
+
+
+class _Recorder:
+    """Wraps a request's sampler to keep every logits row it is handed."""
+
+    def __init__(self, sampler, rows: list[torch.Tensor]) -> None:
+        self.sampler, self.rows = sampler, rows
+
+    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        self.rows.append(logits.float().cpu().clone())
+        return self.sampler(logits, history)
+
+
+def _add(engine: Engine, ids: list[int], rows: list[torch.Tensor]) -> int:
+    req = engine.add_request(ids, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    engine.live[req.uid].sampler = _Recorder(engine.live[req.uid].sampler, rows)
+    return req.uid
+
+
+def _run(engine: Engine, prompts: list[list[int]], arrivals: tuple[int, ...]
+         ) -> tuple[list[list[int]], list[list[torch.Tensor]], int, int]:
+    """Feed prompt i at engine step arrivals[i] -> (tokens, logits rows, widest decode pass,
+    most requests in flight at once)."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    index, step, widest, most_live = {}, 0, 0, 0
+    while len(index) < len(prompts) or engine.has_work:
+        for i in range(len(prompts)):
+            if arrivals[i] == step:
+                index[_add(engine, prompts[i], rows[i])] = i
+        widest = max(widest, len(engine.scheduler.decode_ready))
+        most_live = max(most_live, len(engine.live))
+        for out in engine.step():
+            tokens[index[out.uid]].append(out.token_id)
+        step += 1
+    return tokens, rows, widest, most_live
+
+
+@pytest.fixture(scope="module")
+def llm(gguf_path: Path) -> LLM:
+    return LLM(gguf_path, progress=False, device="cpu", max_num_seqs=8, max_model_len=2048)
+
+
+def test_greedy_tokens_alone_equal_tokens_alongside_seven_others(llm: LLM) -> None:
+    prompts = [llm.encode("Tell me about the sea and the stars. " * n) for n in PROMPT_REPEATS]
+    window = llm.model_config.sliding_window
+    assert min(map(len, prompts)) < 16 and max(map(len, prompts)) > window
+    alone = [_run(llm.engine, [p], (0,)) for p in prompts]
+    together, rows, widest, most_live = _run(llm.engine, prompts, ARRIVAL_STEPS)
+    assert most_live == 8 and widest >= 6
+    assert together == [a[0][0] for a in alone]
+    diffs = [float((a[1][0][k] - rows[i][k]).abs().max())
+             for i, a in enumerate(alone) for k in range(MAX_TOKENS)]
+    bitwise = all(torch.equal(a[1][0][k], rows[i][k])
+                  for i, a in enumerate(alone) for k in range(MAX_TOKENS))
+    print(f"\nlogits bitwise identical: {bitwise}; max |alone - batched| = {max(diffs):.4g}; "
+          f"rows differing: {sum(d > 0 for d in diffs)}/{len(diffs)}")
+    assert max(diffs) < 1.0
+
+
+def _decode_logits(llm: LLM, prompts: list[list[int]], steps: int) -> list[list[torch.Tensor]]:
+    """Prefill each prompt alone in one call, then decode all of them together greedily."""
+    runner = llm.runner
+    seqs = [runner.allocate() for _ in prompts]
+    try:
+        last = [int(runner.forward([s], [p])[0].argmax()) for s, p in zip(seqs, prompts)]
+        rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for _ in range(steps):
+            logits = runner.forward(seqs, [[t] for t in last]).float()
+            for i, row in enumerate(logits):
+                rows[i].append(row.clone())
+            last = [int(row.argmax()) for row in logits]
+        return rows
+    finally:
+        for s in seqs:
+            runner.free(s)
+
+
+def test_decode_batching_leaves_logits_bitwise_unchanged(llm: LLM) -> None:
+    prompts = [llm.encode("Tell me about the sea and the stars. " * n) for n in PROMPT_REPEATS[:4]]
+    batched = _decode_logits(llm, prompts, 6)
+    for i in (0, 1):
+        alone = _decode_logits(llm, [prompts[i]], 6)[0]
+        assert all(torch.equal(a, b) for a, b in zip(alone, batched[i])), i
