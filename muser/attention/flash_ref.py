@@ -45,8 +45,10 @@ def attention_tiled(
                 k_pos = torch.arange(k_start + ks.start, k_start + ks.stop)
                 s = s.masked_fill(~visibility(q_pos, k_pos, window), float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new[..., None])
+            # NOTE: a row may see no key of a partial tile yet (window); keep exp() finite.
+            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+            alpha = torch.exp(m - m_safe)
+            p = torch.exp(s - m_safe[..., None])
             l = l * alpha + p.sum(-1)
             acc = acc * alpha[..., None] + p @ v_tile
             m = m_new

@@ -62,15 +62,17 @@ def _step(pool: KVPool, seqs: list[Sequence], sizes: list[int], gen: torch.Gener
 
 def test_every_route_matches_float64_reference() -> None:
     gen = torch.Generator().manual_seed(0)
-    pool = KVPool(CFG, num_slots=3, ring_capacity=WINDOW, num_pages=24, page_size=PAGE,
+    pool = KVPool(CFG, num_slots=4, ring_capacity=WINDOW, num_pages=32, page_size=PAGE,
                   dtype=torch.float32, device="cpu")
     a, b, c = Sequence(2, list(range(0, 8))), Sequence(0, list(range(8, 16))), Sequence(
         1, list(range(23, 15, -1)))
+    d = Sequence(3, list(range(24, 32)))  # one chunk longer than two windows
     seen: set[Route] = set()
     schedule = [  # (sequences, rows each): in-place routes, then wrapped rings
         ([a], [20]), ([a], [5]), ([a], [1]), ([b], [3]), ([b], [17]),
         ([a], [17]), ([a], [16]), ([a], [16]), ([a], [3]), ([a, b, c], [1, 1, 1]),
         ([c], [40]), ([a, b, c], [1, 1, 1]), ([b], [24]), ([a, b, c], [1, 1, 1]),
+        ([d], [80]), ([d, a], [1, 1]),
     ]
     for seqs, sizes in schedule:
         seen |= _step(pool, seqs, sizes, gen)
