@@ -20,6 +20,7 @@ nothing and attend nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,12 +58,12 @@ class DecodeLayout:
             for f in ("src", "write_dst", "block_table", "starts", "lens", "origins")
         ]:
             self.fields[name] = (offset, shape)
-            offset += int(torch.tensor(shape).prod())
+            offset += math.prod(shape)
         self.size = offset
 
     def view(self, buf: torch.Tensor, name: str, rows: int | None = None) -> torch.Tensor:
         offset, shape = self.fields[name]
-        t = buf[offset:offset + int(torch.tensor(shape).prod())].view(shape)
+        t = buf[offset:offset + math.prod(shape)].view(shape)
         return t if rows is None else t[:rows]
 
     def metas(self, buf: torch.Tensor, rows: int) -> dict[str, DecodeMeta]:
@@ -77,31 +78,34 @@ class DecodeLayout:
 
     def pack(self, buf: torch.Tensor, cfg: ModelConfig, seqs: list[SeqInput],
              token_ids: list[int]) -> None:
-        """Fill host buffer `buf` for single-row sequences `seqs` (the rest is padding)."""
-        buf.zero_()
-        n = len(seqs)
-        def put(name: str, values: list) -> None:
-            if values:
-                self.view(buf, name, len(values)).copy_(torch.tensor(values, dtype=torch.int32))
+        """Fill host buffer `buf` for single-row sequences `seqs` (the rest is padding).
+        NOTE: numpy views of the (pinned) host buffer: this runs once per decode step."""
+        a = buf.numpy()
+        a[:] = 0
+        n, cap, ps = len(seqs), self.capacity, self.page_size
 
-        put("input_ids", token_ids)
-        put("positions", [s.start for s in seqs])
+        def f(name: str):
+            offset, shape = self.fields[name]
+            return a[offset:offset + math.prod(shape)].reshape(shape)
+
+        f("sliding.write_dst")[n:] = -1
+        f("global.write_dst")[n:] = -1
+        if not n:
+            return
         rings = [_decode_ring(s.ring) for s in seqs]
-        for kind in ("sliding", "global"):
-            put(f"{kind}.src", list(range(n)))
-            self.view(buf, f"{kind}.write_dst")[n:] = -1
-        cap = self.capacity
-        put("sliding.write_dst", [s.slot * cap + w for s, (_, w) in zip(seqs, rings)])
-        put("sliding.block_table", [[s.slot] for s in seqs])
-        put("sliding.starts", [max(0, r.length - cfg.sliding_window) for r, _ in rings])
-        put("sliding.lens", [r.length for r, _ in rings])
-        put("sliding.origins", [r.physical_origin for r, _ in rings])
-        ps = self.page_size
-        put("global.write_dst", [s.page_ids[s.start // ps] * ps + s.start % ps for s in seqs])
-        table = self.view(buf, "global.block_table")
+        f("input_ids")[:n] = token_ids
+        f("positions")[:n] = [s.start for s in seqs]
+        f("sliding.src")[:n] = f("global.src")[:n] = range(n)
+        f("sliding.write_dst")[:n] = [s.slot * cap + w for s, (_, w) in zip(seqs, rings)]
+        f("sliding.block_table")[:n, 0] = [s.slot for s in seqs]
+        f("sliding.starts")[:n] = [max(0, r.length - cfg.sliding_window) for r, _ in rings]
+        f("sliding.lens")[:n] = [r.length for r, _ in rings]
+        f("sliding.origins")[:n] = [r.physical_origin for r, _ in rings]
+        f("global.write_dst")[:n] = [s.page_ids[s.start // ps] * ps + s.start % ps for s in seqs]
+        table = f("global.block_table")
         for b, s in enumerate(seqs):
-            table[b, :len(s.page_ids)] = torch.tensor(s.page_ids, dtype=torch.int32)
-        put("global.lens", [s.start + 1 for s in seqs])
+            table[b, :len(s.page_ids)] = s.page_ids
+        f("global.lens")[:n] = [s.start + 1 for s in seqs]
 
 
 def _decode_ring(ring: RingState) -> tuple[RingState, int]:

@@ -87,9 +87,11 @@ def _decode_merge_kernel(mid_o, mid_ml, out_ptr, H, D: tl.constexpr, SPLITS: tl.
 
 
 def num_splits(batch: int, num_kv_heads: int, max_keys: int) -> int:
-    """Enough programs to cover the chip (~2 per SM of 132), at least 64 keys per split."""
+    """Enough programs to cover the chip (~2 per SM of 132), at least 64 keys per split, at
+    most 64 splits (the merge reads every split's partial)."""
     want = max(1, 256 // max(1, batch * num_kv_heads))
-    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(-(-max_keys // 64))))
+    by_keys = triton.next_power_of_2(-(-max_keys // 64))
+    return max(1, min(triton.next_power_of_2(want), by_keys, 64))
 
 
 def decode_attention(

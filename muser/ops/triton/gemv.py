@@ -1,7 +1,8 @@
 """Decode GEMV: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), streaming W once.
 
 Two kernels, both split over M (BLOCK_M rows per program) and optionally over K (SPLIT_K
-programs per row block, combined with float32 atomics into a zeroed output):
+programs per row block, whose float32 partials a second kernel sums in a fixed order, so
+results are deterministic and graph replay equals eager bit for bit):
 - `_gemv_fma_kernel`: elementwise products accumulated in registers, reduced once at the end;
 - `_gemv_dot_kernel`: the rows padded to 16 and fed to tensor cores, so Triton's pipeliner
   keeps several weight tiles in flight (cp.async stages).
@@ -45,13 +46,24 @@ def _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_dtype, GEGLU: tl.constexpr):
 
 @triton.jit
 def _store_y(out_ptr, y, rn, rm, N, M, stride_on, SPLIT_K: tl.constexpr):
-    """y: [BLOCK_N, BLOCK_M] float32 -> out (atomically added when split over K)."""
+    """y: [BLOCK_N, BLOCK_M] float32 -> out; split over K: this split's slab of the float32
+    partials [SPLIT_K, N, M], summed in a fixed order by _sum_splits_kernel (deterministic)."""
     mask = (rn[:, None] < N) & (rm[None, :] < M)
-    at = out_ptr + rn[:, None] * stride_on + rm[None, :]
     if SPLIT_K == 1:
-        tl.store(at, y.to(out_ptr.dtype.element_ty), mask=mask)
+        at = out_ptr + rn[:, None] * stride_on + rm[None, :]
     else:
-        tl.atomic_add(at, y, mask=mask, sem="relaxed")
+        at = out_ptr + tl.program_id(1) * N * M + rn[:, None] * M + rm[None, :]
+    tl.store(at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, NM, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < NM
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + s * NM + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -109,22 +121,24 @@ class GemvConfig:
 def gemv(x: torch.Tensor, weight: torch.Tensor, geglu: bool = False,
          config: GemvConfig = GemvConfig("fma", 4, 64, 1, 4)) -> torch.Tensor:
     """x: [N, K] (or gate_up [N, 2K] when geglu) any float, N <= 8; weight: [M, K] contiguous
-    -> [N, M]: weight.dtype, or float32 when the config splits K (atomics)."""
+    -> [N, M] in weight.dtype."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
     assert x.shape[1] == (2 * k if geglu else k), (x.shape, weight.shape)
     c = config
-    if c.split_k > 1:
-        out = torch.zeros((n, m), dtype=torch.float32, device=x.device)
-    else:
-        out = empty((n, m), weight.dtype, x.device)
     k_per_split = triton.cdiv(triton.cdiv(k, c.split_k), c.block_k) * c.block_k
-    grid = (triton.cdiv(m, c.block_m), triton.cdiv(k, k_per_split))
+    splits = triton.cdiv(k, k_per_split)
+    out = empty((n, m), weight.dtype, x.device)
+    part = empty((splits, n, m), torch.float32, x.device) if splits > 1 else out
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
     block_n = 16 if c.kind == "dot" else max(1, triton.next_power_of_2(n))
-    kernel[grid](x, weight, out, n, m, k, x.stride(0), out.stride(0), k_per_split,
-                 GEGLU=geglu, BLOCK_N=block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
-                 SPLIT_K=c.split_k, num_warps=c.num_warps, num_stages=c.num_stages)
+    kernel[(triton.cdiv(m, c.block_m), splits)](
+        x, weight, part, n, m, k, x.stride(0), out.stride(0), k_per_split, GEGLU=geglu,
+        BLOCK_N=block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    if splits > 1:
+        _sum_splits_kernel[(triton.cdiv(n * m, 1024),)](part, out, n * m, SPLIT_K=splits,
+                                                        BLOCK=1024)
     return out
 
 
@@ -140,7 +154,7 @@ def candidates(n: int, m: int, k: int) -> list[GemvConfig]:
         splits = [1]
         if programs < 1024:
             splits.append(min(triton.next_power_of_2(triton.cdiv(1024, programs)),
-                              max(1, k // bk)))
+                              max(1, k // bk), 16))
         for split in sorted(set(splits)):
             out.append(GemvConfig(kind, bm, bk, split, warps, 4 if kind == "dot" else 3))
     return out

@@ -4,8 +4,7 @@ fastest of the Triton GEMV configs and cuBLAS, measured once per shape on the de
 Each decode shape is timed in a CUDA graph (no launch gaps), over enough weight copies to
 defeat L2, the first time it is seen (the engine's warm-up, before graph capture); the
 winner is remembered for the process. MUSER_GEMV=0 routes decode rows to cuBLAS only.
-Outputs are in the weight dtype (the reference rounds to it too) or float32 when a split-K
-GEMV wins (its atomics accumulate in float32); every consumer upcasts on load.
+Outputs are in the weight dtype (the reference rounds to it too); consumers upcast on load.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ _L2_DEFEAT_BYTES = 192 << 20
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x: [N, K], weight: [M, K] -> [N, M] (weight dtype, or float32 from a split-K GEMV)."""
+    """x: [N, K], weight: [M, K] -> [N, M] in weight.dtype."""
     if x.shape[0] <= MAX_ROWS:
         return _decode(x, weight, False)
     return _cublas(x, weight, False)
