@@ -50,6 +50,8 @@ class ServerContext:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeError:
             raise ApiError(400, "the body is not valid UTF-8", "invalid_encoding") from None
+        except RecursionError:
+            raise ApiError(400, "the body is nested too deeply", "invalid_json") from None
         except ValueError as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}", "invalid_json") from None
         if not isinstance(obj, dict):

@@ -53,16 +53,20 @@ class Generation:
     async def collect(self, http: HttpRequest) -> Result:
         """Wait for the whole text; abort if the client goes away meanwhile."""
         parts = []
+        next_check = time.monotonic() + _DISCONNECT_POLL_S
         try:
             while self.finish_reason is None:
                 try:
                     out = await asyncio.wait_for(self._queue.get(), _DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
+                    out = None
+                if out is not None:
+                    self._account(out)
+                    parts.append(out.text_delta)
+                if time.monotonic() >= next_check:
                     if await http.is_disconnected():
                         break
-                    continue
-                self._account(out)
-                parts.append(out.text_delta)
+                    next_check = time.monotonic() + _DISCONNECT_POLL_S
         finally:
             self.close()
         return Result("".join(parts), self.num_output, self.finish_reason or "cancelled")

@@ -85,6 +85,8 @@ class EngineLoop:
                 self._sinks[req.uid] = sink
             for uid in aborts:
                 self._deliver(self.engine.abort(uid))
+            if aborts:
+                self._snapshot()
             self._step()
         for uid in list(self.engine.live):
             self._deliver(self.engine.abort(uid))

@@ -21,7 +21,7 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
     raw = [b"", b"{", b'{"prompt": ', b"null", b"[]", b'"text"', b"123", b'{"prompt": "x",}',
            b"{'prompt': 'x'}", b'{"prompt": NaN}', b'{"prompt": "x", "max_tokens": Infinity}',
            b"\xff\xfe{}", b'{"prompt": "\xc3\x28"}', b'{"prompt": "\xed\xa0\x80"}',
-           b'{"prompt": "\\ud800"}', b'{"content": "\xff"}']
+           b'{"prompt": "\\ud800"}', b'{"content": "\xff"}', b'{"prompt": ' + b"[" * 30000]
     for path in [*GEN_ROUTES, CHAT, "/tokenize", "/detokenize"]:
         bad += [("POST", path, body) for body in raw]
     for path, (prompt, limit) in GEN_ROUTES.items():
