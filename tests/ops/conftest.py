@@ -1,13 +1,19 @@
-"""Kernel tests: each Triton op vs the float64 reference (see opcheck.py)."""
+"""Kernel tests: each Triton op vs the float64 reference (see opcheck.py).
+
+Without triton installed (a CPU-only install) these tests are not collected at all.
+"""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
 
-import opcheck  # noqa: F401  (selects the interpreter before triton is imported)
-
-pytest.importorskip("triton")
+if importlib.util.find_spec("triton") is None:
+    collect_ignore_glob = ["test_*.py"]
+else:
+    import opcheck  # noqa: F401  (selects the interpreter before triton is imported)
 
 
 @pytest.fixture
