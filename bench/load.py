@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import platform
 import random
@@ -26,8 +27,9 @@ from pathlib import Path
 import httpx
 
 KEY = "bench-key"
-WORDS = ("river stone light window garden music paper winter market bridge silver cloud "
-         "engine forest letter morning ocean story table voice").split()
+WORDS = ["river", "stone", "light", "window", "garden", "music", "paper", "winter", "market",
+         "bridge", "silver", "cloud", "engine", "forest", "letter", "morning", "ocean", "story",
+         "table", "voice"]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -77,7 +79,7 @@ async def stream(client: httpx.AsyncClient, prompt: str | list[int], max_tokens:
         async for line in r.aiter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"]:
                 stamps.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return {"ttft": stamps[0] - start, "tpot": sum(gaps) / len(gaps) if gaps else None,
             "tokens": len(stamps), "start": start, "stamps": stamps}
 
@@ -130,7 +132,7 @@ async def long_prompt_arrives(url: str, args: argparse.Namespace) -> dict:
         for task in streams:
             task.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
-    gaps = [(b, b - a) for s in stamps for a, b in zip(s, s[1:]) if arrive < b <= done]
+    gaps = [(b, b - a) for s in stamps for a, b in itertools.pairwise(s) if arrive < b <= done]
     return {"long_prompt_tokens": len(ids), "long_prompt_ttft_s": done - arrive,
             "stream_gaps_during_prefill": len(gaps),
             "tpot_p50_s": _pct([g for _, g in gaps], 50),
@@ -151,7 +153,8 @@ def plot(result: dict, path: Path) -> None:
     for name, color in (("adaptive", "tab:blue"), ("fixed", "tab:red")):
         trace = policies[name]["trace"]
         for k, s in enumerate(trace["stamps"]):
-            axes[0].plot(s[1:], [b - a for a, b in zip(s, s[1:])], ".", color=color, ms=3,
+            gaps = [b - a for a, b in itertools.pairwise(s)]
+            axes[0].plot(s[1:], gaps, ".", color=color, ms=3,
                          label=f"{name} 512→64" if name == "adaptive" and k == 0 else
                          "fixed 512" if k == 0 else None)
         axes[0].axvspan(0, trace["done"] - trace["arrive"], color=color, alpha=0.08)
@@ -198,9 +201,9 @@ def main() -> None:
     print(f"load: {load['completed']}/{load['requests']} ok, {load['errors']} errors, "
           f"{load['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 {load['ttft_p50_s']:.3f}/"
           f"{load['ttft_p99_s']:.3f} s, TPOT p50/p99 {load['tpot_p50_s']:.3f}/"
-          f"{load['tpot_p99_s']:.3f} s | 4-stream TPOT p99 during a {pol['adaptive']['long_prompt_tokens']}"
-          f"-token prefill: adaptive {pol['adaptive']['tpot_p99_s']:.3f} s vs fixed "
-          f"{pol['fixed']['tpot_p99_s']:.3f} s")
+          f"{load['tpot_p99_s']:.3f} s | 4-stream TPOT p99 during a "
+          f"{pol['adaptive']['long_prompt_tokens']}-token prefill: adaptive "
+          f"{pol['adaptive']['tpot_p99_s']:.3f} s vs fixed {pol['fixed']['tpot_p99_s']:.3f} s")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     if args.plot:

@@ -72,4 +72,4 @@ def create_app(ctx: ServerContext) -> FastAPI:
     return app
 
 
-__all__ = ["create_app", "ApiError"]
+__all__ = ["ApiError", "create_app"]

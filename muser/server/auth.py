@@ -49,7 +49,7 @@ class Keys:
             raise _unauthorized()
 
     def check_admin(self, request: Request) -> None:
-        """Only the admin key passes; without one, admin routes are open only on a keyless server."""
+        """Only the admin key passes; with no admin key they are open only on a keyless server."""
         if not self.admin:
             if self.api:
                 raise ApiError(403, "admin routes are disabled: start the server with --admin-key",

@@ -1,4 +1,4 @@
-"""Generation: one request's StepOutputs as an async iterator; closing it early aborts the request."""
+"""Generation: one request's StepOutputs as an async iterator; leaving early aborts it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI and llama.cpp routes (pydantic, strict types), and their sampling."""
+"""Request bodies of the OpenAI and llama.cpp routes (strict pydantic) and their sampling."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Decode-first policy on host integers: a fake runner commits rows and emits deterministic tokens."""
+"""Decode-first policy on host integers; a fake runner commits rows and emits fixed tokens."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
@@ -89,7 +91,7 @@ def test_no_two_prefill_chunks_in_a_row_while_decodes_wait() -> None:
         had_decode = bool(sched.decode_ready)
         batches.append((batch, had_decode))
         _commit(sched, batch)
-    for (prev, _), (cur, decodes_waiting) in zip(batches, batches[1:]):
+    for (prev, _), (cur, decodes_waiting) in itertools.pairwise(batches):
         if prev.is_prefill and cur.is_prefill:
             assert not decodes_waiting
     assert sched.stats.steps["decode"] + sched.stats.steps["prefill"] == len(batches)

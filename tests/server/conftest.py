@@ -35,7 +35,7 @@ class Server:
         """Sum of every sample of a metric (all label sets)."""
         text = self.client().get("/metrics").text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+                   if line.startswith((name + "{", name + " ")))
 
     def busy_slots(self) -> list[dict]:
         return [s for s in self.admin().get("/slots").json() if s["is_processing"]]

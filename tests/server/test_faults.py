@@ -1,4 +1,4 @@
-"""Bad input, disconnects and back-pressure: 4xx with an OpenAI-style body; the server keeps serving."""
+"""Bad input, disconnects, back-pressure: an OpenAI-style 4xx, and the server keeps serving."""
 
 from __future__ import annotations
 

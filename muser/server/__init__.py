@@ -1,0 +1,1 @@
+"""HTTP serving: OpenAI- and llama.cpp-compatible routes over one engine loop thread."""
