@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request as HttpRequest
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from muser.core import SamplingParams, StepOutput
 from muser.server.loop import EngineLoop
@@ -100,3 +102,19 @@ class Generation:
             self.finish_reason = out.finish_reason
             if self._first is not None and self.num_output > 1:
                 self.metrics.tpot.observe((self._last - self._first) / (self.num_output - 1))
+
+
+class GenerationStream(StreamingResponse):
+    """Server-sent events of one Generation; the request is aborted however the response ends,
+    even when the client leaves before the first event."""
+
+    def __init__(self, gen: Generation, events: AsyncIterator[str]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.gen = gen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.close()

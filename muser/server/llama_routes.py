@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from muser.core import StepOutput
 from muser.server.context import ServerContext, sampling_or_400
 from muser.server.errors import ApiError
-from muser.server.generation import Generation
+from muser.server.generation import Generation, GenerationStream
 from muser.server.openai_routes import sse
 from muser.server.protocol import DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest
 
@@ -70,8 +70,7 @@ async def completion(request: Request) -> Any:
     n = ctx.max_tokens(None if body.n_predict < 0 else body.n_predict, limit, "n_predict")
     gen = ctx.start(ids, sampling_or_400(body.sampling, n))
     if body.stream:
-        return StreamingResponse(_events(ctx, gen), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return GenerationStream(gen, _events(ctx, gen))
     result = await gen.collect(request)
     if result.finish_reason in ("error", "cancelled"):
         raise ApiError(500, f"generation {result.finish_reason}", result.finish_reason)

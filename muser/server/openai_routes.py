@@ -8,12 +8,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from muser.server.context import ServerContext, sampling_or_400
 from muser.server.errors import ApiError
-from muser.server.generation import Generation
+from muser.server.generation import Generation, GenerationStream
 from muser.server.protocol import ChatRequest, CompletionRequest
 
 router = APIRouter()
@@ -101,7 +100,7 @@ async def chat_completions(request: Request) -> Any:
 
 def _stream(gen: Generation, head: dict[str, Any], include_usage: bool,
             choice: Callable[[Any], dict[str, Any]], first: dict[str, Any] | None
-            ) -> StreamingResponse:
+            ) -> GenerationStream:
     async def events() -> AsyncIterator[str]:
         if first is not None:
             yield sse({**head, "choices": [first]})
@@ -115,8 +114,7 @@ def _stream(gen: Generation, head: dict[str, Any], include_usage: bool,
             yield sse({**head, "choices": [], "usage": _usage(gen)})
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return GenerationStream(gen, events())
 
 
 def _raise_if_failed(reason: str) -> None:

@@ -143,6 +143,14 @@ def test_stream_disconnect_frees_the_sequence_within_a_step(server: Server) -> N
     _assert_no_leaks(server)
 
 
+def test_disconnect_during_prefill_frees_the_sequence(server: Server) -> None:
+    body = {"prompt": "word " * 900, "n_predict": 50, "ignore_eos": True, "stream": True}
+    with server.client().stream("POST", "/completion", json=body) as r:
+        assert r.status_code == 200
+    _wait_idle(server, timeout_s=15)
+    _assert_no_leaks(server)
+
+
 def test_non_stream_disconnect_frees_the_sequence(server: Server) -> None:
     body = {"prompt": "Tell me a long story.", "n_predict": 500, "ignore_eos": True}
     try:
