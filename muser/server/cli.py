@@ -48,6 +48,13 @@ def _keys(args: argparse.Namespace):
     return Keys(tuple(api), tuple(args.admin_key))
 
 
+def _load_kwargs(args: argparse.Namespace) -> dict:
+    """--load-format dummy (random weights of --model-config) where the engine flags offer it."""
+    if getattr(args, "load_format", "auto") == "auto":
+        return {}
+    return {"load_format": args.load_format, "model_config": args.model_config}
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -63,10 +70,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.chunk_policy == "fixed":
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
     llm = LLM(args.model, progress=sys.stderr.isatty(), max_num_seqs=args.max_num_seqs,
-              **kwargs)
+              **_load_kwargs(args), **kwargs)
     loop = EngineLoop(llm.engine, args.max_queue)
     ctx = ServerContext(loop, llm.tokenizer, Metrics(lambda: loop.stats), keys,
-                        args.model_name or Path(llm.path).stem, str(llm.path),
+                        args.model_name or Path(str(llm.path)).stem, str(llm.path),
                         llm.config.max_model_len, args.max_num_seqs, args.max_body_bytes)
     config = uvicorn.Config(create_app(ctx), host=args.host, port=args.port,
                             log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
