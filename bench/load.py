@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import platform
 import random
 import socket
@@ -189,9 +190,11 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--plot", type=Path)
     args = p.parse_args()
-    result: dict = {"device": args.device or "default", "host": platform.node(),
-                    "python": platform.python_version(), "model": args.model or "embedded",
-                    "policy": {}}
+    result: dict = {"device": args.device or "default", "cpu_count": os.cpu_count(),
+                    "machine": platform.machine(), "python": platform.python_version(),
+                    "model": args.model or "embedded Gemma 3 270M Q4_K_M", "dtype": "bfloat16",
+                    "max_num_seqs": 8, "max_model_len": 4096, "prefill_chunk": 512,
+                    "decode_waiting_chunk": {"adaptive": 64, "fixed": 512}, "policy": {}}
     with serve(args, "adaptive") as url:
         result["load"] = asyncio.run(throughput(url, args))
         result["policy"]["adaptive"] = asyncio.run(long_prompt_arrives(url, args))
