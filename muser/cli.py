@@ -39,21 +39,34 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16",
                    help="weight/activation dtype of the projections (default: %(default)s)")
-    p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16",
-                   help="KV cache dtype (default: %(default)s)")
+    p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
+                   help="KV cache dtype (default: float32 on the CPU, where attention computes "
+                   "in float32 anyway; bfloat16 on the GPU)")
     p.add_argument("--prefill-chunk", type=_positive_int, default=512,
                    help="rows per prefill chunk (default: %(default)s)")
     p.add_argument("--max-model-len", type=_positive_int, default=32768,
                    help="context length in tokens, capped by the model's (default: %(default)s)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads (default: all cores)")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: seeded random weights of --model-config, made on the device")
+    p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
+                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b "
+                   "(default: %(default)s)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = dict(dtype=args.dtype, kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk,
+    kwargs = dict(dtype=args.dtype, prefill_chunk=args.prefill_chunk,
                   max_model_len=args.max_model_len, num_threads=args.threads)
     if args.device:
         kwargs["device"] = args.device
+    if args.kv_dtype:
+        kwargs["kv_dtype"] = args.kv_dtype
     return kwargs
+
+
+def model_kwargs(args: argparse.Namespace) -> dict:
+    """How LLM loads the model: a GGUF file, or random weights of a named shape."""
+    return dict(load_format=args.load_format, model_config=args.model_config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +136,8 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     except ValueError as exc:
         raise MuserError(str(exc)) from None
-    llm = LLM(args.model, progress=not args.json, max_num_seqs=1, **engine_kwargs(args))
+    llm = LLM(args.model, progress=not args.json, max_num_seqs=1, **model_kwargs(args),
+              **engine_kwargs(args))
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
     ids = llm.encode(prompt)

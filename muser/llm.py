@@ -44,12 +44,22 @@ def default_device() -> str:
 
 class LLM:
     def __init__(self, model: str | Path | None = None, progress: bool = True,
+                 load_format: str = "auto", model_config: str | None = None,
                  **engine_kwargs) -> None:
-        """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig."""
+        """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig.
+        load_format="dummy": random weights of the named `model_config` (muser/presets.py)."""
         engine_kwargs.setdefault("device", default_device())
+        cpu = torch.device(engine_kwargs["device"]).type == "cpu"
+        engine_kwargs.setdefault("kv_dtype", "float32" if cpu else "bfloat16")
         config = EngineConfig(**engine_kwargs)
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-        loaded = load_model(model, getattr(torch, config.dtype), config.device, progress)
+        dtype = getattr(torch, config.dtype)
+        if load_format == "dummy":
+            from muser.loading.dummy import load_dummy
+
+            loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress)
+        else:
+            loaded = load_model(model, dtype, config.device, progress)
         limit = loaded.config.max_position_embeddings
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path

@@ -1,0 +1,26 @@
+"""`--load-format dummy`: a named Gemma 3 shape (muser/presets.py) with seeded random weights
+created on the device, so benchmarks need no checkpoint. The tokenizer is the embedded Gemma 3
+model's (same 262k vocabulary), so text still round-trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from muser.graph.weights import random_weights
+from muser.loading import LoadedModel
+from muser.presets import preset
+
+
+def load_dummy(name: str, dtype: torch.dtype, device: torch.device | str,
+               progress: bool = True, seed: int = 0) -> LoadedModel:
+    """ModelConfig of preset `name`, random weights of `dtype` on `device`."""
+    from muser.loading.default_model import default_model_path
+    from muser.loading.gguf import open_gguf
+    from muser.tokenizer import Tokenizer
+
+    cfg = preset(name)
+    tokenizer = Tokenizer.from_gguf(open_gguf(default_model_path(progress)))
+    return LoadedModel(Path(f"dummy:{name}"), cfg, tokenizer,
+                       random_weights(cfg, dtype, device, seed))
