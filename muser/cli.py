@@ -37,8 +37,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded Gemma 3 "
                    "270M Q4_K_M, assembled into ~/.cache/muser on first use)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16",
-                   help="weight/activation dtype of the projections (default: %(default)s)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"],
+                   help="weight/activation dtype of the projections (default: bfloat16 on the "
+                   "GPU; on the CPU float16 where it is native (AVX512-FP16, Arm), else float32)")
     p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
                    help="KV cache dtype (default: float32 on the CPU, where attention computes "
                    "in float32 anyway; bfloat16 on the GPU)")
@@ -55,12 +56,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = dict(dtype=args.dtype, prefill_chunk=args.prefill_chunk,
+    kwargs = dict(prefill_chunk=args.prefill_chunk,
                   max_model_len=args.max_model_len, num_threads=args.threads)
     if args.device:
         kwargs["device"] = args.device
-    if args.kv_dtype:
-        kwargs["kv_dtype"] = args.kv_dtype
+    for name in ("dtype", "kv_dtype"):
+        if getattr(args, name):
+            kwargs[name] = getattr(args, name)
     return kwargs
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,12 +59,34 @@ def gemma3_layer_kinds(num_layers: int, pattern: int = 6) -> tuple[LayerKind, ..
     return tuple("global" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
 
 
+def default_dtypes(device: str) -> tuple[str, str]:
+    """(weight dtype, KV dtype) for a device when the user names none.
+
+    GPU: bfloat16 both. CPU: float16 weights where the CPU computes float16 natively
+    (AVX512-FP16, Arm), else float32; float32 KV, since CPU attention computes in float32.
+    float16 keeps 11 significand bits of the dequantized GGUF weights (bfloat16 keeps 8).
+    """
+    if device != "cpu":
+        return "bfloat16", "bfloat16"
+    return ("float16" if _cpu_has_native_fp16() else "float32"), "float32"
+
+
+def _cpu_has_native_fp16() -> bool:
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512_fp16" in f.read().split()
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine knobs; CLI flags map 1:1 onto these fields."""
 
     device: str = "cpu"
-    dtype: str = "bfloat16"  # weights and activations fed to projections
+    dtype: str = "bfloat16"  # weights and activations fed to projections; see default_dtypes
     kv_dtype: str = "bfloat16"
     prefill_chunk: int = 512  # rows per prefill chunk
     decode_waiting_chunk: int = 64  # chunk width while a decode waits

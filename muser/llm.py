@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from muser.config import EngineConfig
+from muser.config import EngineConfig, default_dtypes
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.loading import load_model
@@ -49,8 +49,9 @@ class LLM:
         """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig.
         load_format="dummy": random weights of the named `model_config` (muser/presets.py)."""
         engine_kwargs.setdefault("device", default_device())
-        cpu = torch.device(engine_kwargs["device"]).type == "cpu"
-        engine_kwargs.setdefault("kv_dtype", "float32" if cpu else "bfloat16")
+        dtype, kv_dtype = default_dtypes(torch.device(engine_kwargs["device"]).type)
+        engine_kwargs.setdefault("dtype", dtype)
+        engine_kwargs.setdefault("kv_dtype", kv_dtype)
         config = EngineConfig(**engine_kwargs)
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         dtype = getattr(torch, config.dtype)
