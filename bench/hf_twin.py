@@ -55,7 +55,8 @@ def hf_twin(cfg: ModelConfig, w: ModelWeights, device: str, dtype: torch.dtype,
         model = Gemma3ForCausalLM(hf_config(cfg, attn))
     conv = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731  (no copy when equal)
     q, kv = cfg.q_size, cfg.kv_size
-    params = {"model.embed_tokens.weight": conv(w.embed), "model.norm.weight": conv(w.final_norm - 1)}
+    params = {"model.embed_tokens.weight": conv(w.embed),
+              "model.norm.weight": conv(w.final_norm - 1)}
     for i, lw in enumerate(w.layers):
         p = f"model.layers.{i}."
         params |= {

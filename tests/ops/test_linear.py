@@ -36,6 +36,7 @@ def test_every_gemv_config(gen, geglu):
     w = rand(gen, 40, k, dtype=dtype, scale=0.1)
     xs = ref.geglu(x.double()) if geglu else x.double()
     expect = xs.to(dtype).double() @ w.double().t()
-    configs = candidates(2, 40, k) + [GemvConfig("fma", 4, 32, 3, 4), GemvConfig("dot", 16, 32, 2, 4)]
+    configs = candidates(2, 40, k) + [GemvConfig("fma", 4, 32, 3, 4),
+                                      GemvConfig("dot", 16, 32, 2, 4)]
     for c in configs:
         check(gemv(x, w, geglu, c), expect, dtype, scale=2.0)
