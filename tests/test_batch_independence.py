@@ -9,6 +9,7 @@ import torch
 
 from muser import LLM, SamplingParams
 from muser.engine import Engine
+from muser.scheduler import Scheduler
 
 MAX_TOKENS = 16
 PROMPT_REPEATS = (60, 2, 9, 20, 30, 5, 14, 1)  # 10..~600 tokens: rings partial and wrapped
@@ -56,21 +57,35 @@ def llm(gguf_path: Path) -> LLM:
     return LLM(gguf_path, progress=False, device="cpu", max_num_seqs=8, max_model_len=2048)
 
 
-def test_greedy_tokens_alone_equal_tokens_alongside_seven_others(llm: LLM) -> None:
-    prompts = [llm.encode("Tell me about the sea and the stars. " * n) for n in PROMPT_REPEATS]
-    window = llm.model_config.sliding_window
-    assert min(map(len, prompts)) < 16 and max(map(len, prompts)) > window
-    alone = [_run(llm.engine, [p], (0,)) for p in prompts]
-    together, rows, widest, most_live = _run(llm.engine, prompts, ARRIVAL_STEPS)
+def _alone_and_together(engine: Engine, prompts: list[list[int]]) -> tuple[bool, list[float]]:
+    """-> (tokens identical?, max |logit difference| per emitted token of every sequence)."""
+    alone = [_run(engine, [p], (0,)) for p in prompts]
+    together, rows, widest, most_live = _run(engine, prompts, ARRIVAL_STEPS)
     assert most_live == 8 and widest >= 6
-    assert together == [a[0][0] for a in alone]
     diffs = [float((a[1][0][k] - rows[i][k]).abs().max())
              for i, a in enumerate(alone) for k in range(MAX_TOKENS)]
-    bitwise = all(torch.equal(a[1][0][k], rows[i][k])
-                  for i, a in enumerate(alone) for k in range(MAX_TOKENS))
-    print(f"\nlogits bitwise identical: {bitwise}; max |alone - batched| = {max(diffs):.4g}; "
+    return together == [a[0][0] for a in alone], diffs
+
+
+def _prompts(llm: LLM) -> list[list[int]]:
+    prompts = [llm.encode("Tell me about the sea and the stars. " * n) for n in PROMPT_REPEATS]
+    assert min(map(len, prompts)) < 16 and max(map(len, prompts)) > llm.model_config.sliding_window
+    return prompts
+
+
+def test_greedy_tokens_alone_equal_tokens_alongside_seven_others(llm: LLM) -> None:
+    same_tokens, diffs = _alone_and_together(llm.engine, _prompts(llm))
+    print(f"\nadaptive chunks: max |alone - batched| logit = {max(diffs):.4g}; "
           f"rows differing: {sum(d > 0 for d in diffs)}/{len(diffs)}")
+    assert same_tokens
     assert max(diffs) < 1.0
+
+
+@pytest.mark.slow
+def test_fixed_chunks_make_logits_bitwise_batch_independent(llm: LLM) -> None:
+    engine = Engine(llm.runner, llm.tokenizer, Scheduler(8, adaptive=False))
+    same_tokens, diffs = _alone_and_together(engine, _prompts(llm))
+    assert same_tokens and max(diffs) == 0.0
 
 
 def _decode_logits(llm: LLM, prompts: list[list[int]], steps: int) -> list[list[torch.Tensor]]:
