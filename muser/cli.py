@@ -39,7 +39,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"],
                    help="weight/activation dtype of the projections (default: bfloat16 on the "
-                   "GPU; on the CPU float16 where it is native (AVX512-FP16, Arm), else float32)")
+                   "GPU, float32 on the CPU; float16 halves CPU weight memory)")
     p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
                    help="KV cache dtype (default: float32 on the CPU, where attention computes "
                    "in float32 anyway; bfloat16 on the GPU)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,25 +59,10 @@ def gemma3_layer_kinds(num_layers: int, pattern: int = 6) -> tuple[LayerKind, ..
 
 
 def default_dtypes(device: str) -> tuple[str, str]:
-    """(weight dtype, KV dtype) for a device when the user names none.
-
-    GPU: bfloat16 both. CPU: float16 weights where the CPU computes float16 natively
-    (AVX512-FP16, Arm), else float32; float32 KV, since CPU attention computes in float32.
-    float16 keeps 11 significand bits of the dequantized GGUF weights (bfloat16 keeps 8).
-    """
-    if device != "cpu":
-        return "bfloat16", "bfloat16"
-    return ("float16" if _cpu_has_native_fp16() else "float32"), "float32"
-
-
-def _cpu_has_native_fp16() -> bool:
-    if platform.machine().lower() in ("arm64", "aarch64"):
-        return True
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512_fp16" in f.read().split()
-    except OSError:
-        return False
+    """(weight dtype, KV dtype) when the user names none: bfloat16 on the GPU; float32 on the
+    CPU, where torch's 16-bit GEMM/GEMV kernels measured no faster than float32 (README, "CPU
+    speed") and bfloat16 loses parity with llama.cpp."""
+    return ("bfloat16", "bfloat16") if device != "cpu" else ("float32", "float32")
 
 
 @dataclass(frozen=True)
