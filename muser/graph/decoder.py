@@ -65,7 +65,7 @@ class Decoder:
         k_cache, v_cache = self.pool.layer(layer_id)
         a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
-        o = ops.linear(a.view(n, cfg.q_size), w.o_proj)
+        o = ops.linear(a.reshape(n, cfg.q_size), w.o_proj)
         h, x = ops.add_rms_norm(h, o, w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps)
         m = ops.geglu_linear(ops.linear(x, w.gate_up), w.down)
         return ops.add_rms_norm(h, m, w.post_ffn_norm, next_norm, cfg.rms_norm_eps)
