@@ -42,7 +42,7 @@ class Decoder:
                 w.final_norm
             )
             h, x = self.layer(layer_id, layer, h, x, rope, plan, next_norm)
-        logits = ops.linear(x[logit_rows], w.embed).float()
+        logits = ops.linear(x[logit_rows], w.head).float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

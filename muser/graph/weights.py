@@ -7,33 +7,47 @@ from dataclasses import dataclass
 import torch
 
 from muser.config import ModelConfig
+from muser.ops.packed import PackedMatrix
+
+Matrix = torch.Tensor | PackedMatrix  # packed: CPU float32 weights that keep their GGUF codes
 
 
 @dataclass(slots=True)
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden] f32 (Gemma's 1 + w folded in)
-    qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
+    qkv: Matrix  # [q_size + 2 * kv_size, hidden]
     q_norm: torch.Tensor  # [head_dim] f32
     k_norm: torch.Tensor  # [head_dim] f32
-    o_proj: torch.Tensor  # [hidden, q_size]
+    o_proj: Matrix  # [hidden, q_size]
     post_attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden], gate rows first
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Matrix  # [2 * intermediate, hidden], gate rows first
+    down: Matrix  # [hidden, intermediate]
     post_ffn_norm: torch.Tensor
 
 
 @dataclass(slots=True)
 class ModelWeights:
-    embed: torch.Tensor  # [vocab, hidden]; also the tied LM head
+    embed: torch.Tensor  # [vocab, hidden]
     final_norm: torch.Tensor
     layers: list[LayerWeights]
+    lm_head: Matrix | None = None  # None: tied to `embed`
+
+    @property
+    def head(self) -> Matrix:
+        """The LM head: `lm_head`, or the tied embedding."""
+        return self.embed if self.lm_head is None else self.lm_head
 
     def nbytes(self) -> int:
-        tensors = [self.embed, self.final_norm]
+        """Bytes held, each tensor once (a packed head shares the embedding's dense matrix)."""
+        tensors: dict[int, torch.Tensor] = {}
+        mats = [self.embed, self.final_norm, self.head]
         for layer in self.layers:
-            tensors += [getattr(layer, name) for name in LayerWeights.__slots__]
-        return sum(t.nbytes for t in tensors)
+            mats += [getattr(layer, name) for name in LayerWeights.__slots__]
+        for m in mats:
+            parts = [m.dense, m.codes, m.scales, m.mins] if isinstance(m, PackedMatrix) else [m]
+            tensors.update((id(t), t) for t in parts if t is not None)
+        return sum(t.nbytes for t in tensors.values())
 
 
 def random_weights(

@@ -22,9 +22,10 @@ class LoadedModel:
 
 def load_model(
     path: str | Path | None, dtype: torch.dtype, device: torch.device | str,
-    progress: bool = True,
+    progress: bool = True, pack: bool = False,
 ) -> LoadedModel:
-    """Load a GGUF file (None: the embedded default model) onto `device`."""
+    """Load a GGUF file (None: the embedded default model) onto `device`; `pack` keeps the
+    int8 codes of block-quantized matrices for CPU decode."""
     from muser.errors import ModelLoadError
     from muser.loading.default_model import default_model_path
     from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
@@ -36,5 +37,5 @@ def load_model(
         tokenizer = Tokenizer.from_gguf(reader)
     except ValueError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
-    weights = load_weights(reader, config, dtype, device, progress)
+    weights = load_weights(reader, config, dtype, device, progress, pack)
     return LoadedModel(path, config, tokenizer, weights)

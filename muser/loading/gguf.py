@@ -14,7 +14,8 @@ from muser.errors import ModelLoadError
 from muser.graph.weights import LayerWeights, ModelWeights
 from muser.loading.names import GLOBAL_NAMES, LAYER_NAMES, NORMS
 from muser.loading.reader import FastGGUFReader
-from muser.loading.quants import UnsupportedQuantization, dequantize
+from muser.loading.quants import UnsupportedQuantization, codes, dequantize
+from muser.ops.packed import PackedMatrix, cat_rows, dense
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)
 GEMMA3_LOCAL_ROPE_THETA = 10_000.0  # not stored in GGUF; llama.cpp uses the same constant
@@ -83,37 +84,49 @@ def config_from_gguf(reader: gguf.GGUFReader) -> ModelConfig:
 
 def load_weights(
     reader: gguf.GGUFReader, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-    progress: bool = False,
+    progress: bool = False, pack: bool = False,
 ) -> ModelWeights:
-    """Dequantize every tensor; matrices to `dtype`, norms stay float32."""
+    """Dequantize every tensor; matrices to `dtype`, norms stay float32. `pack` (CPU, float32)
+    also keeps each block-quantized matrix's int8 codes for decode (muser.ops.packed)."""
     tensors = {t.name: t for t in reader.tensors}
     bar = tqdm(total=len(tensors), desc="loading weights", unit="tensor", disable=not progress)
 
-    def get(name: str, to: torch.dtype) -> torch.Tensor:
+    def get(name: str, to: torch.dtype, packable: bool = False) -> torch.Tensor | PackedMatrix:
         if name not in tensors:
             raise ModelLoadError(f"GGUF file lacks tensor '{name}'")
         t = tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape))
         raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
         try:
-            w = dequantize(raw, t.tensor_type, shape)
+            c = codes(raw, t.tensor_type, shape) if pack and packable else None
+            w = c.dequantize().reshape(shape) if c else dequantize(raw, t.tensor_type, shape)
         except UnsupportedQuantization as exc:
             raise ModelLoadError(f"tensor '{name}': {exc}") from None
         bar.update()
-        return w.to(device=device, dtype=to)
+        w = w.to(device=device, dtype=to)
+        return PackedMatrix.from_codes(c, w) if c else w
 
     def layer(i: int) -> LayerWeights:
         fields = {}
         for field, names in LAYER_NAMES.items():
             to = torch.float32 if field in NORMS else dtype
-            parts = [get(f"blk.{i}.{n}", to) for n in ([names] if isinstance(names, str) else names)]
-            fields[field] = torch.cat(parts) if len(parts) > 1 else parts[0]
+            names = [names] if isinstance(names, str) else names
+            parts = [get(f"blk.{i}.{n}", to, packable=field not in NORMS) for n in names]
+            fields[field] = _cat_rows(parts) if len(parts) > 1 else parts[0]
         return LayerWeights(**fields)
 
     inv = {v: k for k, v in GLOBAL_NAMES.items()}
+    embed = get(inv["embed"], dtype, packable=True)
     weights = ModelWeights(
-        embed=get(inv["embed"], dtype), final_norm=get(inv["final_norm"], torch.float32),
-        layers=[layer(i) for i in range(cfg.num_layers)],
+        embed=dense(embed), final_norm=get(inv["final_norm"], torch.float32),
+        layers=[layer(i) for i in range(cfg.num_layers)], lm_head=embed,
     )
     bar.close()
     return weights
+
+
+def _cat_rows(parts: list[torch.Tensor | PackedMatrix]) -> torch.Tensor | PackedMatrix:
+    """Fused rows (QKV, gate+up): packed when every part is, else dense."""
+    if all(isinstance(p, PackedMatrix) for p in parts):
+        return cat_rows(parts)
+    return torch.cat([dense(p) for p in parts])

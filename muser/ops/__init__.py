@@ -1,4 +1,5 @@
-"""Op dispatch: the torch reference (`ref`) or Triton kernels, chosen once per device."""
+"""Op dispatch, chosen once per device: Triton kernels on CUDA; on the CPU the torch reference
+(`ref`) with decode projections over packed codes (`cpu`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from muser.ops import ref
 
 
 def backend(device: torch.device | str) -> ModuleType:
-    """The op namespace for `device`: Triton on CUDA (unless MUSER_OPS=ref), else `ref`."""
-    if torch.device(device).type != "cuda" or os.environ.get("MUSER_OPS") == "ref":
+    """The op namespace for `device`: Triton on CUDA (unless MUSER_OPS=ref), else `cpu`."""
+    if os.environ.get("MUSER_OPS") == "ref":
         return ref
+    if torch.device(device).type != "cuda":
+        from muser.ops import cpu
+
+        return cpu
     from muser.ops import triton as triton_ops
 
     return triton_ops

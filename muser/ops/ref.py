@@ -9,14 +9,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from muser.ops.packed import PackedMatrix, dense
+
 
 def _up(x: torch.Tensor) -> torch.Tensor:
     """float32, except float64 stays float64 (tests run the spec in float64)."""
     return x if x.dtype == torch.float64 else x.float()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x: [N, K] float32, weight: [M, K] -> [N, M] float32; the product runs in weight.dtype."""
+def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
+    """x: [N, K] float32, weight: [M, K] -> [N, M] float32; the product runs in weight.dtype
+    (a packed weight's dense twin)."""
+    weight = dense(weight)
     x = x.to(weight.dtype)
     if x.shape[0] == 1 and x.device.type == "cpu":
         # NOTE: CPU GEMM picks a GEMV path for one row whose K-reduction order differs (seen at

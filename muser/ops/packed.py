@@ -1,0 +1,66 @@
+"""Block-quantized matrices kept as int8 codes for CPU decode.
+
+A decode step reads every weight once, so its speed is memory traffic: the file's codes at one
+byte per weight (plus a float32 scale, and for K-quants an offset, per 16 or 32 weights) read
+about 3.5x less than float32. `codes * scales - mins` is exactly the float32 matrix the loader
+dequantizes, which stays beside the codes for prefill GEMMs and as the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from muser.loading.quants import Codes
+
+
+@dataclass(slots=True)
+class PackedMatrix:
+    dense: torch.Tensor  # [M, K] float32: prefill GEMMs and the reference
+    codes: torch.Tensor  # int8 [M, K]
+    scales: torch.Tensor  # float32 [M, K // group]
+    mins: torch.Tensor | None  # float32 [M, K // group]; None: no offsets
+    group: int  # 16 or 32
+
+    @classmethod
+    def from_codes(cls, c: Codes, dense: torch.Tensor) -> PackedMatrix:
+        """Row-major block codes of a [M, K] tensor -> packed matrix (K a multiple of blocks)."""
+        m, k = dense.shape
+        mins = None if c.mins is None else c.mins.reshape(m, -1).contiguous()
+        return cls(dense, c.codes.reshape(m, k).contiguous(),
+                   c.scales.reshape(m, -1).contiguous(), mins, c.group)
+
+    def dequantize(self) -> torch.Tensor:
+        """codes * scales - mins: [M, K] float32, equal to `dense` bit for bit."""
+        m, k = self.codes.shape
+        w = self.scales.unsqueeze(-1) * self.codes.view(m, -1, self.group).float()
+        if self.mins is not None:
+            w = w - self.mins.unsqueeze(-1)
+        return w.reshape(m, k)
+
+
+def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
+    """Stack matrices along M (fused QKV, gate+up): groups meet at the smallest size, and a part
+    without offsets gets zero ones when another has them."""
+    group = min(p.group for p in parts)
+
+    def regroup(t: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
+        return t.repeat_interleave(p.group // group, dim=1)
+
+    scales = torch.cat([regroup(p.scales, p) for p in parts])
+    mins = None
+    if any(p.mins is not None for p in parts):
+        mins = torch.cat([
+            regroup(p.mins, p) if p.mins is not None else torch.zeros_like(regroup(p.scales, p))
+            for p in parts
+        ])
+    return PackedMatrix(torch.cat([p.dense for p in parts]), torch.cat([p.codes for p in parts]),
+                        scales, mins, group)
+
+
+def dense(weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
+    """The float32 (or other dtype) matrix of a weight, packed or not."""
+    return weight.dense if isinstance(weight, PackedMatrix) else weight
