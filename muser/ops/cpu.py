@@ -1,15 +1,18 @@
-"""The CPU backend: the torch reference, except decode projections over packed weights, which
-read int8 codes through the compiled kernel (`muser.ops.native`)."""
+"""The CPU backend: the torch reference, except where a decode step's fixed costs dominate:
+projections over packed weights read int8 codes through the compiled kernel
+(`muser.ops.native`), and decode attention reads cached keys in place instead of gathering
+them."""
 
 from __future__ import annotations
 
 import torch
 
+from muser.attention.dense_ref import attention_decode
 from muser.ops import native, ref
 from muser.ops.packed import PackedMatrix
 from muser.ops.ref import (
-    add_rms_norm, decode_attention, geglu, prefill_attention, qk_norm_rope, qk_norm_rope_pair,
-    rms_norm, rope_cos_sin, stage_gather, store_kv,
+    add_rms_norm, geglu, prefill_attention, qk_norm_rope, qk_norm_rope_pair, rms_norm,
+    rope_cos_sin, stage_gather, store_kv,
 )
 
 
@@ -26,6 +29,51 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor
 def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
     """linear(geglu(gate_up), weight)."""
     return linear(geglu(gate_up), weight)
+
+
+def physical_runs(
+    table: list[int], start: int, length: int, origin: int, block_size: int
+) -> list[tuple[int, int]]:
+    """Flat physical row ranges [a, b) holding logical keys [start, length) of one sequence, in
+    logical order, adjacent ranges merged (ref.decode_rows, as ranges instead of rows)."""
+    total = block_size * len(table)
+    runs: list[list[int]] = []
+    i = start
+    while i < length:
+        j = (origin + i) % total
+        n = min(block_size - j % block_size, length - i)
+        row = table[j // block_size] * block_size + j % block_size
+        if runs and runs[-1][1] == row:
+            runs[-1][1] += n
+        else:
+            runs.append([row, row + n])
+        i += n
+    return [(a, b) for a, b in runs]
+
+
+def decode_attention(
+    q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
+    starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """ref.decode_attention reading each sequence's keys in place: one slice of the store when
+    they are physically contiguous in some order (a ring, wrapped or not, or consecutive
+    pages). One query sees every given key, so the order only moves float rounding."""
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    meta = zip(block_table.tolist(), starts.tolist(), lens.tolist(), origins.tolist())
+    for b, (table, start, length, origin) in enumerate(meta):
+        if length <= start:
+            continue
+        runs = physical_runs(table, start, length, origin, block_size)
+        if len(runs) == 2 and runs[1][1] == runs[0][0]:  # a wrapped ring: [a2, b1) in place
+            runs = [(runs[1][0], runs[0][1])]
+        if len(runs) == 1:
+            k, v = k_rows[runs[0][0] : runs[0][1]], v_rows[runs[0][0] : runs[0][1]]
+        else:
+            k = torch.cat([k_rows[a:e] for a, e in runs])
+            v = torch.cat([v_rows[a:e] for a, e in runs])
+        out[b] = attention_decode(q[b], k, v, scale)
+    return out
 
 
 __all__ = [
