@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is scripts, not a package
 
+from hf_compiled import compiled_prefill  # noqa: E402
 from hf_twin import hf_twin  # noqa: E402
 
 import muser.ops.triton as tops  # noqa: E402
@@ -521,18 +522,25 @@ def cells_for(name, cfg, weights, ceil, ours, hf, lengths) -> list[dict]:
             "eager (static+compile not measured)",
             "vs_transformers_eager": hf["decode_eager_s"] / ours["decode_s"],
             "transformers_static_compile_source": hf.get("decode_static_compile_source"),
+            "transformers_static_compile_own_attempt_ms": hf.get("decode_own_attempt_ms"),
             "dtype": "bfloat16", "batch": 1, "context": 2048, "shape": shape}
     cells.append(cell)
     for t in lengths:
         s = ours["prefill_s"][t]
         flops = prefill_flops(cfg, t)
         hf_s = hf["prefill_s"][t]
+        compiled_s = hf.get("compiled_prefill_s", {}).get(t)
         cells.append({
             "name": f"{name} prefill {t}", "model": name, "regime": "prefill", "tokens": t,
             "value": t / s, "unit": "tokens/s", "ms": s * 1e3, "flops": flops,
             "fraction_of_ceiling": flops / s / ceil["gemm_bf16_flops_per_s"],
-            "ceiling": "bf16 GEMM FLOP/s at 8192^3", "transformers_tokens_per_s": t / hf_s,
-            "vs_transformers": hf_s / s, "vs_transformers_baseline": "eager (sdpa)",
+            "ceiling": "bf16 GEMM FLOP/s at 8192^3",
+            "transformers_eager_tokens_per_s": t / hf_s,
+            "transformers_compiled_tokens_per_s": t / compiled_s if compiled_s else None,
+            "vs_transformers": (compiled_s or hf_s) / s,
+            "vs_transformers_baseline": "torch.compile" if compiled_s else "eager (sdpa)",
+            "vs_transformers_eager": hf_s / s,
+            "transformers_compiled_source": hf.get("compiled_prefill_source"),
             "dtype": "bfloat16", "batch": 1, "shape": shape,
         })
     for c in cells:
@@ -593,6 +601,9 @@ def main() -> int:
     ap.add_argument("--hf-static-compile-ms", default="gemma3-1b=4.21,gemma3-27b=24.45",
                     help="transformers static cache + torch.compile decode ms/token, measured "
                     "once on this H200 and reused (the issue's figures); '' to omit")
+    ap.add_argument("--hf-compiled", default="bench/results/hf_compiled.json",
+                    help="transformers compiled prefill (and our own static+compile decode "
+                    "attempt) from bench/gpu_probe.py; models missing there are measured")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -604,6 +615,8 @@ def main() -> int:
     reused = {k: float(v) for k, v in (
         kv.split("=") for kv in args.hf_static_compile_ms.split(",") if kv)}
     models = args.models.split(",")
+    path = Path(args.hf_compiled)
+    compiled = json.loads(path.read_text()) if path.exists() else {}
     save = lambda: (out_dir / "gpu_bench.json").write_text(  # noqa: E731
         json.dumps(result | {"log": LOG}, indent=1, default=str))
     if not args.skip_checks:
@@ -626,10 +639,26 @@ def main() -> int:
                             generator=torch.Generator().manual_seed(1)).tolist()
         ours = bench_muser(cfg, weights, ids, lengths, args.decode_steps)
         hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps)
+        result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
+        save()
         if name in reused:
             hf["decode_static_compile_s"] = reused[name] / 1e3
             hf["decode_static_compile_source"] = REUSED_NOTE
-        result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
+        earlier = compiled.setdefault("models", {}).setdefault(name, {})
+        if "decode" in earlier:
+            hf["decode_own_attempt_ms"] = earlier["decode"]["decode_s"] * 1e3
+        if "prefill_s" not in earlier:
+            model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
+            earlier["prefill_s"] = compiled_prefill(model, ids, lengths, say)
+            earlier["prefill_date"] = time.strftime("%Y-%m-%d")
+            del model
+            torch._dynamo.reset()
+            (out_dir / "hf_compiled.json").write_text(json.dumps(compiled, indent=1))
+            hf["compiled_prefill_source"] = "measured in this run"
+        else:
+            hf["compiled_prefill_source"] = f"reused from {args.hf_compiled} (measured earlier " \
+                "this session on this H200 kind)"
+        hf["compiled_prefill_s"] = {int(t): v for t, v in earlier["prefill_s"].items()}
         result["cells"] += cells_for(name, cfg, weights, ceil, ours, hf, lengths)
         del weights
         torch.cuda.empty_cache()

@@ -36,7 +36,7 @@ class Decoder:
                 positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor
             ),
         }
-        x = ops.rms_norm(h, w.layers[0].attn_norm, cfg.rms_norm_eps)
+        x = ops.rms_norm(h, w.layers[0].attn_norm, cfg.rms_norm_eps, w.dtype)
         for layer_id, layer in enumerate(w.layers):
             next_norm = w.layers[layer_id + 1].attn_norm if layer_id + 1 < cfg.num_layers else (
                 w.final_norm
@@ -52,10 +52,11 @@ class Decoder:
         self, layer_id: int, w: LayerWeights, h: torch.Tensor, x: torch.Tensor,
         rope: dict, plan: StepPlan, next_norm: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """h: residual [N, hidden] f32, x: normed input -> (h, input of the next norm'd stage)."""
+        """h: residual [N, hidden] f32, x: normed input in the projections' dtype -> (h, input
+        of the next normed stage)."""
         cfg, ops = self.cfg, self.ops
         kind = cfg.layer_kinds[layer_id]
-        n = x.shape[0]
+        n, act = x.shape[0], x.dtype  # act: the projections' input dtype
         q, k, v = ops.linear(x, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         cos, sin = rope[kind]
         q, k = ops.qk_norm_rope_pair(q.view(n, cfg.num_heads, cfg.head_dim),
@@ -66,6 +67,6 @@ class Decoder:
         a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
         o = ops.linear(a.reshape(n, cfg.q_size), w.o_proj)
-        h, x = ops.add_rms_norm(h, o, w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps)
+        h, x = ops.add_rms_norm(h, o, w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps, act)
         m = ops.geglu_linear(ops.linear(x, w.gate_up), w.down)
-        return ops.add_rms_norm(h, m, w.post_ffn_norm, next_norm, cfg.rms_norm_eps)
+        return ops.add_rms_norm(h, m, w.post_ffn_norm, next_norm, cfg.rms_norm_eps, act)

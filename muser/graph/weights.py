@@ -34,6 +34,12 @@ class ModelWeights:
     lm_head: Matrix | None = None  # None: tied to `embed`
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The projections' dtype: norms hand them their input already rounded to it."""
+        qkv = self.layers[0].qkv
+        return qkv.dense.dtype if isinstance(qkv, PackedMatrix) else qkv.dtype
+
+    @property
     def head(self) -> Matrix:
         """The LM head: `lm_head`, or the tied embedding."""
         return self.embed if self.lm_head is None else self.lm_head

@@ -30,10 +30,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor
     return _up(F.linear(x, weight))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., D] -> same shape, float32. Gemma's (1 + w) is already folded into `weight`."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """x: [..., D] -> same shape in `dtype` (the next projection's input dtype; the norm
+    computes in float32). Gemma's (1 + w) is already folded into `weight`."""
     x = _up(x)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * _up(weight)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * _up(weight)
+    return y if x.dtype == torch.float64 else y.to(dtype)
 
 
 def add_rms_norm(
@@ -42,10 +46,12 @@ def add_rms_norm(
     post_weight: torch.Tensor,
     next_weight: torch.Tensor,
     eps: float,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual + rms_norm(x, post) -> (new residual, rms_norm(new residual, next)); [N, D] f32."""
+    """residual + rms_norm(x, post) -> (new residual [N, D] f32, rms_norm(it, next) in
+    `dtype`)."""
     residual = residual + rms_norm(x, post_weight, eps)
-    return residual, rms_norm(residual, next_weight, eps)
+    return residual, rms_norm(residual, next_weight, eps, dtype)
 
 
 def rope_cos_sin(

@@ -54,12 +54,12 @@ def _decode_split_kernel(
         row = blk.to(tl.int64) * block_size + j % block_size
         at = (row * KVH + kvh)[:, None] * D + d[None, :]
         k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
         s = tl.dot(q, tl.trans(k)) * scale_log2
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
-        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new

@@ -19,6 +19,7 @@ from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, candidates, gemv
 
 _CHOICE: dict[tuple, GemvConfig | None] = {}  # None: cuBLAS
+_TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
 _L2_DEFEAT_BYTES = 192 << 20
 
 
@@ -36,9 +37,11 @@ def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _cublas(gate_up, weight, True)
 
 
-def decode_choices() -> dict[str, str]:
-    """What each decode shape runs: 'shape -> kernel config' (for benchmark receipts)."""
-    return {str(k[:4]): ("cublas" if c is None else str(c)) for k, c in _CHOICE.items()}
+def decode_choices() -> dict[str, dict]:
+    """Per decode shape (rows, M, K, geglu, dtypes): the config it runs and the measured ms
+    of every candidate (for benchmark receipts)."""
+    return {str(k): {"runs": "cublas" if c is None else str(c), "timed_ms": _TIMED.get(k, {})}
+            for k, c in _CHOICE.items()}
 
 
 def _cublas(x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool) -> torch.Tensor:
@@ -54,14 +57,16 @@ def _decode(x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool) -> torch.Te
         return gemv(x, weight, fuse_geglu)
     key = (x.shape[0], weight.shape[0], weight.shape[1], fuse_geglu, weight.dtype, x.dtype)
     if key not in _CHOICE:
-        _CHOICE[key] = _pick(x, weight, fuse_geglu)
+        _CHOICE[key], _TIMED[key] = _pick(x, weight, fuse_geglu)
     config = _CHOICE[key]
     if config is None:
         return _cublas(x, weight, fuse_geglu)
     return gemv(x, weight, fuse_geglu, config)
 
 
-def _pick(x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool) -> GemvConfig | None:
+def _pick(
+    x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool
+) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
@@ -71,15 +76,16 @@ def _pick(x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool) -> GemvConfig
         None: lambda w: _cublas(x, w, fuse_geglu)}
     for c in candidates(n, m, k):
         runs[c] = lambda w, c=c: gemv(x, w, fuse_geglu, c)
-    best, best_ms = None, math.inf
+    best, best_ms, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:
             ms = _graph_ms(fn, copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
             continue
+        timed["cublas" if config is None else str(config)] = round(ms, 5)
         if ms < best_ms:
             best, best_ms = config, ms
-    return best
+    return best, timed
 
 
 def _graph_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 4) -> float:

@@ -25,14 +25,14 @@ def _add_rms_norm_kernel(
         tl.store(res_out_ptr + row * D + d, x, mask=mask)
     w = tl.load(next_ptr + d, mask=mask, other=0.0).to(tl.float32)
     y = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * w
-    tl.store(out_ptr + row * D + d, y, mask=mask)
+    tl.store(out_ptr + row * D + d, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(residual, x, post, nxt, eps):
+def _launch(residual, x, post, nxt, eps, dtype):
     n, d = x.shape
     assert x.stride(-1) == 1 and nxt.shape == (d,)
-    out = empty((n, d), torch.float32, x.device)
-    res_out = empty(out.shape, out.dtype, out.device) if residual is not None else out
+    out = empty((n, d), dtype, x.device)
+    res_out = empty(out.shape, torch.float32, out.device) if residual is not None else out
     block = triton.next_power_of_2(d)
     warps = 4 if block <= 2048 else 8
     _add_rms_norm_kernel[(n,)](
@@ -43,16 +43,19 @@ def _launch(residual, x, post, nxt, eps):
     return res_out, out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., D] -> same shape, float32."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """x: [..., D] -> same shape, in `dtype`."""
     shape = x.shape
-    return _launch(None, x.reshape(-1, shape[-1]), None, weight, eps)[1].view(shape)
+    return _launch(None, x.reshape(-1, shape[-1]), None, weight, eps, dtype)[1].view(shape)
 
 
 def add_rms_norm(
     residual: torch.Tensor, x: torch.Tensor, post_weight: torch.Tensor,
-    next_weight: torch.Tensor, eps: float,
+    next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual [N, D] f32 + rms_norm(x, post) -> (new residual, rms_norm(it, next)), f32."""
+    """residual [N, D] f32 + rms_norm(x, post) -> (new residual f32, rms_norm(it, next) in
+    `dtype`)."""
     assert residual.stride(-1) == 1 and residual.shape == x.shape
-    return _launch(residual, x, post_weight, next_weight, eps)
+    return _launch(residual, x, post_weight, next_weight, eps, dtype)

@@ -1,0 +1,141 @@
+"""Where the time goes on the GPU, in one device call (exploration; gpu_bench.py is the receipt).
+
+- gemma3-1b prefill: wall time, the time until forward() returns (host work), and the ops that
+  take host time (torch.profiler, CPU and CUDA);
+- decode: the measured time of every GEMV candidate per projection shape, and the kernels of
+  one graph replay;
+- transformers with a static cache + torch.compile (bench/hf_compiled.py), written to
+  hf_compiled.json for gpu_bench.py to reuse.
+
+    PYTHONPATH=. python3 bench/gpu_probe.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_bench import BF16, DEV, LOG, _profile, environment, make_runner, say  # noqa: E402
+from hf_compiled import compiled_prefill, static_compile_decode  # noqa: E402
+from hf_twin import hf_twin  # noqa: E402
+
+from muser.graph.weights import random_weights  # noqa: E402
+from muser.presets import preset  # noqa: E402
+
+
+def host_profile(runner, ids: list[int]) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    times, host = [], []
+    for _ in range(5):
+        seq = runner.allocate()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.forward([seq], [ids])
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        runner.free(seq)
+    out = {"wall_ms": statistics.median(times[1:]) * 1e3,
+           "until_return_ms": statistics.median(host[1:]) * 1e3}
+    say(f"  prefill {len(ids)}: wall {out['wall_ms']:.1f} ms, forward() returns after "
+        f"{out['until_return_ms']:.1f} ms")
+    seq = runner.allocate()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.forward([seq], [ids])
+        torch.cuda.synchronize()
+    runner.free(seq)
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:30]
+    out["host_ops"] = {e.key[:70]: [round(e.self_cpu_time_total / 1e3, 3), e.count]
+                       for e in rows}
+    gpu = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))
+    out["gpu_ops"] = {e.key[:70]: [round(getattr(e, "self_device_time_total", 0) / 1e3, 3),
+                                   e.count] for e in gpu[:20]}
+    say("  host ms (self, count):")
+    for k, v in out["host_ops"].items():
+        say(f"    {v[0]:8.3f} x{v[1]:<5} {k}")
+    say("  gpu ms (self, count):")
+    for k, v in out["gpu_ops"].items():
+        say(f"    {v[0]:8.3f} x{v[1]:<5} {k}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--models", default="gemma3-1b,gemma3-27b")
+    ap.add_argument("--lengths", default="512,2048,8192")
+    ap.add_argument("--decode-steps", type=int, default=32)
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lengths = [int(t) for t in args.lengths.split(",")]
+    result: dict = {"environment": environment(), "models": {}}
+    hf_out = {"environment": result["environment"], "date": time.strftime("%Y-%m-%d"),
+              "method": (Path(__file__).parent / "hf_compiled.py").read_text().split('"""')[1],
+              "models": {}}
+
+    def save() -> None:
+        (out_dir / "gpu_probe.json").write_text(json.dumps(result | {"log": LOG}, indent=1))
+        (out_dir / "hf_compiled.json").write_text(json.dumps(hf_out, indent=1))
+
+    for name in args.models.split(","):
+        say(f"{name}:")
+        cfg = preset(name)
+        weights = random_weights(cfg, BF16, DEV, seed=0)
+        ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
+                            generator=torch.Generator().manual_seed(1)).tolist()
+        res = result["models"][name] = {}
+        runner, startup = make_runner(cfg, weights, max(lengths) + 128)
+        res["startup_s"] = startup
+        if name == "gemma3-1b":
+            res["prefill"] = {t: host_profile(runner, ids[:t]) for t in (512, 2048)}
+        from muser.ops.triton.linear import decode_choices
+
+        seq = runner.allocate()
+        runner.forward([seq], [ids[:2048]])
+        runner.forward([seq], [[5]])
+        res["decode_choices"] = decode_choices()
+        for shape, c in res["decode_choices"].items():
+            best = sorted(c["timed_ms"].items(), key=lambda kv: kv[1])[:3]
+            say(f"  {shape}: runs {c['runs']}; fastest {best}")
+        res["decode_kernels"] = _profile(runner.graphs.graphs[1].replay)
+        runner.free(seq)
+        save()
+        del runner
+        torch.cuda.empty_cache()
+        model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
+        hf = hf_out["models"][name] = {}
+        try:
+            hf["decode"] = static_compile_decode(model, ids, 2048, args.decode_steps, say)
+            say(f"  transformers static+compile decode: {hf['decode']['decode_s'] * 1e3:.3f} "
+                f"ms/token")
+        except Exception as exc:  # noqa: BLE001  (recorded, the probe goes on)
+            hf["decode_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            say(f"  transformers static+compile decode failed: {hf['decode_error'][:300]}")
+        save()
+        torch._dynamo.reset()
+        try:
+            hf["prefill_s"] = compiled_prefill(model, ids, lengths, say)
+        except Exception as exc:  # noqa: BLE001
+            hf["prefill_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            say(f"  transformers compiled prefill failed: {hf['prefill_error'][:300]}")
+        save()
+        torch._dynamo.reset()
+        del model, weights
+        torch.cuda.empty_cache()
+    say("done")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
