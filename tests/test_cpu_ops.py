@@ -66,3 +66,46 @@ def test_decode_attention_matches_reference(dtype, make):
     assert torch.allclose(out, ref.decode_attention(*args), atol=1e-6, rtol=0)
     lens, starts = args[5], args[4]
     assert (out[lens <= starts] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_native_norms_match_float64(rows):
+    from muser.ops import native
+
+    gen = torch.Generator().manual_seed(rows)
+    res = torch.randn(rows, 640, generator=gen) * 3
+    x = torch.randn(rows, 640, generator=gen)
+    post, nxt = 1 + 0.1 * torch.randn(640, generator=gen), 1 + 0.1 * torch.randn(640, generator=gen)
+    h, y = native.add_rms_norm(res, x, post, nxt, 1e-6)
+    h64, y64 = ref.add_rms_norm(res.double(), x.double(), post.double(), nxt.double(), 1e-6)
+    assert (h.double() - h64).abs().max() < 1e-5 and (y.double() - y64).abs().max() < 1e-5
+    strided = torch.randn(rows, 1000, generator=gen)[:, :640]  # rows 1000 apart
+    expect = ref.rms_norm(strided.double(), nxt.double(), 1e-6)
+    assert (native.rms_norm(strided, nxt, 1e-6).double() - expect).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_native_qk_norm_rope_matches_float64(rows):
+    from muser.ops import native
+
+    gen = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, 6 * 256, generator=gen)
+    q = qkv[:, : 4 * 256].view(rows, 4, 256)  # a strided view, as the decoder passes it
+    w = 1 + 0.1 * torch.randn(256, generator=gen)
+    cos, sin = ref.rope_cos_sin(torch.arange(100, 100 + rows), 256, 10_000.0)
+    out = native.qk_norm_rope(q, w, cos, sin, 1e-6)
+    expect = ref.qk_norm_rope(q.double(), w.double(), cos.double(), sin.double(), 1e-6)
+    assert out.is_contiguous() and (out.double() - expect).abs().max() < 1e-5
+
+
+def test_cpu_backend_uses_native_only_for_float32_decode_rows():
+    gen = torch.Generator().manual_seed(0)
+    w = 1 + 0.1 * torch.randn(64, generator=gen)
+    few, many = torch.randn(2, 64, generator=gen), torch.randn(20, 64, generator=gen)
+    from muser.ops import native
+
+    assert torch.equal(cpu.rms_norm(few, w, 1e-6), native.rms_norm(few, w, 1e-6))
+    assert torch.equal(cpu.rms_norm(many, w, 1e-6), ref.rms_norm(many, w, 1e-6))
+    half = cpu.rms_norm(few, w, 1e-6, torch.float16)
+    assert half.dtype == torch.float16 and torch.equal(half, ref.rms_norm(few, w, 1e-6,
+                                                                          torch.float16))

@@ -1,7 +1,7 @@
-"""The CPU backend: the torch reference, except where a decode step's fixed costs dominate:
-projections over packed weights read int8 codes through the compiled kernel
-(`muser.ops.native`), and decode attention reads cached keys in place instead of gathering
-them."""
+"""The CPU backend: the torch reference, except where a decode step's fixed costs dominate.
+Projections over packed weights read int8 codes, and float32 norms and QK-norm + RoPE of a
+few rows run in compiled C (`muser.ops.native`; each has its spec in `ref`); decode attention
+reads cached keys in place instead of gathering them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import torch
 from muser.attention.dense_ref import attention_decode
 from muser.ops import native, ref
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import (
-    add_rms_norm, geglu, prefill_attention, qk_norm_rope, qk_norm_rope_pair, rms_norm,
-    rope_cos_sin, stage_gather, store_kv,
-)
+from muser.ops.ref import geglu, prefill_attention, rope_cos_sin, stage_gather, store_kv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
@@ -29,6 +26,44 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor
 def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
     """linear(geglu(gate_up), weight)."""
     return linear(geglu(gate_up), weight)
+
+
+def _native_rows(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
+    """Decode-width float32 rows, and the C kernels are here."""
+    return (x.shape[0] <= native.MAX_ROWS and x.dtype == dtype == torch.float32
+            and native.available())
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    if x.dim() == 2 and _native_rows(x, dtype):
+        return native.rms_norm(x, weight, eps)
+    return ref.rms_norm(x, weight, eps, dtype)
+
+
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor, post_weight: torch.Tensor,
+    next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if _native_rows(x, dtype) and residual.dtype == torch.float32:
+        return native.add_rms_norm(residual, x, post_weight, next_weight, eps)
+    return ref.add_rms_norm(residual, x, post_weight, next_weight, eps, dtype)
+
+
+def qk_norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> torch.Tensor:
+    if _native_rows(x):
+        return native.qk_norm_rope(x, weight, cos, sin, eps)
+    return ref.qk_norm_rope(x, weight, cos, sin, eps)
+
+
+def qk_norm_rope_pair(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return qk_norm_rope(q, q_weight, cos, sin, eps), qk_norm_rope(k, k_weight, cos, sin, eps)
 
 
 def physical_runs(

@@ -1,9 +1,10 @@
-"""Compiled CPU kernels: C sources beside this file, built once per machine with the system C
-compiler (`$CC`, else `cc`) into muser's cache, and called through ctypes.
+"""Compiled CPU kernels for the decode width: C sources beside this file (qgemv.c: projections
+over packed int8 codes; norms.c: RMSNorm and QK-norm + RoPE of a few rows), built once per
+machine with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
 
-The build is keyed by the source, the flags, the compiler's version and the CPU's feature
-flags, so a changed machine or source rebuilds. Nothing here runs unless the CPU decode path
-asks for packed weights.
+The build is keyed by the sources, the flags, the compiler's version and the CPU's feature
+flags, so a changed machine or source rebuilds. `muser.ops.cpu` calls these for decode rows;
+each has its torch reference in `muser.ops.ref`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
-SOURCE = Path(__file__).with_name("qgemv.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("qgemv.c", "norms.c")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 MAX_ROWS = 8  # rows per call the kernel takes (MAX_ROWS in qgemv.c)
 
@@ -46,10 +47,10 @@ def _build(cc: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE)],
+        proc = subprocess.run([cc, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            raise NativeUnavailable(f"building {SOURCE.name} with {cc} failed:\n"
+            raise NativeUnavailable(f"building the CPU kernels with {cc} failed:\n"
                                     f"{proc.stderr.strip()}")
         os.replace(out, target)  # atomic: concurrent builders agree on the result
 
@@ -64,16 +65,33 @@ def library() -> ctypes.CDLL:
         raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join(
-        [SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags(), platform.machine()]
+        [*(src.read_text() for src in SOURCES), " ".join(FLAGS), version, _cpu_flags(),
+         platform.machine()]
     ).encode()).hexdigest()[:16]
-    target = cache_dir() / "native" / f"qgemv-{key}.so"
+    target = cache_dir() / "native" / f"muser-cpu-{key}.so"
     if not target.exists():
         _build(cc, target)
     lib = ctypes.CDLL(str(target))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.muser_qgemv.argtypes = [p, i64, i64, p, p, p, p, i64, i64, p, ctypes.c_int]
     lib.muser_qgemv.restype = ctypes.c_int
+    f32 = ctypes.c_float
+    lib.muser_rms_norm.argtypes = [p, i64, i64, i64, p, f32, p]
+    lib.muser_add_rms_norm.argtypes = [p, p, i64, i64, p, p, f32, p, p]
+    lib.muser_qk_norm_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, f32, p]
+    for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope):
+        fn.restype = None
     return lib
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernels build and load here (callers that must have them use library())."""
+    try:
+        library()
+    except NativeUnavailable:
+        return False
+    return True
 
 
 def qgemv(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
@@ -94,3 +112,41 @@ def qgemv(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
         raise ValueError(f"qgemv rejected x {tuple(x.shape)} against codes "
                          f"{tuple(w.codes.shape)} in groups of {w.group}")
     return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [N, D] float32 (unit inner stride) -> rms_norm(x) * weight, [N, D] float32."""
+    n, d = x.shape
+    assert x.dtype == weight.dtype == torch.float32 and x.stride(1) == 1
+    y = torch.empty(n, d)
+    library().muser_rms_norm(x.data_ptr(), n, d, x.stride(0), weight.contiguous().data_ptr(),
+                             eps, y.data_ptr())
+    return y
+
+
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor, post: torch.Tensor, nxt: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ref.add_rms_norm for [N, D] float32 rows -> (new residual, its norm by `nxt`)."""
+    n, d = x.shape
+    residual, x = residual.contiguous(), x.contiguous()
+    assert residual.dtype == x.dtype == post.dtype == nxt.dtype == torch.float32
+    h, y = torch.empty(n, d), torch.empty(n, d)
+    library().muser_add_rms_norm(residual.data_ptr(), x.data_ptr(), n, d, post.data_ptr(),
+                                 nxt.data_ptr(), eps, h.data_ptr(), y.data_ptr())
+    return h, y
+
+
+def qk_norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """ref.qk_norm_rope for x: [N, heads, head_dim] float32 (unit inner stride) -> contiguous
+    [N, heads, head_dim] float32."""
+    n, heads, hd = x.shape
+    assert x.dtype == torch.float32 and x.stride(2) == 1 and cos.shape == (n, hd // 2)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(n, heads, hd)
+    library().muser_qk_norm_rope(x.data_ptr(), n, heads, hd, x.stride(0), x.stride(1),
+                                 weight.data_ptr(), cos.data_ptr(), sin.data_ptr(), eps,
+                                 out.data_ptr())
+    return out
