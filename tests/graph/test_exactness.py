@@ -13,12 +13,13 @@ W = 512  # Gemma 3 270M sliding window
 POSITIONS = {1, 31, 32, 33, W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1,
              63, 64, 127, 128, 3 * W - 1}  # the DESIGN boundaries and 64-row chunk edges
 # Measured maxima over POSITIONS (README, "Exactness"); the tests hold exactly these bounds.
-# Measured: float32 6.5e-5 / 9.9e-5 (one/c64), 1.0e-4 / 9.2e-5 (one/tok), 1.2e-4 / 1.1e-4
-# (c64/tok; token by token, decode reads packed codes); float16 <= 0.047 / 0.075 (one/c64),
-# 0.063 / 0.075 (one/tok), 0.063 / 0.077 (c64/tok). No pair is bitwise on the CPU backend.
+# Measured: float32 6.5e-5 / 9.9e-5 (one/c64), 1.1e-4 / 1.6e-4 (one/tok), 7.7e-5 / 1.5e-4
+# (c64/tok; token by token runs the CPU decode kernels: packed codes, C norms); float16
+# 0.047 / 0.075 (one/c64), 0.078 / 0.099 (one/tok), 0.078 / 0.093 (c64/tok): logits are
+# float16 products there, 0.078 is 5 ulps at their magnitude. No pair is bitwise on the CPU.
 BOUNDS = {  # weight dtype (KV cache float32) -> pair -> (max |Δlogit|, max |ΔKV|)
     "float32": {"one/c64": (1e-4, 2e-4), "one/tok": (1.5e-4, 2e-4), "c64/tok": (1.5e-4, 2e-4)},
-    "float16": {"one/c64": (0.05, 0.08), "one/tok": (0.07, 0.08), "c64/tok": (0.07, 0.08)},
+    "float16": {"one/c64": (0.05, 0.08), "one/tok": (0.08, 0.1), "c64/tok": (0.08, 0.1)},
 }
 
 
