@@ -20,7 +20,7 @@ QUANTIZED = [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 def _packed(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> PackedMatrix:
     raw = torch.from_numpy(_random_raw(qtype, rows, cols, seed))
     w = dequantize(raw, qtype, (rows, cols))
-    return PackedMatrix.from_codes(codes(raw, qtype, (rows, cols)), w)
+    return PackedMatrix.from_codes(codes(raw, qtype, (rows, cols)), (rows, cols), w)
 
 
 def _realistic(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> PackedMatrix:
@@ -38,7 +38,8 @@ def _realistic(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
 def test_codes_dequantize_exactly(qtype):
     raw = torch.from_numpy(_random_raw(qtype, 8, 512, seed=3))
-    p = PackedMatrix.from_codes(codes(raw, qtype, (8, 512)), dequantize(raw, qtype, (8, 512)))
+    p = PackedMatrix.from_codes(codes(raw, qtype, (8, 512)), (8, 512),
+                                dequantize(raw, qtype, (8, 512)))
     assert p.codes.dtype == torch.int8 and p.group in (16, 32)
     assert torch.equal(p.dequantize().view(torch.int32), p.dense.view(torch.int32))
 
@@ -90,6 +91,34 @@ def test_cpu_linear_reads_codes_for_decode_rows_only():
     assert torch.equal(ref.linear(decode, p), ref.linear(decode, p.dense))
 
 
+def test_packed_embedding_without_dense_twin():
+    """The tied embedding keeps only codes: lookups dequantize rows exactly, and products of
+    any width read the codes."""
+    p = _realistic(QT.Q8_0, 100, 64, seed=6)
+    full, p.dense = p.dense, None
+    ids = torch.tensor([3, 99, 3, 0])
+    assert torch.equal(ref.embed(p, ids), full[ids])
+    x = torch.randn(19, 64, generator=torch.Generator().manual_seed(1))
+    y = cpu.linear(x, p)
+    assert torch.equal(y[8:16], native.qgemv(x[8:16], p))
+    assert (y.double() - x.double() @ full.double().t()).abs().max() < 1e-5
+
+
+def test_loaded_model_keeps_codes_not_a_dense_head(gguf_reader):
+    """Packed: the 262,144 x 640 embedding is held as int8 codes only (~0.19 GB, not 0.67)."""
+    from muser.loading.gguf import config_from_gguf, load_weights
+
+    cfg = config_from_gguf(gguf_reader)
+    packed = load_weights(gguf_reader, cfg, torch.float32, "cpu", pack=True)
+    assert isinstance(packed.embed, PackedMatrix) and packed.embed.dense is None
+    assert packed.head is packed.embed
+    assert isinstance(packed.layers[0].qkv, PackedMatrix)
+    assert packed.layers[0].qkv.dense is not None  # prefill GEMMs
+    plain = load_weights(gguf_reader, cfg, torch.float32, "cpu")
+    print(f"weights held: packed {packed.nbytes() / 1e9:.2f} GB, dense {plain.nbytes() / 1e9:.2f}")
+    assert packed.nbytes() < 0.8 * plain.nbytes()
+
+
 def test_real_model_head_and_layer(gguf_reader):
     """The embedded model's tied head (Q8_0) and a Q4_K projection, against float64."""
     tensors = {t.name: t for t in gguf_reader.tensors}
@@ -97,7 +126,7 @@ def test_real_model_head_and_layer(gguf_reader):
         t = tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape))
         raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
-        p = PackedMatrix.from_codes(codes(raw, t.tensor_type, shape),
+        p = PackedMatrix.from_codes(codes(raw, t.tensor_type, shape), shape,
                                     dequantize(raw, t.tensor_type, shape))
         x = torch.randn(1, shape[1], generator=torch.Generator().manual_seed(0))
         expect = x.double() @ p.dense.double().t()

@@ -29,7 +29,7 @@ class Decoder:
     ) -> torch.Tensor:
         """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32."""
         cfg, w, ops = self.cfg, self.weights, self.ops
-        h = w.embed[input_ids].float() * math.sqrt(cfg.hidden_size)  # residual stream, f32
+        h = ops.embed(w.embed, input_ids) * math.sqrt(cfg.hidden_size)  # residual stream, f32
         rope = {
             "sliding": ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta),
             "global": ops.rope_cos_sin(

@@ -28,7 +28,7 @@ class LayerWeights:
 
 @dataclass(slots=True)
 class ModelWeights:
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: Matrix  # [vocab, hidden]
     final_norm: torch.Tensor
     layers: list[LayerWeights]
     lm_head: Matrix | None = None  # None: tied to `embed`

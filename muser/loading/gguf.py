@@ -91,7 +91,8 @@ def load_weights(
     tensors = {t.name: t for t in reader.tensors}
     bar = tqdm(total=len(tensors), desc="loading weights", unit="tensor", disable=not progress)
 
-    def get(name: str, to: torch.dtype, packable: bool = False) -> torch.Tensor | PackedMatrix:
+    def get(name: str, to: torch.dtype, packable: bool = False,
+            keep_dense: bool = True) -> torch.Tensor | PackedMatrix:
         if name not in tensors:
             raise ModelLoadError(f"GGUF file lacks tensor '{name}'")
         t = tensors[name]
@@ -99,12 +100,15 @@ def load_weights(
         raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
         try:
             c = codes(raw, t.tensor_type, shape) if pack and packable else None
-            w = c.dequantize().reshape(shape) if c else dequantize(raw, t.tensor_type, shape)
+            if c is None:
+                w = dequantize(raw, t.tensor_type, shape)
+            else:
+                w = c.dequantize().reshape(shape) if keep_dense else None
         except UnsupportedQuantization as exc:
             raise ModelLoadError(f"tensor '{name}': {exc}") from None
         bar.update()
-        w = w.to(device=device, dtype=to)
-        return PackedMatrix.from_codes(c, w) if c else w
+        w = None if w is None else w.to(device=device, dtype=to)
+        return PackedMatrix.from_codes(c, shape, w) if c else w
 
     def layer(i: int) -> LayerWeights:
         fields = {}
@@ -116,10 +120,10 @@ def load_weights(
         return LayerWeights(**fields)
 
     inv = {v: k for k, v in GLOBAL_NAMES.items()}
-    embed = get(inv["embed"], dtype, packable=True)
-    weights = ModelWeights(
-        embed=dense(embed), final_norm=get(inv["final_norm"], torch.float32),
-        layers=[layer(i) for i in range(cfg.num_layers)], lm_head=embed,
+    weights = ModelWeights(  # a packed embedding keeps no dense twin (muser.ops.packed)
+        embed=get(inv["embed"], dtype, packable=True, keep_dense=False),
+        final_norm=get(inv["final_norm"], torch.float32),
+        layers=[layer(i) for i in range(cfg.num_layers)],
     )
     bar.close()
     return weights

@@ -10,15 +10,20 @@ import torch
 from muser.attention.dense_ref import attention_decode
 from muser.ops import native, ref
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import geglu, prefill_attention, rope_cos_sin, stage_gather, store_kv
+from muser.ops.ref import (
+    embed, geglu, prefill_attention, rope_cos_sin, stage_gather, store_kv,
+)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
     """x: [N, K] -> [N, M] float32. Up to native.MAX_ROWS rows (decode) on a packed weight
-    read its codes; wider chunks run the float32 GEMM on its dense twin."""
+    read its codes; wider chunks run the float32 GEMM on its dense twin, or, where none is
+    kept (the LM head), read the codes MAX_ROWS rows at a time."""
     if isinstance(weight, PackedMatrix):
         if x.shape[0] <= native.MAX_ROWS:
             return native.qgemv(x, weight)
+        if weight.dense is None:
+            return torch.cat([native.qgemv(part, weight) for part in x.split(native.MAX_ROWS)])
         weight = weight.dense
     return ref.linear(x, weight)
 
@@ -112,6 +117,6 @@ def decode_attention(
 
 
 __all__ = [
-    "add_rms_norm", "decode_attention", "geglu", "geglu_linear", "linear", "prefill_attention",
+    "add_rms_norm", "decode_attention", "embed", "geglu", "geglu_linear", "linear", "prefill_attention",
     "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
 ]

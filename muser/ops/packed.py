@@ -3,7 +3,8 @@
 A decode step reads every weight once, so its speed is memory traffic: the file's codes at one
 byte per weight (plus a float32 scale, and for K-quants an offset, per 16 or 32 weights) read
 about 3.5x less than float32. `codes * scales - mins` is exactly the float32 matrix the loader
-dequantizes, which stays beside the codes for prefill GEMMs and as the reference.
+dequantizes, which stays beside the codes for prefill GEMMs. The tied embedding / LM head
+keeps no dense twin: embedding rows are dequantized on lookup and every product reads codes.
 """
 
 from __future__ import annotations
@@ -19,26 +20,32 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class PackedMatrix:
-    dense: torch.Tensor  # [M, K] float32: prefill GEMMs and the reference
+    dense: torch.Tensor | None  # [M, K] float32 for prefill GEMMs; None: not kept
     codes: torch.Tensor  # int8 [M, K]
     scales: torch.Tensor  # float32 [M, K // group]
     mins: torch.Tensor | None  # float32 [M, K // group]; None: no offsets
     group: int  # 16 or 32
 
     @classmethod
-    def from_codes(cls, c: Codes, dense: torch.Tensor) -> PackedMatrix:
+    def from_codes(cls, c: Codes, shape: tuple[int, int], dense: torch.Tensor | None
+                   ) -> PackedMatrix:
         """Row-major block codes of a [M, K] tensor -> packed matrix (K a multiple of blocks)."""
-        m, k = dense.shape
+        m, k = shape
         mins = None if c.mins is None else c.mins.reshape(m, -1).contiguous()
         return cls(dense, c.codes.reshape(m, k).contiguous(),
                    c.scales.reshape(m, -1).contiguous(), mins, c.group)
 
-    def dequantize(self) -> torch.Tensor:
-        """codes * scales - mins: [M, K] float32, equal to `dense` bit for bit."""
-        m, k = self.codes.shape
-        w = self.scales.unsqueeze(-1) * self.codes.view(m, -1, self.group).float()
-        if self.mins is not None:
-            w = w - self.mins.unsqueeze(-1)
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """codes * scales - mins of every row (or of `rows`): [M or len(rows), K] float32,
+        equal to the loader's dense matrix bit for bit."""
+        codes, scales, mins = self.codes, self.scales, self.mins
+        if rows is not None:
+            codes, scales = codes[rows], scales[rows]
+            mins = None if mins is None else mins[rows]
+        m, k = codes.shape
+        w = scales.unsqueeze(-1) * codes.view(m, -1, self.group).float()
+        if mins is not None:
+            w = w - mins.unsqueeze(-1)
         return w.reshape(m, k)
 
 
@@ -57,10 +64,13 @@ def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
             regroup(p.mins, p) if p.mins is not None else torch.zeros_like(regroup(p.scales, p))
             for p in parts
         ])
-    return PackedMatrix(torch.cat([p.dense for p in parts]), torch.cat([p.codes for p in parts]),
+    dense = None if any(p.dense is None for p in parts) else torch.cat([p.dense for p in parts])
+    return PackedMatrix(dense, torch.cat([p.codes for p in parts]),
                         scales, mins, group)
 
 
 def dense(weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
-    """The float32 (or other dtype) matrix of a weight, packed or not."""
-    return weight.dense if isinstance(weight, PackedMatrix) else weight
+    """The dense matrix of a weight, packed or not (dequantized when no twin is kept)."""
+    if not isinstance(weight, PackedMatrix):
+        return weight
+    return weight.dense if weight.dense is not None else weight.dequantize()

@@ -17,6 +17,14 @@ def _up(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
+def embed(table: torch.Tensor | PackedMatrix, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the embedding table -> [N, D] float32 (a packed table dequantizes only
+    those rows)."""
+    if isinstance(table, PackedMatrix):
+        return table.dequantize(ids)
+    return table[ids].float()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
     """x: [N, K] float32, weight: [M, K] -> [N, M] float32; the product runs in weight.dtype
     (a packed weight's dense twin)."""

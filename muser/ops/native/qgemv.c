@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) void row_dot(
         ROWS_CASE(5, P) ROWS_CASE(6, P) ROWS_CASE(7, P) ROWS_CASE(8, P)                     \
     }
 
-#define BLOCK 256 /* weight rows per task */
+#define BLOCK 64 /* weight rows per task: small enough to balance 640-row matrices */
 
 /* x: [rows, K] f32; codes: [M, K] int8; scales, mins: [M, K / group] f32 (mins may be NULL);
  * xsum: [rows, K / group] f32 (unused without mins); y: [rows, M] f32. group is 16 or 32,

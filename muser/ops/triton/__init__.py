@@ -5,7 +5,7 @@ Only this package imports triton; model code reaches it through `muser.ops.backe
 
 from __future__ import annotations
 
-from muser.ops.ref import rope_cos_sin
+from muser.ops.ref import embed, rope_cos_sin
 from muser.ops.triton.decode_attention import decode_attention
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.linear import geglu_linear, linear
@@ -16,6 +16,6 @@ from muser.ops.triton.stage_gather import stage_gather
 from muser.ops.triton.store_kv import store_kv
 
 __all__ = [
-    "add_rms_norm", "decode_attention", "geglu", "geglu_linear", "linear", "prefill_attention",
+    "add_rms_norm", "decode_attention", "embed", "geglu", "geglu_linear", "linear", "prefill_attention",
     "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
 ]
