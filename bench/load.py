@@ -27,6 +27,9 @@ from pathlib import Path
 
 import httpx
 
+from muser.config import default_dtypes
+from muser.llm import default_device
+
 KEY = "bench-key"
 WORDS = ["river", "stone", "light", "window", "garden", "music", "paper", "winter", "market",
          "bridge", "silver", "cloud", "engine", "forest", "letter", "morning", "ocean", "story",
@@ -192,7 +195,8 @@ def main() -> None:
     args = p.parse_args()
     result: dict = {"device": args.device or "default", "cpu_count": os.cpu_count(),
                     "machine": platform.machine(), "python": platform.python_version(),
-                    "model": args.model or "embedded Gemma 3 270M Q4_K_M", "dtype": "bfloat16",
+                    "model": args.model or "embedded Gemma 3 270M Q4_K_M",
+                    "dtype": default_dtypes(args.device or default_device())[0],
                     "max_num_seqs": 8, "max_model_len": 4096, "prefill_chunk": 512,
                     "decode_waiting_chunk": {"adaptive": 64, "fixed": 512}, "policy": {}}
     with serve(args, "adaptive") as url:
