@@ -109,3 +109,33 @@ def test_cpu_backend_uses_native_only_for_float32_decode_rows():
     half = cpu.rms_norm(few, w, 1e-6, torch.float16)
     assert half.dtype == torch.float16 and torch.equal(half, ref.rms_norm(few, w, 1e-6,
                                                                           torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_store_kv_of_decode_rows_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(3)
+    k_new, v_new = torch.randn(3, 2, 8, generator=gen), torch.randn(3, 2, 8, generator=gen)
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([5, -1, 0])  # a padding row stores nothing
+    ours = [torch.zeros(10, 2, 8, dtype=dtype) for _ in range(2)]
+    theirs = [torch.zeros(10, 2, 8, dtype=dtype) for _ in range(2)]
+    cpu.store_kv(*ours, k_new, v_new, src, dst)
+    ref.store_kv(*theirs, k_new, v_new, src, dst)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert ours[0][5].abs().sum() > 0 and (ours[0][1:5] == 0).all()
+
+
+@pytest.mark.parametrize("keys", [1, 37, 600])
+def test_native_decode_attention_matches_float64(keys):
+    """GQA (8 heads over 2 KV heads), keys a strided slice of a larger store."""
+    from muser.ops import native
+
+    gen = torch.Generator().manual_seed(keys)
+    store_k = torch.randn(keys + 10, 2, 64, generator=gen)
+    store_v = torch.randn(keys + 10, 2, 64, generator=gen)
+    k, v = store_k[5 : 5 + keys], store_v[5 : 5 + keys]
+    q = torch.randn(8, 64, generator=gen)
+    out = native.decode_attention(q, k, v, 0.125)
+    pos = torch.arange(keys)
+    expect = attention_dense(q[None].double(), k.double(), v.double(), pos[-1:], pos, None,
+                             0.125, torch.float64)[0]
+    assert (out.double() - expect).abs().max() < 1e-5

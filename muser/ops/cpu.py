@@ -10,9 +10,7 @@ import torch
 from muser.attention.dense_ref import attention_decode
 from muser.ops import native, ref
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import (
-    embed, geglu, prefill_attention, rope_cos_sin, stage_gather, store_kv,
-)
+from muser.ops.ref import embed, geglu, prefill_attention, rope_cos_sin, stage_gather
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
@@ -71,6 +69,21 @@ def qk_norm_rope_pair(
     return qk_norm_rope(q, q_weight, cos, sin, eps), qk_norm_rope(k, k_weight, cos, sin, eps)
 
 
+def store_kv(
+    k_rows: torch.Tensor, v_rows: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+    src: torch.Tensor, dst: torch.Tensor,
+) -> None:
+    """ref.store_kv; a decode step's few rows are copied one by one (masked index_put costs
+    ~60 us per call at this width)."""
+    if src.numel() > native.MAX_ROWS:
+        return ref.store_kv(k_rows, v_rows, k_new, v_new, src, dst)
+    for s, d in zip(src.tolist(), dst.tolist()):
+        if d >= 0:
+            k_rows[d].copy_(k_new[s])
+            v_rows[d].copy_(v_new[s])
+    return None
+
+
 def physical_runs(
     table: list[int], start: int, length: int, origin: int, block_size: int
 ) -> list[tuple[int, int]]:
@@ -98,7 +111,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """ref.decode_attention reading each sequence's keys in place: one slice of the store when
     they are physically contiguous in some order (a ring, wrapped or not, or consecutive
-    pages). One query sees every given key, so the order only moves float rounding."""
+    pages). One query sees every given key, so the order only moves float rounding. A float32
+    cache is attended in C (`native.decode_attention`)."""
     out = torch.zeros(q.shape, dtype=torch.float32)
     meta = zip(block_table.tolist(), starts.tolist(), lens.tolist(), origins.tolist())
     for b, (table, start, length, origin) in enumerate(meta):
@@ -112,11 +126,15 @@ def decode_attention(
         else:
             k = torch.cat([k_rows[a:e] for a, e in runs])
             v = torch.cat([v_rows[a:e] for a, e in runs])
-        out[b] = attention_decode(q[b], k, v, scale)
+        if k.dtype == torch.float32 and k.stride() == v.stride() and native.available():
+            out[b] = native.decode_attention(q[b].float(), k, v, scale)
+        else:
+            out[b] = attention_decode(q[b], k, v, scale)
     return out
 
 
 __all__ = [
-    "add_rms_norm", "decode_attention", "embed", "geglu", "geglu_linear", "linear", "prefill_attention",
-    "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
+    "add_rms_norm", "decode_attention", "embed", "geglu", "geglu_linear", "linear",
+    "prefill_attention", "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin",
+    "stage_gather", "store_kv",
 ]

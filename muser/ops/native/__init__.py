@@ -1,5 +1,6 @@
 """Compiled CPU kernels for the decode width: C sources beside this file (qgemv.c: projections
-over packed int8 codes; norms.c: RMSNorm and QK-norm + RoPE of a few rows), built once per
+over packed int8 codes; norms.c: RMSNorm and QK-norm + RoPE of a few rows; attention.c: one
+query row per head over a sequence's keys), built once per
 machine with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
 
 The build is keyed by the sources, the flags, the compiler's version and the CPU's feature
@@ -24,7 +25,7 @@ import torch
 from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
-SOURCES = [Path(__file__).with_name(name) for name in ("qgemv.c", "norms.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("qgemv.c", "norms.c", "attention.c")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 MAX_ROWS = 8  # rows per call the kernel takes (MAX_ROWS in qgemv.c)
 
@@ -79,7 +80,9 @@ def library() -> ctypes.CDLL:
     lib.muser_rms_norm.argtypes = [p, i64, i64, i64, p, f32, p]
     lib.muser_add_rms_norm.argtypes = [p, p, i64, i64, p, p, f32, p, p]
     lib.muser_qk_norm_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, f32, p]
-    for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope):
+    lib.muser_decode_attention.argtypes = [p, i64, i64, i64, p, p, i64, i64, i64, f32, p, p]
+    for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
+               lib.muser_decode_attention):
         fn.restype = None
     return lib
 
@@ -149,4 +152,20 @@ def qk_norm_rope(
     library().muser_qk_norm_rope(x.data_ptr(), n, heads, hd, x.stride(0), x.stride(1),
                                  weight.data_ptr(), cos.data_ptr(), sin.data_ptr(), eps,
                                  out.data_ptr())
+    return out
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                     ) -> torch.Tensor:
+    """dense_ref.attention_decode for float32: q [H, D] over keys/values [S, KVH, D] (any row
+    stride, unit inner stride, k and v alike) -> [H, D] float32."""
+    heads, d = q.shape
+    s, kv_heads = k.shape[0], k.shape[1]
+    assert q.dtype == k.dtype == v.dtype == torch.float32 and k.stride() == v.stride()
+    assert k.stride(2) == 1 and heads % kv_heads == 0
+    q = q.contiguous()
+    scores, out = torch.empty(heads, s), torch.empty(heads, d)
+    library().muser_decode_attention(q.data_ptr(), heads, kv_heads, d, k.data_ptr(),
+                                     v.data_ptr(), s, k.stride(0), k.stride(1), scale,
+                                     scores.data_ptr(), out.data_ptr())
     return out
