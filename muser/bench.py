@@ -33,9 +33,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_bench)
 
 
-def _median_rate(tokens: int, run: Callable[[], None], repeats: int) -> tuple[float, list[float]]:
+def _median_rate(
+    tokens: int, make_run: Callable[[], Callable[[], None]], repeats: int
+) -> tuple[float, list[float]]:
+    """Median tokens/s of `repeats` runs; make_run() (untimed) sets each one up."""
     rates = []
     for _ in range(repeats):
+        run = make_run()
         start = time.perf_counter()
         run()
         rates.append(tokens / (time.perf_counter() - start))
@@ -71,6 +75,7 @@ class MuserSide:
             nonlocal token
             for _ in range(steps):
                 token = int(self.runner.forward([seq], [[token]])[0].argmax())
+            self.runner.free(seq)
         return run
 
 
@@ -121,10 +126,10 @@ def _bench(args: argparse.Namespace) -> int:
         for name, side in sides.items():
             side.prefill(_prompt(vocab, 8))  # warm-up
             if regime == "prefill":
-                rate, runs = _median_rate(n, lambda: side.prefill(ids), args.repeats)
-            else:
-                rate, runs = _median_rate(args.decode_tokens, side.decode(ids, args.decode_tokens),
-                                          args.repeats)
+                rate, runs = _median_rate(n, lambda: lambda: side.prefill(ids), args.repeats)
+            else:  # each run decodes from a fresh prefill of the prompt (set up untimed)
+                rate, runs = _median_rate(
+                    args.decode_tokens, lambda: side.decode(ids, args.decode_tokens), args.repeats)
             cell[f"{name}_tokens_per_s"] = rate
             cell[f"{name}_runs"] = runs
             bar.update()

@@ -58,3 +58,20 @@ def test_empty_and_over_long_prompts_fail_cleanly(gguf_path: Path) -> None:
     _assert_clean_error(_muser("generate", "", "--model", str(gguf_path)), "prompt is empty")
     long = _muser("generate", "word " * 100, "--model", str(gguf_path), "--max-model-len", "32")
     _assert_clean_error(long, "the context holds 32")
+
+
+def test_bench_writes_a_receipt(gguf_path: Path, tmp_path: Path) -> None:
+    """`muser bench` end to end on small cells; every decode repeat starts from a fresh
+    prefill, so repeats x tokens may exceed what one sequence (or llama.cpp's batch) holds."""
+    out = tmp_path / "receipt.json"
+    proc = _muser("bench", "--model", str(gguf_path), "--prompt-lengths", "8,40",
+                  "--decode-tokens", "200", "--repeats", "3", "--max-model-len", "512",
+                  "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    receipt = json.loads(out.read_text())
+    cells = {c["name"]: c for c in receipt["cells"]}
+    assert set(cells) == {"prefill_8", "prefill_40", "decode_200_after_32"}
+    for cell in cells.values():
+        assert len(cell["muser_runs"]) == 3 and cell["muser_tokens_per_s"] > 0
+        if "llama.cpp_tokens_per_s" in cell:  # llama-cpp-python installed
+            assert cell["ratio_vs_llama_cpp"] > 0
