@@ -13,13 +13,15 @@ W = 512  # Gemma 3 270M sliding window
 POSITIONS = {1, 31, 32, 33, W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1,
              63, 64, 127, 128, 3 * W - 1}  # the DESIGN boundaries and 64-row chunk edges
 # Measured maxima over POSITIONS (README, "Exactness"); the tests hold exactly these bounds.
-# Measured: float32 6.5e-5 / 9.9e-5 (one/c64), 1.1e-4 / 1.6e-4 (one/tok), 7.7e-5 / 1.5e-4
-# (c64/tok; token by token runs the CPU decode kernels: packed codes, C norms); float16
-# 0.047 / 0.075 (one/c64), 0.078 / 0.099 (one/tok), 0.078 / 0.093 (c64/tok): logits are
-# float16 products there, 0.078 is 5 ulps at their magnitude. No pair is bitwise on the CPU.
+# Measured: float32 6.5e-5 / 9.9e-5 (one/c64), 1.1e-4 / 2.0e-4 (one/tok), 7.3e-5 / 2.0e-4
+# (c64/tok; token by token runs the CPU decode kernels: packed codes, C norms and attention);
+# float16 0.047 / 0.075 (one/c64), 0.094 / 0.145 (one/tok), 0.078 / 0.117 (c64/tok): float16
+# activations and products there, so the differences are a few float16 ulps at the values'
+# magnitude. No pair is bitwise on the CPU.
 BOUNDS = {  # weight dtype (KV cache float32) -> pair -> (max |Δlogit|, max |ΔKV|)
-    "float32": {"one/c64": (1e-4, 2e-4), "one/tok": (1.5e-4, 2e-4), "c64/tok": (1.5e-4, 2e-4)},
-    "float16": {"one/c64": (0.05, 0.08), "one/tok": (0.08, 0.1), "c64/tok": (0.08, 0.1)},
+    "float32": {"one/c64": (1e-4, 2e-4), "one/tok": (1.5e-4, 2.5e-4),
+                "c64/tok": (1.5e-4, 2.5e-4)},
+    "float16": {"one/c64": (0.05, 0.08), "one/tok": (0.1, 0.15), "c64/tok": (0.1, 0.15)},
 }
 
 
