@@ -55,10 +55,12 @@ def _packed(config: EngineConfig) -> bool:
         raise MuserError(f"decode_weights must be auto, packed or dense, not {mode!r}")
     if mode == "dense":
         return False
-    eligible = torch.device(config.device).type == "cpu" and config.dtype == "float32"
+    eligible = (torch.device(config.device).type == "cpu" and config.dtype == "float32"
+                and os.environ.get("MUSER_OPS") != "ref")  # the reference reads dense weights
     if mode == "packed" and not eligible:
         raise MuserError("--decode-weights packed needs --device cpu and --dtype float32 "
-                         f"(have {config.device}, {config.dtype})")
+                         f"(have {config.device}, {config.dtype}) and the CPU backend "
+                         "(MUSER_OPS=ref runs the dense reference)")
     if not eligible:
         return False
     try:

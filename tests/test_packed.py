@@ -165,3 +165,15 @@ def test_packed_and_dense_decode_agree(gguf_path):
                   decode_weights=mode)
         outs[mode] = llm.generate("The capital of France is", SamplingParams(max_tokens=12))
     assert outs["packed"].token_ids == outs["dense"].token_ids
+
+
+def test_reference_ops_keep_dense_weights(monkeypatch):
+    """MUSER_OPS=ref runs the torch spec, which reads dense weights: nothing is packed."""
+    from muser.config import EngineConfig
+    from muser.errors import MuserError
+    from muser.llm import _packed
+
+    monkeypatch.setenv("MUSER_OPS", "ref")
+    assert not _packed(EngineConfig(device="cpu", dtype="float32"))
+    with pytest.raises(MuserError, match="MUSER_OPS=ref"):
+        _packed(EngineConfig(device="cpu", dtype="float32", decode_weights="packed"))
