@@ -1,7 +1,7 @@
 """The CPU backend: the torch reference, except where a decode step's fixed costs dominate.
-Projections over packed weights read int8 codes, and float32 norms and QK-norm + RoPE of a
-few rows run in compiled C (`muser.ops.native`; each has its spec in `ref`); decode attention
-reads cached keys in place instead of gathering them."""
+Projections over packed weights read int8 codes, and float32 norms, QK-norm + RoPE and decode
+attention of a few rows run in compiled C (`muser.ops.native`; each has its spec in `ref`);
+decode attention reads cached keys in place, and a few new KV rows are stored by copy."""
 
 from __future__ import annotations
 
