@@ -48,15 +48,15 @@ def _packed(config: EngineConfig) -> bool:
     """Whether CPU decode reads packed GGUF codes (EngineConfig.decode_weights): "packed"
     insists, "dense" declines, "auto" packs float32 CPU weights when the C kernel builds and
     says so, with the reason, when it cannot."""
-    from muser.ops import native
+    from muser.ops import backend, cpu, native
 
     mode = config.decode_weights
     if mode not in ("auto", "packed", "dense"):
         raise MuserError(f"decode_weights must be auto, packed or dense, not {mode!r}")
     if mode == "dense":
         return False
-    eligible = (torch.device(config.device).type == "cpu" and config.dtype == "float32"
-                and os.environ.get("MUSER_OPS") != "ref")  # the reference reads dense weights
+    # the CPU backend reads codes; the reference (MUSER_OPS=ref) reads dense weights
+    eligible = backend(config.device) is cpu and config.dtype == "float32"
     if mode == "packed" and not eligible:
         raise MuserError("--decode-weights packed needs --device cpu and --dtype float32 "
                          f"(have {config.device}, {config.dtype}) and the CPU backend "

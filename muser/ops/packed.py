@@ -38,15 +38,13 @@ class PackedMatrix:
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """codes * scales - mins of every row (or of `rows`): [M or len(rows), K] float32,
         equal to the loader's dense matrix bit for bit."""
+        from muser.loading.quants import Codes  # NOTE: runtime import (loading imports us)
+
         codes, scales, mins = self.codes, self.scales, self.mins
         if rows is not None:
             codes, scales = codes[rows], scales[rows]
             mins = None if mins is None else mins[rows]
-        m, k = codes.shape
-        w = scales.unsqueeze(-1) * codes.view(m, -1, self.group).float()
-        if mins is not None:
-            w = w - mins.unsqueeze(-1)
-        return w.reshape(m, k)
+        return Codes(codes, scales, mins, self.group).dequantize()  # rows as blocks
 
 
 def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
