@@ -112,10 +112,27 @@ def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
         x = rn(512, k)
         record(f"gemm {name} N=512", (m, k),
                rel_err(tops.linear(x, w), x.to(BF16).double() @ w.double().t()), lin_tol)
-    w = rn(h, i, dt=BF16, sc=i**-0.5)
-    gate_up = rn(1, 2 * i, dt=BF16)
-    expect = ref.geglu(gate_up.double()).to(BF16).double() @ w.double().t()
-    record("gemv geglu+down N=1", (h, i), rel_err(tops.geglu_linear(gate_up, w), expect), lin_tol)
+    w = rn(2 * i, h, dt=BF16, sc=h**-0.5)
+    for n in (1, 4):
+        x = rn(n, h)
+        proj = (x.to(BF16).double() @ w.double().t()).to(BF16).double()
+        record(f"gemv gate_up+geglu N={n}", (2 * i, h),
+               rel_err(tops.linear_geglu(x, w), ref.geglu(proj)), lin_tol)
+    for name, m, k in [("o_proj", h, q), ("down", h, i)]:
+        w = rn(m, k, dt=BF16, sc=k**-0.5)
+        for n in (1, 4, 64):
+            x, res = rn(n, k, dt=BF16), rn(n, m, sc=3.0)
+            post, nxt = 1 + rn(m, sc=0.1), 1 + rn(m, sc=0.1)
+            got = tops.linear_add_rms_norm(x, w, res, post, nxt, 1e-6, BF16)
+            proj = (x.double() @ w.double().t()).to(BF16).double()
+            want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+            kind = "gemv" if n <= 8 else "gemm"
+            # NOTE: y is rounded to bf16 first; where float32 sums and float64 round to
+            # neighbouring bf16 values the residual moves by that ulp * rms scale * post
+            record(f"{kind} {name}+add_rms_norm N={n} (res)", (m, k), rel_err(got[0], want[0]),
+                   1e-4)
+            record(f"{kind} {name}+add_rms_norm N={n} (out)", (m, k), rel_err(got[1], want[1]),
+                   lin_tol)
     gate_up = rn(64, 2 * i, dt=BF16)
     record("geglu", (64, 2 * i), rel_err(tops.geglu(gate_up), ref.geglu(gate_up.double())),
            lin_tol)
@@ -131,6 +148,13 @@ def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
     pos = torch.tensor([0, cfg.sliding_window - 1, cfg.sliding_window, 2 * cfg.sliding_window + 3,
                         8191], device=DEV)
     cos, sin = ref.rope_cos_sin(pos, d, cfg.rope_theta, cfg.rope_scaling_factor)
+    far = torch.randint(0, 131072, (64,), generator=gen, device=DEV)
+    # float64 cos/sin of the float32 angles the reference computes (positions * inv_freq)
+    angles = (far.float()[:, None] * tops.rope.inv_freq(d, cfg.rope_theta,
+                                                        cfg.rope_scaling_factor, DEV)).double()
+    got = tops.rope_cos_sin(far, d, cfg.rope_theta, cfg.rope_scaling_factor)
+    record("rope_cos_sin cos (pos < 131072)", (64, d // 2), rel_err(got[0], angles.cos()), 1e-5)
+    record("rope_cos_sin sin (pos < 131072)", (64, d // 2), rel_err(got[1], angles.sin()), 1e-5)
     record("qk_norm_rope", tuple(x.shape),
            rel_err(tops.qk_norm_rope(x, wq, cos, sin, 1e-6),
                    ref.qk_norm_rope(x.double(), wq.double(), cos.double(), sin.double(), 1e-6)),
@@ -173,7 +197,16 @@ def check_cache_ops(cfg, rn, record) -> list[dict]:
     ]:
         t = lambda v: torch.tensor(v, device=DEV, dtype=torch.int32)  # noqa: E731
         args = (qd, kc, vc, table.contiguous(), t(starts), t(lens), t(origins), bs, scale)
-        got = tops.decode_attention(*args)
+        # the step's new rows, stored by the kernel as each sequence's newest key
+        kn, vn = rn(3, kvh, d), rn(3, kvh, d)
+        dst = [int(ref.decode_rows(table[b], starts[b], lens[b], origins[b], bs)[-1])
+               for b in range(2)] + [-1]
+        new = (kn, vn, t([0, 1, 2]), t(dst))
+        kc_want, vc_want = kc.clone(), vc.clone()
+        ref.store_kv(kc_want, vc_want, *new)
+        got = tops.decode_attention(*args, new=new)
+        record(f"{label}: new rows stored (bitwise)", (2, kvh, d),
+               0.0 if torch.equal(kc, kc_want) and torch.equal(vc, vc_want) else 1.0, 0.0)
         want = torch.zeros(qd.shape, dtype=torch.float64, device=DEV)
         for b in range(2):
             rows_ = ref.decode_rows(table[b], starts[b], lens[b], origins[b], bs)
@@ -206,35 +239,43 @@ def gemv_bandwidth(cfg) -> list[dict]:
     """Decode projection at N=1 on the model's matrices: the chosen path (Triton GEMV or cuBLAS,
     see ops/triton/linear.py) vs cuBLAS alone, both timed in CUDA graphs, weights rotated past
     L2; and every Triton candidate config checked against float64 on the first matrix."""
-    from muser.ops.triton.gemv import candidates, gemv
+    from muser.ops.triton.gemv import NormEpilogue, candidates, gemv
     from muser.ops.triton.linear import _CHOICE, _cublas, _graph_ms
 
     out = []
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
-    for name, m, k, fused in [("qkv", q + 2 * kv, h, False), ("o_proj", h, q, False),
-                              ("gate_up", 2 * i, h, False), ("down+geglu", h, i, True),
-                              ("lm_head", cfg.vocab_size, h, False)]:
+    for name, m, k, epi in [("qkv", q + 2 * kv, h, ""), ("o_proj+norm", h, q, "norm"),
+                            ("gate_up+geglu", 2 * i, h, "geglu"), ("down+norm", h, i, "norm"),
+                            ("lm_head", cfg.vocab_size, h, "")]:
         nbytes = m * k * 2
         copies = max(1, min(8, math.ceil(384e6 / nbytes)))
         ws = [torch.randn(m, k, device=DEV, dtype=BF16) * k**-0.5 for _ in range(copies)]
-        x = torch.randn(1, 2 * k if fused else k, device=DEV)
-        ours = (lambda w: tops.geglu_linear(x, w)) if fused else (lambda w: tops.linear(x, w))
+        x = torch.randn(1, k, device=DEV).to(BF16)  # the model feeds bf16 to every projection
+        norm = NormEpilogue(torch.randn(1, m, device=DEV), 1 + 0.1 * torch.randn(m, device=DEV),
+                            1 + 0.1 * torch.randn(m, device=DEV), 1e-6, BF16)
+        ours = {"": lambda w: tops.linear(x, w), "geglu": lambda w: tops.linear_geglu(x, w),
+                "norm": lambda w: tops.linear_add_rms_norm(x, w, norm.residual, norm.post,
+                                                           norm.next, 1e-6, BF16)}[epi]
         ours(ws[0])  # picks the path for this shape
         t_ours = _graph_ms(ours, ws)
-        t_cublas = _graph_ms(lambda w: _cublas(x, w, fused), ws)
-        choice = _CHOICE[(1, m, k, fused, BF16, x.dtype)]
+        epi_args = (epi == "geglu", norm if epi == "norm" else None)
+        t_cublas = _graph_ms(lambda w: _cublas(x, w, *epi_args), ws)
+        choice = _CHOICE[(1, m, k, epi, BF16, x.dtype)]
         row = {"matrix": name, "shape": [m, k], "chosen": "cublas" if choice is None else
                str(choice), "chosen_GBps": nbytes / t_ours / 1e6,
                "cublas_GBps": nbytes / t_cublas / 1e6}
-        if name in ("qkv", "down+geglu"):
-            xs = x.to(BF16).double() if not fused else ref.geglu(x.double()).to(BF16).double()
-            want = xs @ ws[0].double().t()
+        if name in ("qkv", "gate_up+geglu", "down+norm"):
+            proj = (x.to(BF16).double() @ ws[0].double().t()).to(BF16).double()
+            want = {"": proj, "geglu": ref.geglu(proj),
+                    "norm": ref.add_rms_norm(norm.residual.double(), proj, norm.post.double(),
+                                             norm.next.double(), 1e-6)[1]}[epi]
             errs = []
             for c in candidates(1, m, k):
                 try:
-                    errs.append(rel_err(gemv(x, ws[0], fused, c), want))
+                    got = gemv(x, ws[0], c, *epi_args)
                 except Exception:  # noqa: BLE001  (out of shared memory: never picked)
-                    pass
+                    continue
+                errs.append(rel_err(got[1] if epi == "norm" else got, want))
             row["all_configs_max_rel_err"] = max(errs)
         say(f"  decode {name:<11} {m}x{k}: chosen {row['chosen_GBps']:.0f} GB/s "
             f"[{row['chosen']}], cuBLAS {row['cublas_GBps']:.0f} GB/s"
@@ -242,6 +283,40 @@ def gemv_bandwidth(cfg) -> list[dict]:
                if "all_configs_max_rel_err" in row else ""))
         out.append(row)
         del ws
+    return out
+
+
+def attention_sweep(cfg) -> list[dict]:
+    """Decode attention at batch 1 (new row stored in the launch, as the model runs it) over a
+    full sliding ring and a 2,080-key global cache: microseconds per layer for each split
+    count and key block, timed in CUDA graphs (the default is num_splits' pick, BLOCK_N 32)."""
+    from muser.ops.triton.decode_attention import num_splits
+    from muser.ops.triton.linear import _graph_ms
+
+    out = []
+    kvh, d, h = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
+    for label, keys, bs in [("sliding", cfg.sliding_window, cfg.sliding_window),
+                            ("global", 2080, 16)]:
+        rows = -(-keys // bs) * bs
+        kc, vc = (torch.randn(rows, kvh, d, device=DEV).to(BF16) for _ in range(2))
+        q, kn, vn = (torch.randn(1, n, d, device=DEV) for n in (h, kvh, kvh))
+        table = torch.arange(rows // bs, device=DEV, dtype=torch.int32)[None]
+        t = lambda v: torch.tensor([v], device=DEV, dtype=torch.int32)  # noqa: E731
+        meta = (table, t(0), t(keys), t(0), bs, cfg.attn_scale)
+        new = (kn, vn, t(0), t(keys - 1))
+        default = num_splits(1, kvh, table.shape[1] * bs)
+        for splits in (1, 2, 4, 8, 16, 32, 64):
+            for block_n in (32, 64):
+                fn = lambda w, s=splits, b=block_n: tops.decode_attention(  # noqa: E731
+                    q, w, vc, *meta, new=new, splits=s, block_n=b)
+                us = _graph_ms(fn, [kc]) * 1e3
+                out.append({"layer": label, "keys": keys, "splits": splits, "block_n": block_n,
+                            "us": us, "default": splits == default and block_n == 32})
+        best = min((r for r in out if r["layer"] == label), key=lambda r: r["us"])
+        dflt = next(r for r in out if r["layer"] == label and r["default"])
+        say(f"  decode attention {label} ({keys} keys): default {dflt['splits']} splits "
+            f"{dflt['us']:.1f} us; best {best['splits']} splits, BLOCK_N {best['block_n']}: "
+            f"{best['us']:.1f} us")
     return out
 
 
@@ -626,6 +701,7 @@ def main() -> int:
             cfg = preset(name)
             result["kernel_checks"][name] = check_kernels(cfg, gen)
             result["gemv_bandwidth"][name] = gemv_bandwidth(cfg)
+            result.setdefault("attention_sweep", {})[name] = attention_sweep(cfg)
         save()
     if not args.skip_correctness:
         result["correctness_gemma3_1b"] = correctness_1b(torch.Generator().manual_seed(0))

@@ -1,7 +1,8 @@
 """Attention for one layer through the ops layer (torch references on the CPU, Triton on CUDA).
 
-    decode (every sequence one row) .. ops.store_kv, then ops.decode_attention over all
-                                        sequences at once (ring-aware; graph-capturable)
+    decode (every sequence one row) .. ops.decode_attention over all sequences at once,
+                                        storing the new rows first (ring-aware;
+                                        graph-capturable)
     prefill chunk, in place ........... ops.store_kv, ops.stage_gather (the key range),
                                         ops.prefill_attention (the chunk's route)
     prefill chunk, STAGING ............ ops.stage_gather (ring tail + chunk: the detached
@@ -38,9 +39,9 @@ def attend(
     plan, whose rows are committed only after the shadow was attended."""
     k_rows, v_rows = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
     if decode is not None:
-        ops.store_kv(k_rows, v_rows, k, v, decode.src, decode.write_dst)
         return ops.decode_attention(q, k_rows, v_rows, decode.block_table, decode.starts,
-                                    decode.lens, decode.origins, decode.block_size, scale)
+                                    decode.lens, decode.origins, decode.block_size, scale,
+                                    new=(k, v, decode.src, decode.write_dst))
     outs = []
     for p in plans:
         kn, vn = k[p.rows], v[p.rows]

@@ -66,7 +66,7 @@ class Decoder:
         k_cache, v_cache = self.pool.layer(layer_id)
         a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
-        o = ops.linear(a.reshape(n, cfg.q_size), w.o_proj)
-        h, x = ops.add_rms_norm(h, o, w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps, act)
-        m = ops.geglu_linear(ops.linear(x, w.gate_up), w.down)
-        return ops.add_rms_norm(h, m, w.post_ffn_norm, next_norm, cfg.rms_norm_eps, act)
+        h, x = ops.linear_add_rms_norm(a.reshape(n, cfg.q_size), w.o_proj, h, w.post_attn_norm,
+                                       w.ffn_norm, cfg.rms_norm_eps, act)
+        return ops.linear_add_rms_norm(ops.linear_geglu(x, w.gate_up), w.down, h,
+                                       w.post_ffn_norm, next_norm, cfg.rms_norm_eps, act)

@@ -26,9 +26,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor
     return ref.linear(x, weight)
 
 
-def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
-    """linear(geglu(gate_up), weight)."""
-    return linear(geglu(gate_up), weight)
+def linear_geglu(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
+    """ref.linear_geglu."""
+    return geglu(linear(x, weight))
 
 
 def _native_rows(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
@@ -52,6 +52,15 @@ def add_rms_norm(
     if _native_rows(x, dtype) and residual.dtype == torch.float32:
         return native.add_rms_norm(residual, x, post_weight, next_weight, eps)
     return ref.add_rms_norm(residual, x, post_weight, next_weight, eps, dtype)
+
+
+def linear_add_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | PackedMatrix, residual: torch.Tensor,
+    post_weight: torch.Tensor, next_weight: torch.Tensor, eps: float,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ref.linear_add_rms_norm."""
+    return add_rms_norm(residual, linear(x, weight), post_weight, next_weight, eps, dtype)
 
 
 def qk_norm_rope(
@@ -107,12 +116,14 @@ def physical_runs(
 def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
-    scale: float,
+    scale: float, new: tuple | None = None,
 ) -> torch.Tensor:
     """ref.decode_attention reading each sequence's keys in place: one slice of the store when
     they are physically contiguous in some order (a ring, wrapped or not, or consecutive
     pages). One query sees every given key, so the order only moves float rounding. A float32
     cache is attended in C (`native.decode_attention`)."""
+    if new is not None:
+        store_kv(k_rows, v_rows, *new)
     out = torch.zeros(q.shape, dtype=torch.float32)
     meta = zip(block_table.tolist(), starts.tolist(), lens.tolist(), origins.tolist())
     for b, (table, start, length, origin) in enumerate(meta):
@@ -134,7 +145,7 @@ def decode_attention(
 
 
 __all__ = [
-    "add_rms_norm", "decode_attention", "embed", "geglu", "geglu_linear", "linear",
-    "prefill_attention", "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin",
+    "add_rms_norm", "decode_attention", "embed", "geglu", "linear", "linear_add_rms_norm",
+    "linear_geglu", "prefill_attention", "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin",
     "stage_gather", "store_kv",
 ]

@@ -89,9 +89,19 @@ def geglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
-def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """linear(geglu(gate_up), weight): the MLP's down projection. [N, 2 * I] -> [N, M]."""
-    return linear(geglu(gate_up), weight)
+def linear_geglu(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
+    """geglu(linear(x, weight)): the MLP's gate_up projection and activation -> [N, M / 2]."""
+    return geglu(linear(x, weight))
+
+
+def linear_add_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | PackedMatrix, residual: torch.Tensor,
+    post_weight: torch.Tensor, next_weight: torch.Tensor, eps: float,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A projection whose output joins the residual stream: add_rms_norm(residual,
+    linear(x, weight), post_weight, next_weight, eps, dtype) -> (new residual, next input)."""
+    return add_rms_norm(residual, linear(x, weight), post_weight, next_weight, eps, dtype)
 
 
 def store_kv(
@@ -139,12 +149,18 @@ def decode_rows(
 def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
-    scale: float,
+    scale: float, new: tuple | None = None,
 ) -> torch.Tensor:
     """One query row per sequence over its cached keys. q: [B, H, D]; k/v_rows: flat physical
     rows [R, KVH, D]; block_table: [B, blocks] int32; starts/lens/origins: [B] int32 ->
-    [B, H, D] float32 (zeros where lens <= starts: padding rows)."""
+    [B, H, D] float32 (zeros where lens <= starts: padding rows).
+
+    new = (k, v, src, dst): the step's new rows, stored first (store_kv); the row stored for
+    sequence b is its newest key, logical lens[b] - 1."""
     from muser.attention.dense_ref import attention_decode
+
+    if new is not None:
+        store_kv(k_rows, v_rows, *new)
 
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for b in range(q.shape[0]):

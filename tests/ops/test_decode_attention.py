@@ -47,3 +47,27 @@ def test_decode_ring_and_pages(gen, dtype, heads, kv_heads, head_dim):
     lens = torch.tensor([45, 1], dtype=torch.int32, device=DEVICE)
     args = (q[:2], k_pages, v_pages, table, z, lens, z, 16, head_dim**-0.5)
     check(decode_attention(*args, splits=2).float(), _reference(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+def test_decode_stores_the_new_rows_first(gen, dtype):
+    """new=(k, v, src, dst): the kernel stores each sequence's new row (its newest key) and
+    attends it, as ref.store_kv followed by the attention over the cache."""
+    cap, kv_heads, heads, head_dim = 40, 2, 4, 64
+    k_rows, v_rows = (rand(gen, 3 * cap, kv_heads, head_dim, dtype=dtype) for _ in range(2))
+    q = rand(gen, 3, heads, head_dim)
+    k_new, v_new = rand(gen, 3, kv_heads, head_dim), rand(gen, 3, kv_heads, head_dim)
+    table = torch.tensor([[2], [0], [1]], dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([0, 0, 0], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([cap, 17, 0], dtype=torch.int32, device=DEVICE)  # full+wrapped, partial
+    origins = torch.tensor([13, 0, 0], dtype=torch.int32, device=DEVICE)
+    newest = [int(ref.decode_rows(table[b].cpu(), 0, int(lens[b]), int(origins[b]), cap)[-1])
+              for b in range(2)]
+    src = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    dst = torch.tensor(newest + [-1], dtype=torch.int32, device=DEVICE)  # the last: padding
+    k_want, v_want = k_rows.clone(), v_rows.clone()
+    ref.store_kv(k_want, v_want, k_new, v_new, src, dst)
+    meta = (table, starts, lens, origins, cap, head_dim**-0.5)
+    out = decode_attention(q, k_rows, v_rows, *meta, new=(k_new, v_new, src, dst), splits=4)
+    assert torch.equal(k_rows, k_want) and torch.equal(v_rows, v_want)
+    check(out.float(), _reference(q, k_want, v_want, *meta), dtype)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from muser.ops import ref
-from muser.ops.triton import geglu_linear, linear
+from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
 from opcheck import DTYPES, check, rand
 
 
@@ -16,27 +16,63 @@ def test_linear(gen, dtype, n):
     check(out, ref.linear(x.double().to(dtype).double(), w.double()), dtype)
 
 
+def _geglu_expect(x, w, dtype):
+    """The reference with its roundings: x and the projection's output to the weight dtype."""
+    y = (x.to(dtype).double() @ w.double().t()).to(dtype).double()
+    return ref.geglu(y)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 5, 17])
-def test_geglu_linear(gen, dtype, n):
-    gate_up, w = rand(gen, n, 2 * 96, dtype=dtype), rand(gen, 40, 96, dtype=dtype, scale=0.1)
-    out = geglu_linear(gate_up, w)
-    expect = ref.linear(ref.geglu(gate_up.double()), w.double())
-    check(out, expect, dtype, scale=2.0)
+def test_linear_geglu(gen, dtype, n):
+    x, w = rand(gen, n, 96), rand(gen, 2 * 40, 96, dtype=dtype, scale=0.1)
+    check(linear_geglu(x, w), _geglu_expect(x, w, dtype), dtype, scale=2.0)
 
 
-@pytest.mark.parametrize("geglu", [False, True])
-def test_every_gemv_config(gen, geglu):
-    """Each config the GPU may pick (FMA or tensor-core tiles, split over K or not)."""
-    from muser.ops.triton.gemv import GemvConfig, candidates, gemv
+def _norm_args(gen, n, m, dtype):
+    res = rand(gen, n, m)
+    post, nxt = rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1
+    return res, post, nxt
 
-    dtype = torch.float16
-    k = 96
-    x = rand(gen, 2, 2 * k if geglu else k, dtype=dtype)
-    w = rand(gen, 40, k, dtype=dtype, scale=0.1)
-    xs = ref.geglu(x.double()) if geglu else x.double()
-    expect = xs.to(dtype).double() @ w.double().t()
-    configs = candidates(2, 40, k) + [GemvConfig("fma", 4, 32, 3, 4),
-                                      GemvConfig("dot", 16, 32, 2, 4)]
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,m", [(1, 1100), (3, 1100), (17, 1100), (2, 4100)])
+def test_linear_add_rms_norm(gen, dtype, n, m):
+    """The residual add + norm pair after o_proj / down, fused into the decode GEMV (n <= 8);
+    the normed output in the projections' dtype, as the decoder asks for. Rows of 1,100 are
+    normalized in one block, rows of 4,100 in passes over blocks."""
+    x, w = rand(gen, n, 96), rand(gen, m, 96, dtype=dtype, scale=0.1)
+    res, post, nxt = _norm_args(gen, n, m, dtype)
+    h, y = linear_add_rms_norm(x, w, res, post, nxt, 1e-6, dtype)
+    proj = (x.to(dtype).double() @ w.double().t()).to(dtype).double()
+    h_ref, y_ref = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+    assert h.dtype == torch.float32 and y.dtype == dtype
+    check(h, h_ref, torch.float32 if dtype == torch.float32 else dtype, scale=2.0)
+    check(y, y_ref, dtype, scale=2.0)
+
+
+@pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
+def test_every_gemv_config(gen, epilogue):
+    """Each config the GPU may pick (FMA or tensor-core tiles, split over K or not, whose
+    partials the last program of a row block sums), with each epilogue. Two launches in a row
+    also check that the arrival counters are left at zero."""
+    from muser.ops.triton.gemv import GemvConfig, NormEpilogue, candidates, gemv
+
+    dtype, k, m = torch.float16, 96, 40
+    x, w = rand(gen, 2, k), rand(gen, m, k, dtype=dtype, scale=0.1)
+    proj = (x.to(dtype).double() @ w.double().t()).to(dtype).double()
+    res, post, nxt = _norm_args(gen, 2, m, dtype)
+    norm = NormEpilogue(res, post, nxt, 1e-6, dtype) if epilogue == "norm" else None
+    configs = candidates(2, m, k) + [GemvConfig("fma", 4, 32, 3, 4),
+                                     GemvConfig("dot", 16, 32, 2, 4)]
     for c in configs:
-        check(gemv(x, w, geglu, c), expect, dtype, scale=2.0)
+        for _ in range(2):
+            out = gemv(x, w, c, geglu=epilogue == "geglu", norm=norm)
+            if epilogue == "plain":
+                check(out, proj, dtype)
+            elif epilogue == "geglu":
+                check(out, ref.geglu(proj), dtype, scale=2.0)
+            else:
+                want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+                check(out[0], want[0], dtype, scale=2.0)
+                check(out[1], want[1], dtype, scale=2.0)

@@ -5,7 +5,7 @@ import torch
 
 from muser.ops import ref
 from muser.ops.triton import qk_norm_rope
-from opcheck import DTYPES, check, rand
+from opcheck import DEVICE, DTYPES, check, rand
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -37,3 +37,18 @@ def test_qk_norm_rope_pair(gen, dtype):
                                  sin.double(), 1e-6)
     check(got[0], want[0], torch.float32, scale=4.0)
     check(got[1], want[1], torch.float32, scale=4.0)
+
+
+@pytest.mark.parametrize("head_dim,theta,scaling", [(64, 10000.0, 1.0), (256, 1e6, 8.0)])
+def test_rope_cos_sin(gen, head_dim, theta, scaling):
+    """The angles' cos/sin in one launch vs float64; positions up to 131,071."""
+    from muser.ops.triton import rope_cos_sin
+
+    positions = torch.randint(0, 131072, (37,), generator=gen).to(DEVICE)
+    positions[:3] = torch.tensor([0, 1, 131071])
+    cos, sin = rope_cos_sin(positions, head_dim, theta, scaling)
+    # float64 cos/sin of the reference's float32 angles (float32 frequencies times positions)
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim)) / scaling
+    angles = (positions.cpu().float()[:, None] * inv[None, :]).double()
+    check(cos, angles.cos(), torch.float32)
+    check(sin, angles.sin(), torch.float32)

@@ -2,12 +2,13 @@
 
 Grid (batch, kv head, split): each program takes one split of one sequence's key range, all
 query heads of its KV group at once (one K/V read per group), and writes a partial
-(max, sum, acc); a second kernel merges the splits. Key i of a sequence lives at
+(max, sum, acc); a second kernel merges the splits (one program per query head). Key i of a sequence lives at
 
     j   = (origin + i) mod (block_size * blocks)      ring: 1 block of `capacity` rows
     row = table[j // block_size] * block_size + j % block_size
 
-so the same kernel reads a wrapped ring and a page table; only the metadata differs.
+so the same kernel reads a wrapped ring and a page table; only the metadata differs. Given the
+step's new rows, the kernel also stores them (store first, without a launch of its own).
 Splits are a launch constant, so the kernel is safe to capture in a CUDA graph.
 """
 
@@ -24,10 +25,11 @@ from muser.ops.triton.alloc import empty
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, starts_ptr, lens_ptr, origins_ptr, mid_o, mid_ml,
-    H, stride_qb, stride_qh, stride_t, num_blocks, block_size, scale_log2,
-    KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
+    origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn,
+    stride_t, num_blocks, block_size, scale_log2, KVH: tl.constexpr, G: tl.constexpr,
+    BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    NEW: tl.constexpr,
 ):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = tl.load(starts_ptr + b)
@@ -46,6 +48,15 @@ def _decode_split_kernel(
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
     wrap = block_size * num_blocks
+    if NEW:  # the step's new row: stored by split 0, read by every split from the input
+        src = tl.load(src_ptr + b).to(tl.int64)
+        dst = tl.load(dst_ptr + b).to(tl.int64)
+        k_new = tl.load(kn_ptr + src * stride_kn + kvh * D + d).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d).to(v_ptr.dtype.element_ty)
+        at_new = (dst * KVH + kvh) * D + d
+        store = (d < D) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: a padding row
+        tl.store(k_ptr + at_new, k_new, mask=store)
+        tl.store(v_ptr + at_new, v_new, mask=store)
     for i0 in range(lo, hi, BLOCK_N):
         i = i0 + tl.arange(0, BLOCK_N)
         valid = i < hi
@@ -55,6 +66,10 @@ def _decode_split_kernel(
         at = (row * KVH + kvh)[:, None] * D + d[None, :]
         k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
         v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+        if NEW:  # NOTE: key length - 1 is the new row, which split 0 may be storing right now
+            newest = (i == length - 1)[:, None]
+            k = tl.where(newest, k_new[None, :], k)
+            v = tl.where(newest, v_new[None, :], v)
         s = tl.dot(q, tl.trans(k)) * scale_log2
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -70,7 +85,7 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_merge_kernel(mid_o, mid_ml, out_ptr, H, D: tl.constexpr, SPLITS: tl.constexpr):
+def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr):
     bh = tl.program_id(0)
     s = tl.arange(0, SPLITS)
     d = tl.arange(0, D)
@@ -97,15 +112,24 @@ def num_splits(batch: int, num_kv_heads: int, max_keys: int) -> int:
 def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
-    scale: float, splits: int | None = None,
+    scale: float, new: tuple | None = None, splits: int | None = None, block_n: int = 32,
 ) -> torch.Tensor:
     """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
-    starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts)."""
+    starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts).
+    new = (k, v, src, dst): store k/v[src[b]] at row dst[b] first (ref.store_kv), in the same
+    launch; the row stored for sequence b must be its newest key (logical lens[b] - 1)."""
     batch, heads, head_dim = q.shape
     kv_heads = k_rows.shape[1]
     group = heads // kv_heads
     assert q.stride(2) == 1 and k_rows.is_contiguous() and v_rows.is_contiguous()
     assert block_table.dtype == torch.int32 and block_table.stride(1) == 1
+    if new is not None:
+        k_new, v_new, src, dst = new
+        assert src.shape == dst.shape == (batch,)
+        for t in (k_new, v_new):
+            assert t.stride(2) == 1 and t.stride(1) == head_dim and t.shape[1:] == k_rows.shape[1:]
+    else:
+        k_new, v_new, src, dst = q, q, lens, lens  # unused
     if splits is None:
         splits = num_splits(batch, kv_heads, block_table.shape[1] * block_size)
     mid_o = empty((batch, heads, splits, head_dim), torch.float32, q.device)
@@ -113,10 +137,11 @@ def decode_attention(
     out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
     block_g = max(16, triton.next_power_of_2(group))
     _decode_split_kernel[(batch, kv_heads, splits)](
-        q, k_rows, v_rows, block_table, starts, lens, origins, mid_o, mid_ml, heads,
-        q.stride(0), q.stride(1), block_table.stride(0), block_table.shape[1], block_size,
-        scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim,
-        BLOCK_N=32, SPLITS=splits, num_warps=4,
+        q, k_rows, v_rows, k_new, v_new, src, dst, block_table, starts, lens, origins, mid_o,
+        mid_ml, heads, q.stride(0), q.stride(1),
+        k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
+        block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g,
+        D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=4,
     )
-    _decode_merge_kernel[(batch * heads,)](mid_o, mid_ml, out, heads, D=head_dim, SPLITS=splits)
+    _decode_merge_kernel[(batch * heads,)](mid_o, mid_ml, out, D=head_dim, SPLITS=splits)
     return out

@@ -1,14 +1,20 @@
-"""Decode GEMV: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), streaming W once.
+"""Decode GEMV: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), streaming W once, with
+the step's next small op fused into its epilogue.
 
-Two kernels, both split over M (BLOCK_M rows per program) and optionally over K (SPLIT_K
-programs per row block, whose float32 partials a second kernel sums in a fixed order, so
-results are deterministic and graph replay equals eager bit for bit):
+Two main loops, both split over M (BLOCK_M rows per program) and optionally over K (SPLIT_K
+programs per row block):
 - `_gemv_fma_kernel`: elementwise products accumulated in registers, reduced once at the end;
 - `_gemv_dot_kernel`: the rows padded to 16 and fed to tensor cores, so Triton's pipeliner
   keeps several weight tiles in flight (cp.async stages).
-With GEGLU the input is gate_up [N, 2K] and x = gelu_tanh(gate) * up is formed on load, so
-the MLP's down projection reads gate_up directly (no intermediate tensor, one launch less).
-x is rounded to the weight dtype before the product, as the reference's x.to(w.dtype).
+Split over K, each program stores a float32 partial and the last of a row block to finish sums
+them in a fixed order (`arrive`): deterministic, so graph replay equals eager bit for bit.
+
+Epilogues (y rounded to the weight dtype first, as the reference's projection output):
+- plain: y in the weight dtype;
+- GEGLU (W = [gate; up], 2I rows): a program's rows interleave gate row j and up row j, and it
+  writes gelu_tanh(gate) * up [N, I]: the MLP's activation, no gate_up tensor in between;
+- NORM: the residual add + RMSNorm pair after o_proj and down (`ops.add_rms_norm`), done by the
+  last program of the whole launch over the full rows -> (new residual f32, normed input).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.arrive import arrive, counters
 
 MAX_ROWS = 8
 
@@ -31,81 +38,160 @@ def gelu_tanh(x):
 
 
 @triton.jit
-def _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_dtype, GEGLU: tl.constexpr):
-    """x[rn, kk] rounded to the weight dtype ([BLOCK_N, BLOCK_K]), zero at kk >= k_hi."""
-    mask = (rn[:, None] < N) & (kk[None, :] < k_hi)
-    at = x_ptr + rn[:, None] * stride_xn + kk[None, :]
+def _weight_rows(M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
+    """This program's weight rows and their validity. With GEGLU, row r of the block is gate
+    row j = r // 2 (r even) or up row j (r odd) of output column block * BLOCK_M / 2 + j."""
+    r = tl.arange(0, BLOCK_M)
     if GEGLU:
-        gate = tl.load(at, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
-        x = gelu_tanh(gate) * up
-    else:
-        x = tl.load(at, mask=mask, other=0.0).to(tl.float32)
-    return x.to(w_dtype)
+        col = tl.program_id(0) * (BLOCK_M // 2) + r // 2
+        return (r % 2) * (M // 2) + col, col < M // 2
+    rm = tl.program_id(0) * BLOCK_M + r
+    return rm, rm < M
 
 
 @triton.jit
-def _store_y(out_ptr, y, rn, rm, N, M, stride_on, SPLIT_K: tl.constexpr):
-    """y: [BLOCK_N, BLOCK_M] float32 -> out; split over K: this split's slab of the float32
-    partials [SPLIT_K, N, M], summed in a fixed order by _sum_splits_kernel (deterministic)."""
-    mask = (rn[:, None] < N) & (rm[None, :] < M)
+def _row_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, N, M, stride_rn, eps,
+              BLOCK_E: tl.constexpr):
+    """For each row n: h = res + rms_norm(y, post) (over y_ptr in place), out = rms_norm(h,
+    next): ref.add_rms_norm. A row that fits one block is loaded at once (one memory round
+    trip: this runs in a single program, after all others); wider rows take three passes."""
+    if M <= BLOCK_E:
+        e = tl.arange(0, BLOCK_E)
+        mask = e < M
+        post = tl.load(post_ptr + e, mask=mask, other=0.0)
+        nxt = tl.load(next_ptr + e, mask=mask, other=0.0)
+        for n in range(N):
+            y = tl.load(y_ptr + n * M + e, mask=mask, other=0.0, cache_modifier=".cg")
+            r = tl.load(res_ptr + n * stride_rn + e, mask=mask, other=0.0)
+            h = r + y * tl.rsqrt(tl.sum(y * y, axis=0) / M + eps) * post
+            tl.store(y_ptr + n * M + e, h, mask=mask)
+            out = h * tl.rsqrt(tl.sum(h * h, axis=0) / M + eps) * nxt
+            tl.store(out_ptr + n * M + e, out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        for n in range(N):
+            sq = tl.zeros((BLOCK_E,), tl.float32)
+            for m0 in range(0, M, BLOCK_E):
+                e = m0 + tl.arange(0, BLOCK_E)
+                y = tl.load(y_ptr + n * M + e, mask=e < M, other=0.0, cache_modifier=".cg")
+                sq += y * y
+            inv = tl.rsqrt(tl.sum(sq, axis=0) / M + eps)
+            sq = tl.zeros((BLOCK_E,), tl.float32)
+            for m0 in range(0, M, BLOCK_E):
+                e = m0 + tl.arange(0, BLOCK_E)
+                mask = e < M
+                y = tl.load(y_ptr + n * M + e, mask=mask, other=0.0, cache_modifier=".cg")
+                r = tl.load(res_ptr + n * stride_rn + e, mask=mask, other=0.0)
+                h = r + y * inv * tl.load(post_ptr + e, mask=mask, other=0.0)
+                tl.store(y_ptr + n * M + e, h, mask=mask)
+                sq += h * h
+            tl.debug_barrier()
+            inv = tl.rsqrt(tl.sum(sq, axis=0) / M + eps)
+            for m0 in range(0, M, BLOCK_E):
+                e = m0 + tl.arange(0, BLOCK_E)
+                mask = e < M
+                h = tl.load(y_ptr + n * M + e, mask=mask, other=0.0, cache_modifier=".cg")
+                y = h * inv * tl.load(next_ptr + e, mask=mask, other=0.0)
+                tl.store(out_ptr + n * M + e, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _epilogue(y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+              stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
+              NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """y: this block's complete float32 sums [BLOCK_N, BLOCK_M] -> the launch's outputs."""
+    y = y.to(w_dtype).to(tl.float32)
+    if GEGLU:
+        gate, up = tl.split(tl.reshape(y, (BLOCK_N, BLOCK_M // 2, 2)))
+        col = tl.program_id(0) * (BLOCK_M // 2) + tl.arange(0, BLOCK_M // 2)
+        mask = (rn[:, None] < N) & (col[None, :] < M // 2)
+        tl.store(out_ptr + rn[:, None] * stride_on + col[None, :],
+                 (gelu_tanh(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rn[:, None] < N) & (rm[None, :] < M)
+        if NORM:  # y -> res_out (f32); the launch's last program normalizes the full rows
+            tl.store(res_out_ptr + rn[:, None] * M + rm[None, :], y, mask=mask)
+            if arrive(cnt_ptr + tl.num_programs(0), tl.num_programs(0)):
+                _row_norm(res_out_ptr, res_ptr, post_ptr, next_ptr, out_ptr, N, M, stride_rn,
+                          eps, NORM_BLOCK)
+        else:
+            tl.store(out_ptr + rn[:, None] * stride_on + rm[None, :],
+                     y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N,
+            M, stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
+            NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+            SPLIT_K: tl.constexpr):
+    """acc: this program's float32 sums [BLOCK_N, BLOCK_M] over its K range."""
     if SPLIT_K == 1:
-        at = out_ptr + rn[:, None] * stride_on + rm[None, :]
+        _epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+                  stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N, BLOCK_M)
     else:
-        at = out_ptr + tl.program_id(1) * N * M + rn[:, None] * M + rm[None, :]
-    tl.store(at, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, NM, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < NM
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(part_ptr + s * NM + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        v = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # rows in program order
+        at = part_ptr + rn[:, None] * M + v[None, :]
+        mask = (rn[:, None] < N) & (v[None, :] < M)
+        tl.store(at + tl.program_id(1) * N * M, acc, mask=mask)
+        if arrive(cnt_ptr + tl.program_id(0), SPLIT_K):
+            total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(at + s * N * M, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(total, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
+                      N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N,
+                      BLOCK_M)
 
 
 @triton.jit
 def _gemv_fma_kernel(
-    x_ptr, w_ptr, out_ptr, N, M, K, stride_xn, stride_on, k_per_split,
-    GEGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+    K, stride_xn, stride_on, stride_rn, k_per_split, eps, GEGLU: tl.constexpr,
+    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, valid = _weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_dtype = w_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
-        w = tl.load(w_ptr + rm[:, None].to(tl.int64) * K + kk[None, :],
-                    mask=(rm[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
-        x = _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_ptr.dtype.element_ty, GEGLU)
-        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    _store_y(out_ptr, tl.sum(acc, axis=2), rn, rm, N, M, stride_on, SPLIT_K)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
+                    mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
+        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                    mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+        acc += x.to(w_dtype).to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    _finish(tl.sum(acc, axis=2), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
+            BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 @triton.jit
 def _gemv_dot_kernel(
-    x_ptr, w_ptr, out_ptr, N, M, K, stride_xn, stride_on, k_per_split,
-    GEGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+    K, stride_xn, stride_on, stride_rn, k_per_split, eps, GEGLU: tl.constexpr,
+    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, valid = _weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_dtype = w_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
-        w = tl.load(w_ptr + rm[:, None].to(tl.int64) * K + kk[None, :],
-                    mask=(rm[:, None] < M) & (kk[None, :] < k_hi), other=0.0)
-        x = _load_x(x_ptr, rn, kk, N, K, k_hi, stride_xn, w_ptr.dtype.element_ty, GEGLU)
-        acc = tl.dot(w, tl.trans(x), acc)
-    _store_y(out_ptr, tl.trans(acc), rn, rm, N, M, stride_on, SPLIT_K)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
+                    mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
+        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                    mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+        acc = tl.dot(w, tl.trans(x.to(w_dtype)), acc)
+    _finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
+            BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 @dataclass(frozen=True)
@@ -116,30 +202,57 @@ class GemvConfig:
     split_k: int
     num_warps: int
     num_stages: int = 3
+    fused: bool = True  # the epilogue (GeGLU / norm) in this kernel, or as its own kernel after
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, geglu: bool = False,
-         config: GemvConfig = GemvConfig("fma", 4, 64, 1, 4)) -> torch.Tensor:
-    """x: [N, K] (or gate_up [N, 2K] when geglu) any float, N <= 8; weight: [M, K] contiguous
-    -> [N, M] in weight.dtype."""
+@dataclass(frozen=True)
+class NormEpilogue:
+    """ops.add_rms_norm(residual, y, post, next, eps, dtype) applied to the GEMV's output y."""
+    residual: torch.Tensor
+    post: torch.Tensor
+    next: torch.Tensor
+    eps: float
+    dtype: torch.dtype
+
+
+DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
+         geglu: bool = False, norm: NormEpilogue | None = None):
+    """x: [N, K] any float, N <= 8; weight: [M, K] contiguous ->
+    plain: [N, M] in weight.dtype; geglu: gelu_tanh(y[:, :M/2]) * y[:, M/2:] [N, M/2] in
+    weight.dtype; norm: (residual + rms_norm(y, post) f32, its rms_norm by next in norm.dtype)."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
-    assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
-    assert x.shape[1] == (2 * k if geglu else k), (x.shape, weight.shape)
+    assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
+    assert not (geglu and norm) and (not geglu or m % 2 == 0)
     c = config
     k_per_split = triton.cdiv(triton.cdiv(k, c.split_k), c.block_k) * c.block_k
     splits = triton.cdiv(k, k_per_split)
-    out = empty((n, m), weight.dtype, x.device)
-    part = empty((splits, n, m), torch.float32, x.device) if splits > 1 else out
+    blocks = triton.cdiv(m, c.block_m)
+    dev = x.device
+    res = post = nxt = res_out = None
+    if norm is not None:
+        assert norm.residual.shape == (n, m) and norm.residual.stride(-1) == 1
+        out = empty((n, m), norm.dtype, dev)
+        res_out = empty((n, m), torch.float32, dev)
+        res, post, nxt = norm.residual, norm.post, norm.next
+    else:
+        out = empty((n, m // 2 if geglu else m), weight.dtype, dev)
+    needed = (blocks if splits > 1 else 0) + (blocks + 1 if norm is not None else 0)
+    cnt = counters(dev, needed) if needed else out
+    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
     block_n = 16 if c.kind == "dot" else max(1, triton.next_power_of_2(n))
-    kernel[(triton.cdiv(m, c.block_m), splits)](
-        x, weight, part, n, m, k, x.stride(0), out.stride(0), k_per_split, GEGLU=geglu,
-        BLOCK_N=block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
+    kernel[(blocks, splits)](
+        x, weight, out, part, cnt, res if res is not None else out,
+        post if post is not None else out, nxt if nxt is not None else out,
+        res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
+        res.stride(0) if res is not None else 0, k_per_split,
+        norm.eps if norm is not None else 0.0, GEGLU=geglu, NORM=norm is not None,
+        NORM_BLOCK=min(triton.next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
         num_warps=c.num_warps, num_stages=c.num_stages)
-    if splits > 1:
-        _sum_splits_kernel[(triton.cdiv(n * m, 1024),)](part, out, n * m, SPLIT_K=splits,
-                                                        BLOCK=1024)
-    return out
+    return (res_out, out) if norm is not None else out
 
 
 def candidates(n: int, m: int, k: int) -> list[GemvConfig]:
@@ -149,7 +262,7 @@ def candidates(n: int, m: int, k: int) -> list[GemvConfig]:
     for kind, bm, bk, warps in [("fma", 8, 512, 4), ("fma", 16, 512, 8), ("fma", 8, 1024, 8),
                                 ("fma", 4, 1024, 4), ("dot", 64, 256, 4), ("dot", 128, 128, 4)]:
         if kind == "fma" and n > 2 and bm * bk > 4096:
-            bm = max(1, 4096 // bk)
+            bm = max(2, 4096 // bk)
         programs = triton.cdiv(m, bm)
         splits = [1]
         if programs < 1024:  # too few programs to hide memory latency: also split K

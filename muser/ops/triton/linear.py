@@ -1,5 +1,7 @@
 """Projections: cuBLAS tensor-core GEMM for prefill chunks; for decode rows (N <= 8) the
-fastest of the Triton GEMV configs and cuBLAS, measured once per shape on the device.
+fastest of the Triton GEMV configs and cuBLAS, measured once per shape on the device. The
+op after a projection (GeGLU, or the residual add + RMSNorm pair) rides in the GEMV's
+epilogue at decode width where that times faster, and runs as its own kernel otherwise.
 
 Each decode shape is timed in a CUDA graph (no launch gaps), over enough weight copies to
 defeat L2, the first time it is seen (the engine's warm-up, before graph capture); the
@@ -9,6 +11,7 @@ Outputs are in the weight dtype (the reference rounds to it too); consumers upca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -16,7 +19,8 @@ from collections.abc import Callable
 import torch
 
 from muser.ops.triton.geglu import geglu
-from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, candidates, gemv
+from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
+from muser.ops.triton.norm import add_rms_norm
 
 _CHOICE: dict[tuple, GemvConfig | None] = {}  # None: cuBLAS
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
@@ -26,56 +30,85 @@ _L2_DEFEAT_BYTES = 192 << 20
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [N, K], weight: [M, K] -> [N, M] in weight.dtype."""
     if x.shape[0] <= MAX_ROWS:
-        return _decode(x, weight, False)
-    return _cublas(x, weight, False)
+        return _decode(x, weight)
+    return torch.mm(x.to(weight.dtype), weight.t())
 
 
-def geglu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """linear(geglu(gate_up), weight); a GEMV forms the GeGLU on its input load."""
-    if gate_up.shape[0] <= MAX_ROWS:
-        return _decode(gate_up, weight, True)
-    return _cublas(gate_up, weight, True)
+def linear_geglu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """geglu(linear(x, weight)): the MLP's gate_up projection and activation -> [N, M / 2]."""
+    if x.shape[0] <= MAX_ROWS:
+        return _decode(x, weight, geglu=True)
+    return geglu(torch.mm(x.to(weight.dtype), weight.t()))
+
+
+def linear_add_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, post_weight: torch.Tensor,
+    next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm(residual, linear(x, weight), post_weight, next_weight, eps, dtype)."""
+    if x.shape[0] <= MAX_ROWS:
+        return _decode(x, weight, norm=NormEpilogue(residual, post_weight, next_weight, eps,
+                                                    dtype))
+    return add_rms_norm(residual, torch.mm(x.to(weight.dtype), weight.t()), post_weight,
+                        next_weight, eps, dtype)
 
 
 def decode_choices() -> dict[str, dict]:
-    """Per decode shape (rows, M, K, geglu, dtypes): the config it runs and the measured ms
+    """Per decode shape (rows, M, K, epilogue, dtypes): the config it runs and the measured ms
     of every candidate (for benchmark receipts)."""
     return {str(k): {"runs": "cublas" if c is None else str(c), "timed_ms": _TIMED.get(k, {})}
             for k, c in _CHOICE.items()}
 
 
-def _cublas(x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool) -> torch.Tensor:
-    if fuse_geglu:
-        x = geglu(x)
-    return torch.mm(x.to(weight.dtype), weight.t())
+def _after(y: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None):
+    """The op after the projection as its own kernel."""
+    if geglu_out:
+        return geglu(y)
+    if norm is not None:
+        return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype)
+    return y
 
 
-def _decode(x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool) -> torch.Tensor:
-    if os.environ.get("MUSER_GEMV", "1") == "0":
-        return _cublas(x, weight, fuse_geglu)
-    if not x.is_cuda:  # the interpreter: one small config, nothing to time
-        return gemv(x, weight, fuse_geglu)
-    key = (x.shape[0], weight.shape[0], weight.shape[1], fuse_geglu, weight.dtype, x.dtype)
-    if key not in _CHOICE:
-        _CHOICE[key], _TIMED[key] = _pick(x, weight, fuse_geglu)
-    config = _CHOICE[key]
+def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
+            norm: NormEpilogue | None):
+    return _after(torch.mm(x.to(weight.dtype), weight.t()), geglu_out, norm)
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu_out: bool,
+         norm: NormEpilogue | None):
     if config is None:
-        return _cublas(x, weight, fuse_geglu)
-    return gemv(x, weight, fuse_geglu, config)
+        return _cublas(x, weight, geglu_out, norm)
+    if config.fused:
+        return gemv(x, weight, config, geglu_out, norm)
+    return _after(gemv(x, weight, config), geglu_out, norm)
+
+
+def _decode(x: torch.Tensor, weight: torch.Tensor, geglu: bool = False,
+            norm: NormEpilogue | None = None):
+    if os.environ.get("MUSER_GEMV", "1") == "0":
+        return _cublas(x, weight, geglu, norm)
+    if not x.is_cuda:  # the interpreter: one small config, nothing to time
+        return gemv(x, weight, geglu=geglu, norm=norm)
+    epilogue = "geglu" if geglu else "norm" if norm is not None else ""
+    key = (x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype)
+    if key not in _CHOICE:
+        _CHOICE[key], _TIMED[key] = _pick(x, weight, geglu, norm)
+    return _run(x, weight, _CHOICE[key], geglu, norm)
 
 
 def _pick(
-    x: torch.Tensor, weight: torch.Tensor, fuse_geglu: bool
+    x: torch.Tensor, weight: torch.Tensor, geglu: bool, norm: NormEpilogue | None
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     copies = [weight] + [weight.clone() for _ in range(
         min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes) - 1))]
-    runs: dict[GemvConfig | None, Callable] = {
-        None: lambda w: _cublas(x, w, fuse_geglu)}
+    configs: list[GemvConfig | None] = [None]
     for c in candidates(n, m, k):
-        runs[c] = lambda w, c=c: gemv(x, w, fuse_geglu, c)
+        configs += [c, dataclasses.replace(c, fused=False)] if geglu or norm else [c]
+    runs: dict[GemvConfig | None, Callable] = {
+        c: lambda w, c=c: _run(x, w, c, geglu, norm) for c in configs}
     best, best_ms, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:

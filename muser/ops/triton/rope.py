@@ -1,0 +1,56 @@
+"""RoPE angles: cos and sin of positions * inv_freq in one launch (ref.rope_cos_sin's torch
+arithmetic takes about seven small kernels per call). inv_freq is computed once per (device,
+head_dim, theta, scaling) with the reference's own arithmetic, on the device."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from muser.ops.triton.alloc import empty
+
+_INV_FREQ: dict[tuple, torch.Tensor] = {}
+
+
+@triton.jit
+def _rope_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF: tl.constexpr,
+                 BLOCK_N: tl.constexpr, LIBDEVICE: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HALF)
+    pos = tl.load(pos_ptr + rn, mask=rn < N, other=0).to(tl.float32)
+    angles = pos[:, None] * tl.load(inv_ptr + d)[None, :]
+    at = rn[:, None] * HALF + d[None, :]
+    mask = rn[:, None] < N
+    if LIBDEVICE:  # CUDA's precise cosf/sinf (as torch's), whatever tl.cos lowers to
+        tl.store(cos_ptr + at, libdevice.cos(angles), mask=mask)
+        tl.store(sin_ptr + at, libdevice.sin(angles), mask=mask)
+    else:  # the interpreter (numpy)
+        tl.store(cos_ptr + at, tl.cos(angles), mask=mask)
+        tl.store(sin_ptr + at, tl.sin(angles), mask=mask)
+
+
+def inv_freq(head_dim: int, theta: float, scaling: float, device: torch.device) -> torch.Tensor:
+    key = (torch.device(device), head_dim, theta, scaling)
+    if key not in _INV_FREQ:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("RoPE frequencies first needed during graph capture: warm up first")
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
+        _INV_FREQ[key] = (1.0 / (theta ** (exponent / head_dim)) / scaling).contiguous()
+    return _INV_FREQ[key]
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions: [N] int -> (cos, sin): [N, head_dim // 2] float32 (ref.rope_cos_sin)."""
+    n, half = positions.shape[0], head_dim // 2
+    assert positions.stride(0) == 1 and half == triton.next_power_of_2(half)
+    cos = empty((n, half), torch.float32, positions.device)
+    sin = empty((n, half), torch.float32, positions.device)
+    block = 16
+    _rope_kernel[(triton.cdiv(n, block),)](
+        positions, inv_freq(head_dim, theta, scaling, positions.device), cos, sin, n,
+        HALF=half, BLOCK_N=block, LIBDEVICE=positions.is_cuda)
+    return cos, sin
