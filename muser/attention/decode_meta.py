@@ -60,6 +60,7 @@ class DecodeLayout:
             self.fields[name] = (offset, shape)
             offset += math.prod(shape)
         self.size = offset
+        self._views: tuple[torch.Tensor, dict] | None = None  # the last packed buffer's views
 
     def view(self, buf: torch.Tensor, name: str, rows: int | None = None) -> torch.Tensor:
         offset, shape = self.fields[name]
@@ -79,33 +80,37 @@ class DecodeLayout:
     def pack(self, buf: torch.Tensor, cfg: ModelConfig, seqs: list[SeqInput],
              token_ids: list[int]) -> None:
         """Fill host buffer `buf` for single-row sequences `seqs` (the rest is padding).
-        NOTE: numpy views of the (pinned) host buffer: this runs once per decode step."""
-        a = buf.numpy()
-        a[:] = 0
+        NOTE: numpy views of the (pinned) host buffer, made once per buffer: this runs once per
+        decode step, before the GPU can start it."""
+        f = self._numpy_views(buf)
+        f["all"][:] = 0
         n, cap, ps = len(seqs), self.capacity, self.page_size
-
-        def f(name: str):
-            offset, shape = self.fields[name]
-            return a[offset:offset + math.prod(shape)].reshape(shape)
-
-        f("sliding.write_dst")[n:] = -1
-        f("global.write_dst")[n:] = -1
+        f["sliding.write_dst"][n:] = -1
+        f["global.write_dst"][n:] = -1
         if not n:
             return
         rings = [_decode_ring(s.ring) for s in seqs]
-        f("input_ids")[:n] = token_ids
-        f("positions")[:n] = [s.start for s in seqs]
-        f("sliding.src")[:n] = f("global.src")[:n] = range(n)
-        f("sliding.write_dst")[:n] = [s.slot * cap + w for s, (_, w) in zip(seqs, rings)]
-        f("sliding.block_table")[:n, 0] = [s.slot for s in seqs]
-        f("sliding.starts")[:n] = [max(0, r.length - cfg.sliding_window) for r, _ in rings]
-        f("sliding.lens")[:n] = [r.length for r, _ in rings]
-        f("sliding.origins")[:n] = [r.physical_origin for r, _ in rings]
-        f("global.write_dst")[:n] = [s.page_ids[s.start // ps] * ps + s.start % ps for s in seqs]
-        table = f("global.block_table")
+        f["input_ids"][:n] = token_ids
+        f["positions"][:n] = [s.start for s in seqs]
+        f["sliding.src"][:n] = f["global.src"][:n] = range(n)
+        f["sliding.write_dst"][:n] = [s.slot * cap + w for s, (_, w) in zip(seqs, rings)]
+        f["sliding.block_table"][:n, 0] = [s.slot for s in seqs]
+        f["sliding.starts"][:n] = [max(0, r.length - cfg.sliding_window) for r, _ in rings]
+        f["sliding.lens"][:n] = [r.length for r, _ in rings]
+        f["sliding.origins"][:n] = [r.physical_origin for r, _ in rings]
+        f["global.write_dst"][:n] = [s.page_ids[s.start // ps] * ps + s.start % ps for s in seqs]
+        table = f["global.block_table"]
         for b, s in enumerate(seqs):
             table[b, :len(s.page_ids)] = s.page_ids
-        f("global.lens")[:n] = [s.start + 1 for s in seqs]
+        f["global.lens"][:n] = [s.start + 1 for s in seqs]
+
+    def _numpy_views(self, buf: torch.Tensor) -> dict:
+        if self._views is None or self._views[0] is not buf:
+            a = buf.numpy()
+            views = {name: a[o:o + math.prod(shape)].reshape(shape)
+                     for name, (o, shape) in self.fields.items()}
+            self._views = (buf, views | {"all": a})
+        return self._views[1]
 
 
 def _decode_ring(ring: RingState) -> tuple[RingState, int]:

@@ -102,10 +102,11 @@ def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.con
 
 
 def num_splits(batch: int, num_kv_heads: int, max_keys: int) -> int:
-    """Enough programs to cover the chip (~2 per SM of 132), at least 64 keys per split, at
-    most 64 splits (the merge reads every split's partial)."""
+    """Enough programs to cover the chip (~2 per SM of 132), at least 16 keys per split, at
+    most 64 splits (the merge reads every split's partial). Measured on the H200 at batch 1
+    (gemma3-1b, one KV head): a 512-key ring takes 7.2 us in 32 splits, 8.9 us in 8."""
     want = max(1, 256 // max(1, batch * num_kv_heads))
-    by_keys = triton.next_power_of_2(-(-max_keys // 64))
+    by_keys = triton.next_power_of_2(-(-max_keys // 16))
     return max(1, min(triton.next_power_of_2(want), by_keys, 64))
 
 
