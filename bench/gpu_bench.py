@@ -732,8 +732,9 @@ def main() -> int:
             (out_dir / "hf_compiled.json").write_text(json.dumps(compiled, indent=1))
             hf["compiled_prefill_source"] = "measured in this run"
         else:
-            hf["compiled_prefill_source"] = f"reused from {args.hf_compiled} (measured earlier " \
-                "this session on this H200 kind)"
+            hf["compiled_prefill_source"] = (
+                f"reused from {args.hf_compiled} (measured in an earlier run on this H200 kind, "
+                f"{earlier.get('prefill_date', 'date not recorded')})")
         hf["compiled_prefill_s"] = {int(t): v for t, v in earlier["prefill_s"].items()}
         result["cells"] += cells_for(name, cfg, weights, ceil, ours, hf, lengths)
         del weights

@@ -5,9 +5,12 @@
 - decode: the measured time of every GEMV candidate per projection shape, and the kernels of
   one graph replay;
 - transformers with a static cache + torch.compile (bench/hf_compiled.py), written to
-  hf_compiled.json for gpu_bench.py to reuse.
+  hf_compiled.json for gpu_bench.py to reuse;
+- with --step: only gemma3-1b's decode step split into its host and device parts, and a wider
+  sweep of GEMV configs on the down projection (gpu_probe_step.json).
 
     PYTHONPATH=. python3 bench/gpu_probe.py --out $OUT
+    PYTHONPATH=. python3 bench/gpu_probe.py --step --out $OUT
 """
 
 from __future__ import annotations
@@ -68,15 +71,99 @@ def host_profile(runner, ids: list[int]) -> dict:
     return out
 
 
+def step_breakdown(runner, ids: list[int], steps: int = 60) -> dict:
+    """One decode step of runner.forward, piece by piece (host microseconds until each piece
+    returns; `sample` includes the wait for the GPU)."""
+    from muser.attention.plan import SeqInput
+
+    graphs = runner.graphs
+    seq = runner.allocate()
+    token = int(runner.forward([seq], [ids[:2048]])[-1].argmax())
+    parts: dict[str, list[float]] = {}
+    full = []
+    for step in range(steps):
+        torch.cuda.synchronize()
+        t = [time.perf_counter()]
+        runner._reserve_pages(seq, seq.num_cached + 1)
+        inputs = [SeqInput(seq.slot, seq.num_cached, 1, seq.ring, tuple(seq.page_ids))]
+        t.append(time.perf_counter())
+        graphs._replayed.synchronize()
+        graphs._pack(inputs, [token])
+        t.append(time.perf_counter())
+        graphs.graphs[1].replay()
+        graphs._replayed.record()
+        t.append(time.perf_counter())
+        logits = graphs.buf.logits[1][:1].clone()
+        seq.num_cached += 1
+        seq.ring = seq.ring.append(1)[0]
+        t.append(time.perf_counter())
+        token = int(logits[-1].argmax())
+        t.append(time.perf_counter())
+        if step >= 10:
+            for name, a, b in zip(("inputs", "pack", "replay_launch", "clone_and_ring",
+                                   "sample_and_wait"), t, t[1:]):
+                parts.setdefault(name, []).append((b - a) * 1e6)
+        t0 = time.perf_counter()
+        token = int(runner.forward([seq], [[token]])[-1].argmax())
+        if step >= 10:
+            full.append((time.perf_counter() - t0) * 1e6)
+    runner.free(seq)
+    out = {k: statistics.median(v) for k, v in parts.items()}
+    out["runner_forward_step"] = statistics.median(full)
+    say("  decode step, median us: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()))
+    return out
+
+
+def down_sweep(cfg) -> dict:
+    """The down projection (hidden x intermediate) at N=1 over a wider set of GEMV configs than
+    `candidates`, each timed in CUDA graphs over rotating weights past L2."""
+    from muser.ops.triton.gemv import GemvConfig, gemv
+    from muser.ops.triton.linear import _cublas, _graph_ms
+
+    m, k = cfg.hidden_size, cfg.intermediate_size
+    ws = [torch.randn(m, k, device=DEV, dtype=BF16) for _ in range(8)]
+    x = torch.randn(1, k, device=DEV).to(BF16)
+    out = {"cublas": _graph_ms(lambda w: _cublas(x, w, False, None), ws) * 1e3}
+    for kind, bm, bk, split, warps, stages in [
+            ("fma", 4, 1024, 1, 4, 3), ("fma", 4, 1024, 1, 4, 4), ("fma", 4, 2048, 1, 8, 3),
+            ("fma", 2, 2048, 1, 4, 3), ("fma", 4, 512, 2, 4, 4), ("fma", 4, 1024, 2, 4, 3),
+            ("fma", 8, 512, 2, 4, 3), ("fma", 8, 512, 4, 4, 4), ("fma", 2, 1024, 2, 4, 3),
+            ("fma", 4, 256, 4, 2, 4), ("dot", 32, 512, 4, 4, 4), ("dot", 16, 512, 4, 4, 3),
+            ("dot", 64, 256, 8, 4, 4), ("dot", 32, 256, 8, 4, 5), ("dot", 16, 1024, 2, 4, 3)]:
+        c = GemvConfig(kind, bm, bk, split, warps, stages)
+        try:
+            out[str(c)] = _graph_ms(lambda w, c=c: gemv(x, w, c), ws) * 1e3
+        except Exception as exc:  # noqa: BLE001  (a config that does not compile is skipped)
+            out[str(c)] = f"{type(exc).__name__}"
+    timed = sorted((v, c) for c, v in out.items() if isinstance(v, float))
+    gbps = lambda us: m * k * 2 / us / 1e3  # noqa: E731
+    say(f"  down {m}x{k} N=1: cuBLAS {out['cublas']:.2f} us ({gbps(out['cublas']):.0f} GB/s); "
+        f"fastest {timed[0][1]} {timed[0][0]:.2f} us ({gbps(timed[0][0]):.0f} GB/s)")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--models", default="gemma3-1b,gemma3-27b")
     ap.add_argument("--lengths", default="512,2048,8192")
     ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--step", action="store_true",
+                    help="only gemma3-1b's decode step breakdown and the down-projection sweep")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.step:
+        cfg = preset("gemma3-1b")
+        weights = random_weights(cfg, BF16, DEV, seed=0)
+        ids = torch.randint(0, cfg.vocab_size, (2048,),
+                            generator=torch.Generator().manual_seed(1)).tolist()
+        runner, _ = make_runner(cfg, weights, 4096)
+        result = {"environment": environment(), "step_us": step_breakdown(runner, ids),
+                  "down_sweep_us": down_sweep(cfg),
+                  "prefill": {t: host_profile(runner, ids[:t]) for t in (512, 2048)}}
+        (out_dir / "gpu_probe_step.json").write_text(json.dumps(result | {"log": LOG}, indent=1))
+        return 0
     lengths = [int(t) for t in args.lengths.split(",")]
     result: dict = {"environment": environment(), "models": {}}
     hf_out = {"environment": result["environment"], "date": time.strftime("%Y-%m-%d"),

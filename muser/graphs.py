@@ -1,8 +1,8 @@
 """CUDA graphs of the decode width: one graph per batch-size bucket, one shared memory pool.
 
 Static inputs live in GraphBuffers: one int32 device buffer (token ids, positions and every
-kind's decode metadata; layout in attention/decode_meta.py) refilled by a single copy per
-step, and the captured logits. Padding rows of a bucket store nothing (write_dst = -1) and
+kind's decode metadata; layout in attention/decode_meta.py), uploaded from its pinned host twin
+by the graph itself at the start of each replay, and the captured logits. Padding rows of a bucket store nothing (write_dst = -1) and
 attend nothing (lens = 0). Prefill stays eager.
 """
 
@@ -48,7 +48,7 @@ class DecodeGraphs:
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_s = 0.0
-        self._copied = torch.cuda.Event()
+        self._replayed = torch.cuda.Event()
 
     def _forward(self, bs: int) -> torch.Tensor:
         layout, meta = self.buf.layout, self.buf.meta
@@ -70,6 +70,9 @@ class DecodeGraphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
+                # NOTE: the metadata upload is a node of the graph: each replay reads the
+                # pinned host buffer as packed just before it (no separate copy call per step).
+                self.buf.meta.copy_(self.buf.host, non_blocking=True)
                 self.buf.logits[bs] = self._forward(bs)
             pool = graph.pool()
             self.graphs[bs] = graph
@@ -83,9 +86,8 @@ class DecodeGraphs:
     def replay(self, seqs: list[SeqInput], token_ids: list[int]) -> torch.Tensor:
         """One decode step for single-row `seqs` -> logits [len(seqs), vocab] float32."""
         bs = min(s for s in self.graphs if s >= len(seqs))
-        self._copied.synchronize()  # NOTE: the last step's copy has left the pinned buffer
+        self._replayed.synchronize()  # NOTE: the last replay has read the pinned buffer
         self._pack(seqs, token_ids)
-        self.buf.meta.copy_(self.buf.host, non_blocking=True)
-        self._copied.record()
         self.graphs[bs].replay()
+        self._replayed.record()
         return self.buf.logits[bs][:len(seqs)].clone()

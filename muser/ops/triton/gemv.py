@@ -267,7 +267,7 @@ def candidates(n: int, m: int, k: int) -> list[GemvConfig]:
         splits = [1]
         if programs < 1024:  # too few programs to hide memory latency: also split K
             most = min(max(1, k // bk), 16)
-            splits += [min(s, most) for s in (2, 4)]
+            splits += [min(s, most) for s in (2, 4, 8)]
             splits.append(min(triton.next_power_of_2(triton.cdiv(1024, programs)), most))
         for split in sorted(set(splits)):
             out.append(GemvConfig(kind, bm, bk, split, warps, 4 if kind == "dot" else 3))
