@@ -2,8 +2,8 @@
 
 Static inputs live in GraphBuffers: one int32 device buffer (token ids, positions and every
 kind's decode metadata; layout in attention/decode_meta.py), uploaded from its pinned host twin
-by the graph itself at the start of each replay, and the captured logits. Padding rows of a bucket store nothing (write_dst = -1) and
-attend nothing (lens = 0). Prefill stays eager.
+by the graph itself at the start of each replay, and the captured logits. Padding rows of a
+bucket store nothing (write_dst = -1) and attend nothing (lens = 0). Prefill stays eager.
 """
 
 from __future__ import annotations

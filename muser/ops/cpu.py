@@ -146,6 +146,6 @@ def decode_attention(
 
 __all__ = [
     "add_rms_norm", "decode_attention", "embed", "geglu", "linear", "linear_add_rms_norm",
-    "linear_geglu", "prefill_attention", "qk_norm_rope", "qk_norm_rope_pair", "rms_norm", "rope_cos_sin",
-    "stage_gather", "store_kv",
+    "linear_geglu", "prefill_attention", "qk_norm_rope", "qk_norm_rope_pair", "rms_norm",
+    "rope_cos_sin", "stage_gather", "store_kv",
 ]

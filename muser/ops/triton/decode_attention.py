@@ -2,7 +2,8 @@
 
 Grid (batch, kv head, split): each program takes one split of one sequence's key range, all
 query heads of its KV group at once (one K/V read per group), and writes a partial
-(max, sum, acc); a second kernel merges the splits (one program per query head). Key i of a sequence lives at
+(max, sum, acc); a second kernel merges the splits (one program per query head). Key i of a
+sequence lives at
 
     j   = (origin + i) mod (block_size * blocks)      ring: 1 block of `capacity` rows
     row = table[j // block_size] * block_size + j % block_size

@@ -250,7 +250,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
         res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
         res.stride(0) if res is not None else 0, k_per_split,
         norm.eps if norm is not None else 0.0, GEGLU=geglu, NORM=norm is not None,
-        NORM_BLOCK=min(triton.next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
+        NORM_BLOCK=min(triton.next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m,
+        BLOCK_K=c.block_k, SPLIT_K=splits,
         num_warps=c.num_warps, num_stages=c.num_stages)
     return (res_out, out) if norm is not None else out
 

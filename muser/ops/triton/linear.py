@@ -29,16 +29,12 @@ _L2_DEFEAT_BYTES = 192 << 20
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [N, K], weight: [M, K] -> [N, M] in weight.dtype."""
-    if x.shape[0] <= MAX_ROWS:
-        return _decode(x, weight)
-    return torch.mm(x.to(weight.dtype), weight.t())
+    return _project(x, weight, False, None)
 
 
 def linear_geglu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """geglu(linear(x, weight)): the MLP's gate_up projection and activation -> [N, M / 2]."""
-    if x.shape[0] <= MAX_ROWS:
-        return _decode(x, weight, geglu=True)
-    return geglu(torch.mm(x.to(weight.dtype), weight.t()))
+    return _project(x, weight, True, None)
 
 
 def linear_add_rms_norm(
@@ -46,11 +42,7 @@ def linear_add_rms_norm(
     next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm(residual, linear(x, weight), post_weight, next_weight, eps, dtype)."""
-    if x.shape[0] <= MAX_ROWS:
-        return _decode(x, weight, norm=NormEpilogue(residual, post_weight, next_weight, eps,
-                                                    dtype))
-    return add_rms_norm(residual, torch.mm(x.to(weight.dtype), weight.t()), post_weight,
-                        next_weight, eps, dtype)
+    return _project(x, weight, False, NormEpilogue(residual, post_weight, next_weight, eps, dtype))
 
 
 def decode_choices() -> dict[str, dict]:
@@ -83,21 +75,21 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu
     return _after(gemv(x, weight, config), geglu_out, norm)
 
 
-def _decode(x: torch.Tensor, weight: torch.Tensor, geglu: bool = False,
-            norm: NormEpilogue | None = None):
-    if os.environ.get("MUSER_GEMV", "1") == "0":
-        return _cublas(x, weight, geglu, norm)
+def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
+             norm: NormEpilogue | None):
+    if x.shape[0] > MAX_ROWS or os.environ.get("MUSER_GEMV", "1") == "0":
+        return _cublas(x, weight, geglu_out, norm)
     if not x.is_cuda:  # the interpreter: one small config, nothing to time
-        return gemv(x, weight, geglu=geglu, norm=norm)
-    epilogue = "geglu" if geglu else "norm" if norm is not None else ""
+        return gemv(x, weight, geglu=geglu_out, norm=norm)
+    epilogue = "geglu" if geglu_out else "norm" if norm is not None else ""
     key = (x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype)
     if key not in _CHOICE:
-        _CHOICE[key], _TIMED[key] = _pick(x, weight, geglu, norm)
-    return _run(x, weight, _CHOICE[key], geglu, norm)
+        _CHOICE[key], _TIMED[key] = _pick(x, weight, geglu_out, norm)
+    return _run(x, weight, _CHOICE[key], geglu_out, norm)
 
 
 def _pick(
-    x: torch.Tensor, weight: torch.Tensor, geglu: bool, norm: NormEpilogue | None
+    x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
@@ -106,9 +98,9 @@ def _pick(
         min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes) - 1))]
     configs: list[GemvConfig | None] = [None]
     for c in candidates(n, m, k):
-        configs += [c, dataclasses.replace(c, fused=False)] if geglu or norm else [c]
+        configs += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
     runs: dict[GemvConfig | None, Callable] = {
-        c: lambda w, c=c: _run(x, w, c, geglu, norm) for c in configs}
+        c: lambda w, c=c: _run(x, w, c, geglu_out, norm) for c in configs}
     best, best_ms, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:
