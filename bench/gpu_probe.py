@@ -88,19 +88,19 @@ def step_breakdown(runner, ids: list[int], steps: int = 60) -> dict:
         inputs = [SeqInput(seq.slot, seq.num_cached, 1, seq.ring, tuple(seq.page_ids))]
         t.append(time.perf_counter())
         graphs._replayed.synchronize()
-        graphs._pack(inputs, [token])
+        rings = graphs._pack(inputs, [token])
         t.append(time.perf_counter())
         graphs.graphs[1].replay()
         graphs._replayed.record()
         t.append(time.perf_counter())
         logits = graphs.buf.logits[1][:1].clone()
         seq.num_cached += 1
-        seq.ring = seq.ring.append(1)[0]
+        seq.ring = rings[0]
         t.append(time.perf_counter())
         token = int(logits[-1].argmax())
         t.append(time.perf_counter())
         if step >= 10:
-            for name, a, b in zip(("inputs", "pack", "replay_launch", "clone_and_ring",
+            for name, a, b in zip(("inputs", "pack", "replay_launch", "clone",
                                    "sample_and_wait"), t, t[1:]):
                 parts.setdefault(name, []).append((b - a) * 1e6)
         t0 = time.perf_counter()

@@ -17,6 +17,7 @@ from muser.attention.decode_meta import DecodeLayout
 from muser.attention.plan import SeqInput, StepPlan
 from muser.config import ModelConfig
 from muser.graph.decoder import Decoder
+from muser.kvcache.ring import RingState
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -80,14 +81,16 @@ class DecodeGraphs:
         self.capture_s = time.perf_counter() - start
         return self.capture_s
 
-    def _pack(self, seqs: list[SeqInput], token_ids: list[int]) -> None:
-        self.buf.layout.pack(self.buf.host, self.cfg, seqs, token_ids)
+    def _pack(self, seqs: list[SeqInput], token_ids: list[int]) -> list[RingState]:
+        return self.buf.layout.pack(self.buf.host, self.cfg, seqs, token_ids)
 
-    def replay(self, seqs: list[SeqInput], token_ids: list[int]) -> torch.Tensor:
-        """One decode step for single-row `seqs` -> logits [len(seqs), vocab] float32."""
+    def replay(self, seqs: list[SeqInput],
+               token_ids: list[int]) -> tuple[torch.Tensor, list[RingState]]:
+        """One decode step for single-row `seqs` -> (logits [len(seqs), vocab] float32, each
+        sequence's ring after the step)."""
         bs = min(s for s in self.graphs if s >= len(seqs))
         self._replayed.synchronize()  # NOTE: the last replay has read the pinned buffer
-        self._pack(seqs, token_ids)
+        rings = self._pack(seqs, token_ids)
         self.graphs[bs].replay()
         self._replayed.record()
-        return self.buf.logits[bs][:len(seqs)].clone()
+        return self.buf.logits[bs][:len(seqs)].clone(), rings

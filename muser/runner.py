@@ -77,10 +77,10 @@ class Runner:
         ]
         flat = [t for ids in token_ids for t in ids]
         if self.graphs is not None and all(len(ids) == 1 for ids in token_ids):
-            logits = self.graphs.replay(inputs, flat)
-            for seq in seqs:
+            logits, rings = self.graphs.replay(inputs, flat)
+            for seq, ring in zip(seqs, rings):
                 seq.num_cached += 1
-                seq.ring = seq.ring.append(1)[0]
+                seq.ring = ring
             return logits if logit_rows is None else logits[logit_rows]
         plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile)
         plan = prepare_plan(plan, self.cfg, inputs, flat, self.engine.page_size, self.device)

@@ -78,17 +78,17 @@ class DecodeLayout:
         }
 
     def pack(self, buf: torch.Tensor, cfg: ModelConfig, seqs: list[SeqInput],
-             token_ids: list[int]) -> None:
-        """Fill host buffer `buf` for single-row sequences `seqs` (the rest is padding).
-        NOTE: numpy views of the (pinned) host buffer, made once per buffer: this runs once per
-        decode step, before the GPU can start it."""
+             token_ids: list[int]) -> list[RingState]:
+        """Fill host buffer `buf` for single-row sequences `seqs` (the rest is padding) -> each
+        sequence's ring after this step's row. NOTE: numpy views of the (pinned) host buffer,
+        made once per buffer: this runs once per decode step, before the GPU can start it."""
         f = self._numpy_views(buf)
         f["all"][:] = 0
         n, cap, ps = len(seqs), self.capacity, self.page_size
         f["sliding.write_dst"][n:] = -1
         f["global.write_dst"][n:] = -1
         if not n:
-            return
+            return []
         rings = [_decode_ring(s.ring) for s in seqs]
         f["input_ids"][:n] = token_ids
         f["positions"][:n] = [s.start for s in seqs]
@@ -103,6 +103,7 @@ class DecodeLayout:
         for b, s in enumerate(seqs):
             table[b, :len(s.page_ids)] = s.page_ids
         f["global.lens"][:n] = [s.start + 1 for s in seqs]
+        return [ring for ring, _ in rings]
 
     def _numpy_views(self, buf: torch.Tensor) -> dict:
         if self._views is None or self._views[0] is not buf:
