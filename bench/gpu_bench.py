@@ -34,7 +34,7 @@ from muser.attention.tiles import classify_tiles  # noqa: E402
 from muser.config import EngineConfig  # noqa: E402
 from muser.graph.weights import random_weights  # noqa: E402
 from muser.ops import ref  # noqa: E402
-from muser.ops.triton import alloc  # noqa: E402
+from muser.ops.triton import alloc, pdl  # noqa: E402
 from muser.presets import preset  # noqa: E402
 from muser.runner import Runner  # noqa: E402
 
@@ -467,7 +467,8 @@ def prefill_flops(cfg, t: int) -> float:
     return 2 * t * matrix_params(cfg) + 2 * cfg.vocab_size * cfg.hidden_size + attn
 
 
-def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int) -> dict:
+def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
+                profile_prefill: bool = False) -> dict:
     runner, startup = make_runner(cfg, weights, max(lengths) + decode_steps + 64)
     out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s, "prefill_s": {}}
     say(f"  muser startup {startup:.1f} s (graph capture {runner.graphs.capture_s:.1f} s)")
@@ -484,28 +485,84 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int) -> dic
         out["prefill_s"][t] = statistics.median(times[1:])
         say(f"  muser prefill {t}: {out['prefill_s'][t] * 1e3:.1f} ms "
             f"({t / out['prefill_s'][t]:.0f} tok/s)")
+    if profile_prefill:
+        out["prefill_host_profile"] = host_profile(runner, ids[:512])
+    out |= decode_step(runner, ids, decode_steps)
+    from muser.ops.triton.linear import decode_choices
+
+    out["decode_projection_paths"] = decode_choices()
+    out["decode_kernel_us"] = _profile(runner.graphs.graphs[1].replay)
+    del runner
+    torch.cuda.empty_cache()
+    return out
+
+
+def decode_step(runner: Runner, ids: list[int], steps: int) -> dict:
+    """Greedy decode after a 2,048-token prompt: median seconds per runner step (host packing,
+    graph replay, logits, argmax) and per bare graph replay."""
     seq = runner.allocate()
     logits = runner.forward([seq], [ids[:2048]])
     token = int(logits[-1].argmax())
     times = []
-    for step in range(decode_steps + 8):
+    for step in range(steps + 8):
         t0 = time.perf_counter()
         token = int(runner.forward([seq], [[token]])[-1].argmax())
         if step >= 8:
             times.append(time.perf_counter() - t0)
-    out["decode_s"] = statistics.median(times)
-    from muser.ops.triton.linear import decode_choices
-
-    out["decode_projection_paths"] = decode_choices()
-    graph = runner.graphs.graphs[1]
-    out["decode_replay_s"] = bench_ms(graph.replay, reps=30) / 1e3
-    out["decode_kernel_us"] = _profile(graph.replay)
+    out = {"decode_s": statistics.median(times),
+           "decode_replay_s": bench_ms(runner.graphs.graphs[1].replay, reps=30) / 1e3}
     runner.free(seq)
     say(f"  muser decode after 2048: {out['decode_s'] * 1e3:.3f} ms/token step "
         f"(graph replay alone {out['decode_replay_s'] * 1e3:.3f} ms)")
-    del runner
-    torch.cuda.empty_cache()
     return out
+
+
+def pdl_ab(cfg, weights, ids: list[int], steps: int) -> dict:
+    """The decode step with programmatic dependent launch off, and on without the GEMV's weight
+    prefetch (the benchmark cells run with both on), in the same run."""
+    out = {}
+    for name, on, prefetch in [("off", False, False), ("on, no prefetch", True, False)]:
+        pdl.set_enabled(on, prefetch)
+        say(f"  programmatic dependent launch {name}:")
+        runner, startup = make_runner(cfg, weights, 2048 + steps + 64)
+        out[name] = decode_step(runner, ids, steps) | {"startup_s": startup}
+        del runner
+        torch.cuda.empty_cache()
+    pdl.set_enabled(True, True)
+    return out
+
+
+def host_profile(runner: Runner, ids: list[int]) -> dict:
+    """Where the host time of one prefill forward goes (cProfile, top functions by own time);
+    the forward is host-bound at gemma3-1b's 512 tokens."""
+    import cProfile
+    import pstats
+
+    seq = runner.allocate()
+    runner.forward([seq], [ids])
+    runner.free(seq)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    seq = runner.allocate()
+    t0 = time.perf_counter()
+    prof.enable()
+    runner.forward([seq], [ids])
+    prof.disable()
+    host_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    runner.free(seq)
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append({"fn": f"{Path(file).name}:{line}:{fn}", "calls": nc,
+                     "own_ms": tt * 1e3, "cum_ms": ct * 1e3})
+    own = sorted(rows, key=lambda r: -r["own_ms"])[:40]
+    cum = sorted(rows, key=lambda r: -r["cum_ms"])[:40]
+    say(f"  prefill {len(ids)} host profile: forward() returned after {host_s * 1e3:.1f} ms "
+        "(under cProfile); top own time:")
+    for r in own[:25]:
+        say(f"    {r['own_ms']:8.2f} ms  x{r['calls']:<5} {r['fn']}")
+    return {"host_ms_under_profile": host_s * 1e3, "by_own_time": own, "by_cum_time": cum}
 
 
 def _profile(fn) -> dict:
@@ -599,6 +656,12 @@ def cells_for(name, cfg, weights, ceil, ours, hf, lengths) -> list[dict]:
             "transformers_static_compile_source": hf.get("decode_static_compile_source"),
             "transformers_static_compile_own_attempt_ms": hf.get("decode_own_attempt_ms"),
             "dtype": "bfloat16", "batch": 1, "context": 2048, "shape": shape}
+    if "pdl_ab" in ours:  # the same step with programmatic dependent launch off / no prefetch
+        cell["pdl_ab_ms"] = {"on, prefetch": ours["decode_s"] * 1e3} | {
+            k: v["decode_s"] * 1e3 for k, v in ours["pdl_ab"].items()}
+        cell["pdl_ab_replay_ms"] = {"on, prefetch": ours["decode_replay_s"] * 1e3} | {
+            k: v["decode_replay_s"] * 1e3 for k, v in ours["pdl_ab"].items()}
+        say(f"  decode step ms by launch mode: {cell['pdl_ab_ms']}")
     cells.append(cell)
     for t in lengths:
         s = ours["prefill_s"][t]
@@ -673,6 +736,11 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--pdl-ab", default="gemma3-1b",
+                    help="models whose decode step is also measured with programmatic "
+                    "dependent launch off, and on without the weight prefetch ('' for none)")
+    ap.add_argument("--profile-prefill", default="gemma3-1b",
+                    help="models whose 512-token prefill forward is profiled on the host")
     ap.add_argument("--hf-static-compile-ms", default="gemma3-1b=4.21,gemma3-27b=24.45",
                     help="transformers static cache + torch.compile decode ms/token, measured "
                     "once on this H200 and reused (the issue's figures); '' to omit")
@@ -713,7 +781,10 @@ def main() -> int:
         weights = random_weights(cfg, BF16, DEV, seed=0)
         ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
                             generator=torch.Generator().manual_seed(1)).tolist()
-        ours = bench_muser(cfg, weights, ids, lengths, args.decode_steps)
+        ours = bench_muser(cfg, weights, ids, lengths, args.decode_steps,
+                           name in args.profile_prefill.split(","))
+        if name in args.pdl_ab.split(","):
+            ours["pdl_ab"] = pdl_ab(cfg, weights, ids, args.decode_steps)
         hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps)
         result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
         save()

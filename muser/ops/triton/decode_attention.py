@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.pdl import enter, launch
 
 
 @triton.jit
@@ -30,8 +31,9 @@ def _decode_split_kernel(
     origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn,
     stride_t, num_blocks, block_size, scale_log2, KVH: tl.constexpr, G: tl.constexpr,
     BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    NEW: tl.constexpr,
+    NEW: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = tl.load(starts_ptr + b)
     length = tl.load(lens_ptr + b)
@@ -86,7 +88,9 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr):
+def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
+                         PDL: tl.constexpr):
+    enter(PDL)
     bh = tl.program_id(0)
     s = tl.arange(0, SPLITS)
     d = tl.arange(0, D)
@@ -144,6 +148,8 @@ def decode_attention(
         k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
         block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g,
         D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=4,
+        **launch(q.device),
     )
-    _decode_merge_kernel[(batch * heads,)](mid_o, mid_ml, out, D=head_dim, SPLITS=splits)
+    _decode_merge_kernel[(batch * heads,)](mid_o, mid_ml, out, D=head_dim, SPLITS=splits,
+                                           **launch(q.device))
     return out

@@ -7,12 +7,15 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.pdl import enter, launch
 
 from muser.ops.triton.gemv import gelu_tanh
 
 
 @triton.jit
-def _geglu_kernel(x_ptr, out_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr):
+def _geglu_kernel(x_ptr, out_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    enter(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -32,5 +35,5 @@ def geglu(gate_up: torch.Tensor) -> torch.Tensor:
     out = empty((n, i), dtype, gate_up.device)
     block = 1024
     _geglu_kernel[(n, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), out.stride(0),
-                                              BLOCK=block)
+                                              BLOCK=block, **launch(gate_up.device))
     return out

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from muser.ops.triton import pdl
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.norm import add_rms_norm
@@ -82,7 +83,8 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     if not x.is_cuda:  # the interpreter: one small config, nothing to time
         return gemv(x, weight, geglu=geglu_out, norm=norm)
     epilogue = "geglu" if geglu_out else "norm" if norm is not None else ""
-    key = (x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype)
+    key = (x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype,
+           pdl.enabled(x.device), pdl.prefetch_enabled())
     if key not in _CHOICE:
         _CHOICE[key], _TIMED[key] = _pick(x, weight, geglu_out, norm)
     return _run(x, weight, _CHOICE[key], geglu_out, norm)

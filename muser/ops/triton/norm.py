@@ -7,13 +7,15 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.pdl import enter, launch
 
 
 @triton.jit
 def _add_rms_norm_kernel(
     res_ptr, x_ptr, post_ptr, next_ptr, res_out_ptr, out_ptr, D, stride_res, stride_x, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     mask = d < D
@@ -38,7 +40,7 @@ def _launch(residual, x, post, nxt, eps, dtype):
     _add_rms_norm_kernel[(n,)](
         residual if residual is not None else x, x, post if post is not None else nxt, nxt,
         res_out, out, d, residual.stride(0) if residual is not None else 0, x.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=warps,
+        HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=warps, **launch(x.device),
     )
     return res_out, out
 

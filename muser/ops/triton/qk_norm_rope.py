@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.pdl import enter, launch
 
 
 @triton.jit
@@ -29,8 +30,9 @@ def _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, n, h, H, stride_xn,
 @triton.jit
 def _qk_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xn, stride_xh, stride_c, eps,
-    HALF: tl.constexpr,
+    HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     pid = tl.program_id(0)
     _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pid // H, pid % H, H, stride_xn,
                     stride_xh, stride_c, eps, HALF)
@@ -39,8 +41,9 @@ def _qk_norm_rope_kernel(
 @triton.jit
 def _qk_pair_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, H, KVH, stride_qn, stride_qh,
-    stride_kn, stride_kh, stride_c, eps, HALF: tl.constexpr,
+    stride_kn, stride_kh, stride_c, eps, HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     pid = tl.program_id(0)
     n, h = pid // (H + KVH), pid % (H + KVH)
     if h < H:
@@ -64,7 +67,8 @@ def qk_norm_rope(
     out = empty((n, heads, head_dim), torch.float32, x.device)
     if n:
         _qk_norm_rope_kernel[(n * heads,)](x, weight, cos, sin, out, heads, x.stride(0),
-                                           x.stride(1), cos.stride(0), eps, HALF=half)
+                                           x.stride(1), cos.stride(0), eps, HALF=half,
+                                           **launch(x.device))
     return out
 
 
@@ -84,5 +88,6 @@ def qk_norm_rope_pair(
     if n:
         _qk_pair_kernel[(n * (heads + kv_heads),)](
             q, k, q_weight, k_weight, cos, sin, q_out, k_out, heads, kv_heads, q.stride(0),
-            q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps, HALF=half)
+            q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps, HALF=half,
+            **launch(q.device))
     return q_out, k_out

@@ -10,13 +10,15 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.pdl import enter, launch
 
 _INV_FREQ: dict[tuple, torch.Tensor] = {}
 
 
 @triton.jit
 def _rope_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF: tl.constexpr,
-                 BLOCK_N: tl.constexpr, LIBDEVICE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HALF)
     pos = tl.load(pos_ptr + rn, mask=rn < N, other=0).to(tl.float32)
@@ -52,5 +54,5 @@ def rope_cos_sin(
     block = 16
     _rope_kernel[(triton.cdiv(n, block),)](
         positions, inv_freq(head_dim, theta, scaling, positions.device), cos, sin, n,
-        HALF=half, BLOCK_N=block, LIBDEVICE=positions.is_cuda)
+        HALF=half, BLOCK_N=block, LIBDEVICE=positions.is_cuda, **launch(positions.device))
     return cos, sin
