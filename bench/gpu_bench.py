@@ -240,7 +240,7 @@ def gemv_bandwidth(cfg) -> list[dict]:
     see ops/triton/linear.py) vs cuBLAS alone, both timed in CUDA graphs, weights rotated past
     L2; and every Triton candidate config checked against float64 on the first matrix."""
     from muser.ops.triton.gemv import NormEpilogue, candidates, gemv
-    from muser.ops.triton.linear import _CHOICE, _cublas, _graph_ms
+    from muser.ops.triton.linear import _CHOICE, _cublas, _graph_ms, _key
 
     out = []
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
@@ -260,7 +260,7 @@ def gemv_bandwidth(cfg) -> list[dict]:
         t_ours = _graph_ms(ours, ws)
         epi_args = (epi == "geglu", norm if epi == "norm" else None)
         t_cublas = _graph_ms(lambda w: _cublas(x, w, *epi_args), ws)
-        choice = _CHOICE[(1, m, k, epi, BF16, x.dtype)]
+        choice = _CHOICE[_key(x, ws[0], epi)]
         row = {"matrix": name, "shape": [m, k], "chosen": "cublas" if choice is None else
                str(choice), "chosen_GBps": nbytes / t_ours / 1e6,
                "cublas_GBps": nbytes / t_cublas / 1e6}

@@ -82,12 +82,16 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
         return _cublas(x, weight, geglu_out, norm)
     if not x.is_cuda:  # the interpreter: one small config, nothing to time
         return gemv(x, weight, geglu=geglu_out, norm=norm)
-    epilogue = "geglu" if geglu_out else "norm" if norm is not None else ""
-    key = (x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype,
-           pdl.enabled(x.device), pdl.prefetch_enabled())
+    key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
     if key not in _CHOICE:
         _CHOICE[key], _TIMED[key] = _pick(x, weight, geglu_out, norm)
     return _run(x, weight, _CHOICE[key], geglu_out, norm)
+
+
+def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
+    """A decode shape's key in the choices: rows, M, K, epilogue, dtypes, launch mode."""
+    return (x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype,
+            pdl.enabled(x.device), pdl.prefetch_enabled())
 
 
 def _pick(
