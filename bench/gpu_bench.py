@@ -18,6 +18,7 @@ import platform
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from muser.attention.tiles import classify_tiles  # noqa: E402
 from muser.config import EngineConfig  # noqa: E402
 from muser.graph.weights import random_weights  # noqa: E402
 from muser.ops import ref  # noqa: E402
-from muser.ops.triton import alloc, pdl  # noqa: E402
+from muser.ops.triton import alloc, launch, pdl  # noqa: E402
 from muser.presets import preset  # noqa: E402
 from muser.runner import Runner  # noqa: E402
 
@@ -468,13 +469,33 @@ def prefill_flops(cfg, t: int) -> float:
 
 
 def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
-                profile_prefill: bool = False) -> dict:
+                profile_prefill: bool = False, launch_ab: bool = False) -> tuple[dict, Runner]:
     runner, startup = make_runner(cfg, weights, max(lengths) + decode_steps + 64)
-    out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s, "prefill_s": {}}
+    out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s,
+           "prefill_s": prefill_times(runner, ids, lengths)}
     say(f"  muser startup {startup:.1f} s (graph capture {runner.graphs.capture_s:.1f} s)")
+    if launch_ab:  # the same prefill through Triton's own launch path
+        launch.set_direct(False)
+        say("  through triton's JIT launch path:")
+        out["prefill_s_jit_launch"] = prefill_times(runner, ids, lengths)
+        launch.set_direct(True)
+    if profile_prefill:
+        out["prefill_host_profile"] = host_profile(runner, ids[:512])
+    out |= decode_step(runner, ids, decode_steps)
+    if launch_ab:
+        out["pdl_ab"] = pdl_ab(cfg, weights, ids, decode_steps)
+    from muser.ops.triton.linear import decode_choices
+
+    out["decode_projection_paths"] = decode_choices()
+    return out, runner
+
+
+def prefill_times(runner: Runner, ids: list[int], lengths) -> dict[int, float]:
+    """Median seconds of a fresh sequence's prefill of each length, one chunk."""
+    out = {}
     for t in lengths:
         times = []
-        for rep in range(4):
+        for _ in range(4):
             seq = runner.allocate()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -482,18 +503,21 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             runner.free(seq)
-        out["prefill_s"][t] = statistics.median(times[1:])
-        say(f"  muser prefill {t}: {out['prefill_s'][t] * 1e3:.1f} ms "
-            f"({t / out['prefill_s'][t]:.0f} tok/s)")
-    if profile_prefill:
-        out["prefill_host_profile"] = host_profile(runner, ids[:512])
-    out |= decode_step(runner, ids, decode_steps)
-    from muser.ops.triton.linear import decode_choices
+        out[t] = statistics.median(times[1:])
+        say(f"  muser prefill {t}: {out[t] * 1e3:.1f} ms ({t / out[t]:.0f} tok/s)")
+    return out
 
-    out["decode_projection_paths"] = decode_choices()
-    out["decode_kernel_us"] = _profile(runner.graphs.graphs[1].replay)
-    del runner
-    torch.cuda.empty_cache()
+
+def kernel_profiles(runner: Runner, ids: list[int], prefill: bool) -> dict:
+    """GPU time per kernel of one decode step and (optionally) one 512-token prefill. Runs
+    after every timing of the process: once attached, CUPTI slows each later launch."""
+    say("  decode step kernels:")
+    out = {"decode_kernel_us": _profile(runner.graphs.graphs[1].replay)}
+    if prefill:
+        seq = runner.allocate()
+        say("  prefill 512 kernels:")
+        out["prefill_kernel_us"] = _profile(partial(runner.forward, [seq], [ids[:512]]))
+        runner.free(seq)
     return out
 
 
@@ -580,8 +604,8 @@ def _profile(fn) -> dict:
                 rows[e.key[:60]] = (round(us, 1), e.count)
         top = dict(sorted(rows.items(), key=lambda kv: -kv[1][0])[:14])
         total = sum(v[0] for v in rows.values())
-        say(f"  decode step kernels: {sum(v[1] for v in rows.values())} launches, "
-            f"{total:.0f} us of kernel time")
+        say(f"  {sum(v[1] for v in rows.values())} launches, {total:.0f} us of kernel time "
+            "(with programmatic dependent launch a kernel's time includes its wait)")
         for k, (us, count) in top.items():
             say(f"    {us:9.1f} us  x{count:<4} {k}")
         return {"total_us": total, "top": top}
@@ -679,6 +703,8 @@ def cells_for(name, cfg, weights, ceil, ours, hf, lengths) -> list[dict]:
             "vs_transformers_baseline": "torch.compile" if compiled_s else "eager (sdpa)",
             "vs_transformers_eager": hf_s / s,
             "transformers_compiled_source": hf.get("compiled_prefill_source"),
+            "ms_through_triton_jit_launch": ours.get("prefill_s_jit_launch", {}).get(t, 0) * 1e3
+            or None,
             "dtype": "bfloat16", "batch": 1, "shape": shape,
         })
     for c in cells:
@@ -739,6 +765,9 @@ def main() -> int:
     ap.add_argument("--pdl-ab", default="gemma3-1b",
                     help="models whose decode step is also measured with programmatic "
                     "dependent launch off, and on without the weight prefetch ('' for none)")
+    ap.add_argument("--measure-compiled", default="",
+                    help="models whose transformers compiled prefill is measured in this run "
+                    "even when --hf-compiled holds a figure")
     ap.add_argument("--profile-prefill", default="gemma3-1b",
                     help="models whose 512-token prefill forward is profiled on the host")
     ap.add_argument("--hf-static-compile-ms", default="gemma3-1b=4.21,gemma3-27b=24.45",
@@ -775,31 +804,27 @@ def main() -> int:
         result["correctness_gemma3_1b"] = correctness_1b(torch.Generator().manual_seed(0))
         save()
     result["cells"] = []
+    runners = []
     for name in models:
         say(f"benchmark {name}:")
         cfg = preset(name)
         weights = random_weights(cfg, BF16, DEV, seed=0)
         ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
                             generator=torch.Generator().manual_seed(1)).tolist()
-        ours = bench_muser(cfg, weights, ids, lengths, args.decode_steps,
-                           name in args.profile_prefill.split(","))
-        if name in args.pdl_ab.split(","):
-            ours["pdl_ab"] = pdl_ab(cfg, weights, ids, args.decode_steps)
         hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps)
-        result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
-        save()
         if name in reused:
             hf["decode_static_compile_s"] = reused[name] / 1e3
             hf["decode_static_compile_source"] = REUSED_NOTE
         earlier = compiled.setdefault("models", {}).setdefault(name, {})
         if "decode" in earlier:
             hf["decode_own_attempt_ms"] = earlier["decode"]["decode_s"] * 1e3
-        if "prefill_s" not in earlier:
+        if "prefill_s" not in earlier or name in args.measure_compiled.split(","):
             model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
             earlier["prefill_s"] = compiled_prefill(model, ids, lengths, say)
             earlier["prefill_date"] = time.strftime("%Y-%m-%d")
             del model
             torch._dynamo.reset()
+            torch.cuda.empty_cache()
             (out_dir / "hf_compiled.json").write_text(json.dumps(compiled, indent=1))
             hf["compiled_prefill_source"] = "measured in this run"
         else:
@@ -807,10 +832,19 @@ def main() -> int:
                 f"reused from {args.hf_compiled} (measured in an earlier run on this H200 kind, "
                 f"{earlier.get('prefill_date', 'date not recorded')})")
         hf["compiled_prefill_s"] = {int(t): v for t, v in earlier["prefill_s"].items()}
+        ours, runner = bench_muser(cfg, weights, ids, lengths, args.decode_steps,
+                                   name in args.profile_prefill.split(","),
+                                   name in args.pdl_ab.split(","))
+        runners.append((name, runner, ids))
+        result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
         result["cells"] += cells_for(name, cfg, weights, ceil, ours, hf, lengths)
         del weights
-        torch.cuda.empty_cache()
         save()
+    for name, runner, ids in runners:  # NOTE: after every timing (see kernel_profiles)
+        say(f"kernel profiles {name}:")
+        result["raw"][name]["muser"] |= kernel_profiles(
+            runner, ids, name in args.profile_prefill.split(","))
+    save()
     plot(result["cells"], out_dir / "gpu_bench.png")
     save()
     say("done")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.attention.decode_meta import DecodeLayout
+from muser.attention.decode_meta import AheadPacker, DecodeLayout
 from muser.attention.plan import SeqInput, StepPlan
 from muser.config import ModelConfig
 from muser.graph.decoder import Decoder
@@ -50,6 +50,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_s = 0.0
         self._replayed = torch.cuda.Event()
+        self.packer = AheadPacker(layout)
 
     def _forward(self, bs: int) -> torch.Tensor:
         layout, meta = self.buf.layout, self.buf.meta
@@ -82,7 +83,7 @@ class DecodeGraphs:
         return self.capture_s
 
     def _pack(self, seqs: list[SeqInput], token_ids: list[int]) -> list[RingState]:
-        return self.buf.layout.pack(self.buf.host, self.cfg, seqs, token_ids)
+        return self.packer.pack(self.buf.host, self.cfg, seqs, token_ids)
 
     def replay(self, seqs: list[SeqInput],
                token_ids: list[int]) -> tuple[torch.Tensor, list[RingState]]:
@@ -93,4 +94,6 @@ class DecodeGraphs:
         rings = self._pack(seqs, token_ids)
         self.graphs[bs].replay()
         self._replayed.record()
-        return self.buf.logits[bs][:len(seqs)].clone(), rings
+        logits = self.buf.logits[bs][:len(seqs)].clone()
+        self.packer.pack_ahead(self.cfg, seqs, rings)  # NOTE: while the GPU runs this step
+        return logits, rings

@@ -83,7 +83,6 @@ class Runner:
                 seq.ring = ring
             return logits if logit_rows is None else logits[logit_rows]
         plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile)
-        plan = prepare_plan(plan, self.cfg, inputs, flat, self.engine.page_size, self.device)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
         last_rows = torch.cumsum(lengths, 0) - 1
@@ -91,10 +90,10 @@ class Runner:
             rows = torch.tensor(logit_rows, dtype=torch.long)
         else:
             rows = torch.arange(len(flat)) if all_logits else last_rows
-        logits = self.model.forward(
-            torch.tensor(flat, device=self.device), torch.tensor(positions, device=self.device),
-            plan, rows.to(self.device),
-        )
+        plan, (ids, pos, rows) = prepare_plan(
+            plan, self.cfg, inputs, flat, self.engine.page_size, self.device,
+            [torch.tensor(flat), torch.tensor(positions), rows])
+        logits = self.model.forward(ids, pos, plan, rows)
         for seq, ids, ring in zip(seqs, token_ids, plan.next_rings):
             seq.num_cached += len(ids)
             seq.ring = ring

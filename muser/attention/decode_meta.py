@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.attention.plan import SeqInput, SeqPlan, StepPlan
+from muser.attention.plan import SeqInput, StepPlan
 from muser.attention.tiles import classify_tiles
 from muser.config import ModelConfig
 from muser.kvcache.ring import RingState
@@ -60,7 +60,7 @@ class DecodeLayout:
             self.fields[name] = (offset, shape)
             offset += math.prod(shape)
         self.size = offset
-        self._views: tuple[torch.Tensor, dict] | None = None  # the last packed buffer's views
+        self._views: dict[int, tuple[torch.Tensor, dict]] = {}  # per packed buffer (<= 2)
 
     def view(self, buf: torch.Tensor, name: str, rows: int | None = None) -> torch.Tensor:
         offset, shape = self.fields[name]
@@ -106,12 +106,53 @@ class DecodeLayout:
         return [ring for ring, _ in rings]
 
     def _numpy_views(self, buf: torch.Tensor) -> dict:
-        if self._views is None or self._views[0] is not buf:
+        cached = self._views.get(id(buf))
+        if cached is None or cached[0] is not buf:
+            if len(self._views) >= 2:
+                self._views.clear()
             a = buf.numpy()
             views = {name: a[o:o + math.prod(shape)].reshape(shape)
                      for name, (o, shape) in self.fields.items()}
-            self._views = (buf, views | {"all": a})
-        return self._views[1]
+            cached = self._views[id(buf)] = (buf, views | {"all": a})
+        return cached[1]
+
+
+class AheadPacker:
+    """Decode packing, done one step ahead: after a step is launched, the next step's metadata
+    is packed into a staging buffer on the guess that every sequence goes on by one row (the
+    usual case), while the GPU runs. The next `pack` then only copies it and writes the token
+    ids, when its sequences are exactly the guessed ones (same slots, positions, rings and
+    pages); otherwise it packs as usual."""
+
+    def __init__(self, layout: DecodeLayout):
+        self.layout = layout
+        self.staged = torch.zeros(layout.size, dtype=torch.int32)
+        self.staged_for: tuple | None = None
+        self.staged_rings: list[RingState] = []
+
+    def pack(self, buf: torch.Tensor, cfg: ModelConfig, seqs: list[SeqInput],
+             token_ids: list[int]) -> list[RingState]:
+        """layout.pack(buf, cfg, seqs, token_ids), from the staged pack when it matches."""
+        if self.staged_for is not None and self.staged_for == _seqs_key(seqs):
+            f = self.layout._numpy_views(buf)
+            f["all"][:] = self.layout._numpy_views(self.staged)["all"]
+            f["input_ids"][:len(token_ids)] = token_ids
+            return self.staged_rings
+        return self.layout.pack(buf, cfg, seqs, token_ids)
+
+    def pack_ahead(self, cfg: ModelConfig, seqs: list[SeqInput], rings: list[RingState]) -> None:
+        """Stage the step after the one just packed for `seqs` (whose rings are then `rings`).
+        A sequence whose next row needs a page it does not hold yet is left to `pack`."""
+        self.staged_for = None
+        if any((s.start + 1) // self.layout.page_size >= len(s.page_ids) for s in seqs):
+            return
+        nxt = [SeqInput(s.slot, s.start + 1, 1, r, s.page_ids) for s, r in zip(seqs, rings)]
+        self.staged_rings = self.layout.pack(self.staged, cfg, nxt, [0] * len(nxt))
+        self.staged_for = _seqs_key(nxt)
+
+
+def _seqs_key(seqs: list[SeqInput]) -> tuple:
+    return tuple((s.slot, s.start, s.num_rows, s.ring, s.page_ids) for s in seqs)
 
 
 def _decode_ring(ring: RingState) -> tuple[RingState, int]:
@@ -121,33 +162,49 @@ def _decode_ring(ring: RingState) -> tuple[RingState, int]:
 
 
 def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_ids: list[int],
-                 page_size: int, device: torch.device) -> StepPlan:
-    """Add batched decode metadata when every sequence brings one row; on CUDA also move
-    each sequence's prefill plan to the device, with its tile classifier and tile ranges."""
+                 page_size: int, device: torch.device,
+                 inputs: list[torch.Tensor] = ()) -> tuple[StepPlan, list[torch.Tensor]]:
+    """Add batched decode metadata when every sequence brings one row; on CUDA also move each
+    sequence's prefill plan to the device, with its tile classifier and tile ranges. `inputs`
+    (host int tensors: the step's ids, positions...) travel with the metadata -> (plan, their
+    device copies)."""
     if seqs and all(s.num_rows == 1 for s in seqs) and all(
             p.route.value == "decode" for p in plan.kinds["sliding"]):
         max_pages = max(len(s.page_ids) for s in seqs)
         layout = DecodeLayout(len(seqs), seqs[0].ring.capacity, page_size, max_pages)
         host = torch.empty(layout.size, dtype=torch.int32)
         layout.pack(host, cfg, seqs, token_ids)
-        plan.decode = layout.metas(host.to(device), len(seqs))
-        return plan
+        meta, *inputs = upload([host, *inputs], device)
+        plan.decode = layout.metas(meta, len(seqs))
+        return plan, inputs
     if torch.device(device).type != "cuda":
-        return plan
+        return plan, upload(inputs, device)
     from muser.ops.triton.prefill_attention import classifier_ranges
 
-    tile = plan.tile
+    tile, host = plan.tile, list(inputs)
     for kind, plans in plan.kinds.items():
         window = cfg.sliding_window if kind == "sliding" else None
-        for i, p in enumerate(plans):
+        for p in plans:
             num_q = p.rows.stop - p.rows.start
             num_k = len(p.read_rows) + (num_q if p.staging else 0)
             tiles = p.tiles if p.tiles is not None else classify_tiles(
                 p.q_start, num_q, p.k_start, num_k, window, tile, tile)
-            tiles = tiles.to(device)
+            host += [p.read_rows, p.write_src, p.write_dst, tiles, classifier_ranges(tiles)]
+    moved = iter(upload(host, device))
+    inputs = [next(moved) for _ in inputs]
+    for plans in plan.kinds.values():
+        for i, p in enumerate(plans):
             plans[i] = dataclasses.replace(
-                p, read_rows=p.read_rows.to(device), write_src=p.write_src.to(device),
-                write_dst=p.write_dst.to(device), tiles=tiles,
-                tile_ranges=classifier_ranges(tiles),
-            )
-    return plan
+                p, read_rows=next(moved), write_src=next(moved), write_dst=next(moved),
+                tiles=next(moved), tile_ranges=next(moved))
+    return plan, inputs
+
+
+def upload(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Host integer tensors -> int32 device tensors of the same shapes, in one copy (each copy
+    costs a driver call; a prefill step's metadata is ~a dozen small tensors)."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.reshape(-1).to(torch.int32) for t in tensors]).to(device)
+    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]),
+                                                   tensors)]

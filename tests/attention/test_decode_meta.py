@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from muser.attention.decode_meta import DecodeLayout
+from muser.attention.decode_meta import AheadPacker, DecodeLayout
 from muser.attention.plan import SeqInput
 from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.kvcache.ring import RingState
@@ -37,3 +37,29 @@ def test_pack_writes_each_row_where_its_ring_and_pages_put_it():
     assert layout.view(buf, "global.lens")[2:].tolist() == [0, 0]
     assert layout.pack(buf, CFG, [], []) == []
     assert (layout.view(buf, "global.write_dst") == -1).all()
+
+
+def test_packing_ahead_equals_packing_each_step():
+    """Steps packed one ahead (the guess: every sequence goes on) give the buffer a fresh pack
+    gives, including across a ring wrap; a changed batch or a new page falls back to packing."""
+    cap, page = 8, 4
+    layout = DecodeLayout(4, cap, page, max_pages=4)
+    packer = AheadPacker(layout)
+    seqs = [SeqInput(1, 6, 1, RingState(cap).append(6)[0], (5, 2)),
+            SeqInput(0, 2, 1, RingState(cap).append(2)[0], (4,))]
+    ahead, fresh = (torch.empty(layout.size, dtype=torch.int32) for _ in range(2))
+    staged_steps = 0
+    for step in range(6):
+        ids = [100 + step, 200 + step]
+        staged_steps += packer.staged_for is not None
+        rings = packer.pack(ahead, CFG, seqs, ids)
+        assert rings == layout.pack(fresh, CFG, seqs, ids)
+        assert torch.equal(ahead, fresh), step
+        packer.pack_ahead(CFG, seqs, rings)
+        pages = [s.page_ids + (9 + b,) * ((s.start + 1) // page >= len(s.page_ids))
+                 for b, s in enumerate(seqs)]  # the runner's page for a row past the last
+        seqs = [SeqInput(s.slot, s.start + 1, 1, r, p) for s, r, p in zip(seqs, rings, pages)]
+    assert 0 < staged_steps < 6  # some steps were staged, the page-crossing ones were not
+    seqs = seqs[:1]  # the batch changed: no staged pack applies
+    rings = packer.pack(ahead, CFG, seqs, [7])
+    assert rings == layout.pack(fresh, CFG, seqs, [7]) and torch.equal(ahead, fresh)

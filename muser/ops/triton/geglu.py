@@ -7,9 +7,9 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.pdl import enter, launch
-
 from muser.ops.triton.gemv import gelu_tanh
+from muser.ops.triton.launch import cdiv, launch
+from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
@@ -34,6 +34,6 @@ def geglu(gate_up: torch.Tensor) -> torch.Tensor:
     dtype = gate_up.dtype if gate_up.element_size() == 2 else torch.float32
     out = empty((n, i), dtype, gate_up.device)
     block = 1024
-    _geglu_kernel[(n, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), out.stride(0),
-                                              BLOCK=block, **launch(gate_up.device))
+    launch(_geglu_kernel, (n, cdiv(i, block)), gate_up, out, i, gate_up.stride(0),
+           out.stride(0), BLOCK=block, **options(gate_up.device))
     return out

@@ -27,7 +27,8 @@ import triton.language as tl
 
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import arrive, counters
-from muser.ops.triton.pdl import enter, launch, prefetch_enabled, prefetch_rows
+from muser.ops.triton.launch import cdiv, launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options, prefetch_enabled, prefetch_rows
 
 MAX_ROWS = 8
 
@@ -245,9 +246,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
     assert not (geglu and norm) and (not geglu or m % 2 == 0)
     c = config
-    k_per_split = triton.cdiv(triton.cdiv(k, c.split_k), c.block_k) * c.block_k
-    splits = triton.cdiv(k, k_per_split)
-    blocks = triton.cdiv(m, c.block_m)
+    k_per_split = cdiv(cdiv(k, c.split_k), c.block_k) * c.block_k
+    splits = cdiv(k, k_per_split)
+    blocks = cdiv(m, c.block_m)
     dev = x.device
     res = post = nxt = res_out = None
     if norm is not None:
@@ -261,16 +262,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     cnt = counters(dev, needed) if needed else out
     part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
-    block_n = 16 if c.kind == "dot" else max(1, triton.next_power_of_2(n))
-    pdl = launch(dev)
+    block_n = 16 if c.kind == "dot" else max(1, next_power_of_2(n))
+    pdl = options(dev)
     prefetch_k = _prefetch_k(weight, blocks * splits, c.block_m, k_per_split) if pdl["PDL"] else 0
-    kernel[(blocks, splits)](
-        x, weight, out, part, cnt, res if res is not None else out,
+    launch(
+        kernel, (blocks, splits), x, weight, out, part, cnt, res if res is not None else out,
         post if post is not None else out, nxt if nxt is not None else out,
         res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
         res.stride(0) if res is not None else 0, k_per_split, prefetch_k,
         norm.eps if norm is not None else 0.0, GEGLU=geglu, NORM=norm is not None,
-        NORM_BLOCK=min(triton.next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m,
+        NORM_BLOCK=min(next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m,
         BLOCK_K=c.block_k, SPLIT_K=splits, PREFETCH=prefetch_k > 0,
         num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
     return (res_out, out) if norm is not None else out
@@ -303,12 +304,12 @@ def candidates(n: int, m: int, k: int) -> list[GemvConfig]:
                                 ("fma", 4, 1024, 4), ("dot", 64, 256, 4), ("dot", 128, 128, 4)]:
         if kind == "fma" and n > 2 and bm * bk > 4096:
             bm = max(2, 4096 // bk)
-        programs = triton.cdiv(m, bm)
+        programs = cdiv(m, bm)
         splits = [1]
         if programs < 1024:  # too few programs to hide memory latency: also split K
             most = min(max(1, k // bk), 16)
             splits += [min(s, most) for s in (2, 4, 8)]
-            splits.append(min(triton.next_power_of_2(triton.cdiv(1024, programs)), most))
+            splits.append(min(next_power_of_2(cdiv(1024, programs)), most))
         for split in sorted(set(splits)):
             out.append(GemvConfig(kind, bm, bk, split, warps, 4 if kind == "dot" else 3))
     return out

@@ -26,6 +26,7 @@ from muser.ops.triton.norm import add_rms_norm
 _CHOICE: dict[tuple, GemvConfig | None] = {}  # None: cuBLAS
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
 _L2_DEFEAT_BYTES = 192 << 20
+_CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -78,7 +79,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
-    if x.shape[0] > MAX_ROWS or os.environ.get("MUSER_GEMV", "1") == "0":
+    if x.shape[0] > MAX_ROWS or _CUBLAS_ONLY:
         return _cublas(x, weight, geglu_out, norm)
     if not x.is_cuda:  # the interpreter: one small config, nothing to time
         return gemv(x, weight, geglu=geglu_out, norm=norm)

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.pdl import enter, launch
+from muser.ops.triton.launch import launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
@@ -35,12 +36,14 @@ def _launch(residual, x, post, nxt, eps, dtype):
     assert x.stride(-1) == 1 and nxt.shape == (d,)
     out = empty((n, d), dtype, x.device)
     res_out = empty(out.shape, torch.float32, out.device) if residual is not None else out
-    block = triton.next_power_of_2(d)
+    block = next_power_of_2(d)
     warps = 4 if block <= 2048 else 8
-    _add_rms_norm_kernel[(n,)](
-        residual if residual is not None else x, x, post if post is not None else nxt, nxt,
-        res_out, out, d, residual.stride(0) if residual is not None else 0, x.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=warps, **launch(x.device),
+    launch(
+        _add_rms_norm_kernel, (n,), residual if residual is not None else x, x,
+        post if post is not None else nxt, nxt, res_out, out, d,
+        residual.stride(0) if residual is not None else 0, x.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=warps,
+        **options(x.device),
     )
     return res_out, out
 

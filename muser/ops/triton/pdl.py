@@ -5,9 +5,9 @@ A kernel launched this way calls `enter(PDL)` before it reads anything an earlie
 and before it writes anything at all: that waits until the previous grid has completed (and its
 writes are visible), then lets the next kernel launch. By induction a kernel starts only after
 every kernel two or more places before it has completed. What a kernel may do before `enter` is
-work that depends on nothing this step produced: index arithmetic, and in the GEMV an L2
-prefetch of its weight rows (`prefetch_rows`), so the weight stream of one projection starts
-while the previous kernel drains.
+work that depends on nothing this step produced: index arithmetic, and an L2 prefetch
+(`prefetch_rows`) of the GEMV's weight rows or of decode attention's cached K/V rows, so a
+kernel's memory stream starts while the previous kernel drains.
 
 Captured into a CUDA graph, the launches become programmatic edges. MUSER_PDL=0 turns it off.
 """
@@ -48,7 +48,7 @@ def enabled(device: torch.device) -> bool:
     return _CAPABLE[index]
 
 
-def launch(device: torch.device) -> dict:
+def options(device: torch.device) -> dict:
     """The launch keywords of a PDL-aware kernel: its PDL constexpr and Triton's option."""
     return _ON if enabled(device) else _OFF
 

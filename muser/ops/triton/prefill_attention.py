@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.ops.triton.alloc import empty
-
 from muser.attention.tiles import EMPTY, FULL
+from muser.ops.triton.alloc import empty
+from muser.ops.triton.launch import cdiv, launch
 
 
 @triton.jit
@@ -97,14 +97,14 @@ def prefill_attention(
         tiles = classify_tiles(q_start, num_q, k_start, num_k, window, tile, tile)
     tiles = tiles.to(q.device)
     ranges = classifier_ranges(tiles) if tile_ranges is None else tile_ranges
-    assert FULL == 2 and tiles.shape == (triton.cdiv(num_q, tile), triton.cdiv(num_k, tile))
+    assert FULL == 2 and tiles.shape == (cdiv(num_q, tile), cdiv(num_k, tile))
     out = empty((num_q, heads, head_dim), keys.dtype, q.device)
     grid = (tiles.shape[0], heads)
-    _flash_kernel[grid](
-        q, keys, values, out, tiles.contiguous(), ranges, num_q, num_k, q_start, k_start,
-        window or 0, scale * math.log2(math.e), tiles.shape[1], q.stride(0), q.stride(1),
-        keys.stride(0), keys.stride(1), out.stride(0), out.stride(1), G=heads // kv_heads,
-        D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
+    launch(
+        _flash_kernel, grid, q, keys, values, out, tiles.contiguous(), ranges, num_q, num_k,
+        q_start, k_start, window or 0, scale * math.log2(math.e), tiles.shape[1], q.stride(0),
+        q.stride(1), keys.stride(0), keys.stride(1), out.stride(0), out.stride(1),
+        G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
         num_warps=8 if head_dim > 128 else 4, num_stages=2,
     )
     return out

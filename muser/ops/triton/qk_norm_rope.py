@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.pdl import enter, launch
+from muser.ops.triton.launch import launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
@@ -61,14 +62,13 @@ def qk_norm_rope(
     cos/sin: [N, head_dim // 2] f32; weight: [head_dim] f32."""
     n, heads, head_dim = x.shape
     half = head_dim // 2
-    assert x.stride(2) == 1 and half == triton.next_power_of_2(half)
+    assert x.stride(2) == 1 and half == next_power_of_2(half)
     assert cos.shape == (n, half) and cos.is_contiguous() and sin.is_contiguous()
     assert weight.dtype == torch.float32 and cos.dtype == torch.float32
     out = empty((n, heads, head_dim), torch.float32, x.device)
     if n:
-        _qk_norm_rope_kernel[(n * heads,)](x, weight, cos, sin, out, heads, x.stride(0),
-                                           x.stride(1), cos.stride(0), eps, HALF=half,
-                                           **launch(x.device))
+        launch(_qk_norm_rope_kernel, (n * heads,), x, weight, cos, sin, out, heads,
+               x.stride(0), x.stride(1), cos.stride(0), eps, HALF=half, **options(x.device))
     return out
 
 
@@ -81,13 +81,13 @@ def qk_norm_rope_pair(
     kv_heads = k.shape[1]
     half = head_dim // 2
     assert q.stride(2) == 1 and k.stride(2) == 1 and k.shape == (n, kv_heads, head_dim)
-    assert half == triton.next_power_of_2(half) and cos.shape == (n, half)
+    assert half == next_power_of_2(half) and cos.shape == (n, half)
     assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float32
     q_out = empty((n, heads, head_dim), torch.float32, q.device)
     k_out = empty((n, kv_heads, head_dim), torch.float32, q.device)
     if n:
-        _qk_pair_kernel[(n * (heads + kv_heads),)](
+        launch(_qk_pair_kernel, (n * (heads + kv_heads),),
             q, k, q_weight, k_weight, cos, sin, q_out, k_out, heads, kv_heads, q.stride(0),
             q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps, HALF=half,
-            **launch(q.device))
+            **options(q.device))
     return q_out, k_out

@@ -10,7 +10,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.pdl import enter, launch
+from muser.ops.triton.launch import cdiv, launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
 
 _INV_FREQ: dict[tuple, torch.Tensor] = {}
 
@@ -48,11 +49,12 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions: [N] int -> (cos, sin): [N, head_dim // 2] float32 (ref.rope_cos_sin)."""
     n, half = positions.shape[0], head_dim // 2
-    assert positions.stride(0) == 1 and half == triton.next_power_of_2(half)
+    assert positions.stride(0) == 1 and half == next_power_of_2(half)
     cos = empty((n, half), torch.float32, positions.device)
     sin = empty((n, half), torch.float32, positions.device)
     block = 16
-    _rope_kernel[(triton.cdiv(n, block),)](
-        positions, inv_freq(head_dim, theta, scaling, positions.device), cos, sin, n,
-        HALF=half, BLOCK_N=block, LIBDEVICE=positions.is_cuda, **launch(positions.device))
+    launch(
+        _rope_kernel, (cdiv(n, block),), positions,
+        inv_freq(head_dim, theta, scaling, positions.device), cos, sin, n, HALF=half,
+        BLOCK_N=block, LIBDEVICE=positions.is_cuda, **options(positions.device))
     return cos, sin

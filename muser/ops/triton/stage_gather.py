@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.launch import launch, next_power_of_2
 
 
 @triton.jit
@@ -46,7 +47,7 @@ def stage_gather(
     v_out = empty(shape, v_rows.dtype, v_rows.device)
     row = k_rows.shape[1] * k_rows.shape[2]
     if shape[0]:
-        _stage_gather_kernel[(shape[0],)](k_rows, v_rows, read_rows, k_new, v_new, k_out, v_out,
-                                          num_read, k_new.stride(0), v_new.stride(0), ROW=row,
-                                          BLOCK=triton.next_power_of_2(row))
+        launch(_stage_gather_kernel, (shape[0],), k_rows, v_rows, read_rows, k_new, v_new,
+               k_out, v_out, num_read, k_new.stride(0), v_new.stride(0), ROW=row,
+               BLOCK=next_power_of_2(row))
     return k_out, v_out

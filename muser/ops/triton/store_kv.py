@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.ops.triton.launch import launch, next_power_of_2
+
 
 @triton.jit
 def _store_kv_kernel(k_new, v_new, k_rows, v_rows, src_ptr, dst_ptr, stride_k, stride_v,
@@ -35,6 +37,5 @@ def store_kv(
     assert _rows_view_ok(k_new) and _rows_view_ok(v_new) and src.shape == dst.shape
     row = k_rows.shape[1] * k_rows.shape[2]
     if dst.numel():
-        _store_kv_kernel[(dst.numel(),)](k_new, v_new, k_rows, v_rows, src, dst,
-                                         k_new.stride(0), v_new.stride(0), ROW=row,
-                                         BLOCK=triton.next_power_of_2(row))
+        launch(_store_kv_kernel, (dst.numel(),), k_new, v_new, k_rows, v_rows, src, dst,
+               k_new.stride(0), v_new.stride(0), ROW=row, BLOCK=next_power_of_2(row))
