@@ -471,14 +471,13 @@ def prefill_flops(cfg, t: int) -> float:
 def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
                 profile_prefill: bool = False, launch_ab: bool = False) -> tuple[dict, Runner]:
     runner, startup = make_runner(cfg, weights, max(lengths) + decode_steps + 64)
-    out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s,
-           "prefill_s": prefill_times(runner, ids, lengths)}
     say(f"  muser startup {startup:.1f} s (graph capture {runner.graphs.capture_s:.1f} s)")
-    if launch_ab:  # the same prefill through Triton's own launch path
-        launch.set_direct(False)
-        say("  through triton's JIT launch path:")
-        out["prefill_s_jit_launch"] = prefill_times(runner, ids, lengths)
-        launch.set_direct(True)
+    # With launch_ab, each prefill rep also runs through Triton's own launch path, interleaved.
+    times = prefill_times(runner, ids, lengths, (True, False) if launch_ab else (True,))
+    out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s,
+           "prefill_s": times[True]}
+    if launch_ab:
+        out["prefill_s_jit_launch"] = times[False]
     if profile_prefill:
         out["prefill_host_profile"] = host_profile(runner, ids[:512])
     out |= decode_step(runner, ids, decode_steps)
@@ -490,21 +489,29 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
     return out, runner
 
 
-def prefill_times(runner: Runner, ids: list[int], lengths) -> dict[int, float]:
-    """Median seconds of a fresh sequence's prefill of each length, one chunk."""
-    out = {}
+def prefill_times(runner: Runner, ids: list[int], lengths,
+                  direct: tuple[bool, ...] = (True,)) -> dict[bool, dict[int, float]]:
+    """Median seconds of a fresh sequence's one-chunk prefill of each length, per launch path
+    (direct launches, or Triton's JIT entry point), the paths interleaved rep by rep."""
+    out = {d: {} for d in direct}
     for t in lengths:
-        times = []
-        for _ in range(4):
-            seq = runner.allocate()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            runner.forward([seq], [ids[:t]])
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            runner.free(seq)
-        out[t] = statistics.median(times[1:])
-        say(f"  muser prefill {t}: {out[t] * 1e3:.1f} ms ({t / out[t]:.0f} tok/s)")
+        times = {d: [] for d in direct}
+        for _ in range(5):
+            for d in direct:
+                launch.set_direct(d)
+                seq = runner.allocate()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                runner.forward([seq], [ids[:t]])
+                torch.cuda.synchronize()
+                times[d].append(time.perf_counter() - t0)
+                runner.free(seq)
+        launch.set_direct(True)
+        for d in direct:
+            out[d][t] = statistics.median(times[d][1:])
+        say(f"  muser prefill {t}: {out[True][t] * 1e3:.1f} ms ({t / out[True][t]:.0f} tok/s)"
+            + (f"; through triton's JIT launch path {out[False][t] * 1e3:.1f} ms"
+               if False in out else ""))
     return out
 
 
@@ -542,17 +549,19 @@ def decode_step(runner: Runner, ids: list[int], steps: int) -> dict:
 
 
 def pdl_ab(cfg, weights, ids: list[int], steps: int) -> dict:
-    """The decode step with programmatic dependent launch off, and on without the GEMV's weight
-    prefetch (the benchmark cells run with both on), in the same run."""
+    """The decode step with programmatic dependent launch off, on without prefetch, and on
+    prefetching only the GEMV weights (the benchmark cells prefetch weights and KV rows), in
+    the same run and with the same GEMV configs."""
     out = {}
-    for name, on, prefetch in [("off", False, False), ("on, no prefetch", True, False)]:
+    for name, on, prefetch in [("off", False, ()), ("on, no prefetch", True, ()),
+                               ("on, weights prefetch", True, ("weights",))]:
         pdl.set_enabled(on, prefetch)
         say(f"  programmatic dependent launch {name}:")
         runner, startup = make_runner(cfg, weights, 2048 + steps + 64)
         out[name] = decode_step(runner, ids, steps) | {"startup_s": startup}
         del runner
         torch.cuda.empty_cache()
-    pdl.set_enabled(True, True)
+    pdl.set_enabled(True)
     return out
 
 
@@ -681,9 +690,9 @@ def cells_for(name, cfg, weights, ceil, ours, hf, lengths) -> list[dict]:
             "transformers_static_compile_own_attempt_ms": hf.get("decode_own_attempt_ms"),
             "dtype": "bfloat16", "batch": 1, "context": 2048, "shape": shape}
     if "pdl_ab" in ours:  # the same step with programmatic dependent launch off / no prefetch
-        cell["pdl_ab_ms"] = {"on, prefetch": ours["decode_s"] * 1e3} | {
+        cell["pdl_ab_ms"] = {"on, weights + kv prefetch": ours["decode_s"] * 1e3} | {
             k: v["decode_s"] * 1e3 for k, v in ours["pdl_ab"].items()}
-        cell["pdl_ab_replay_ms"] = {"on, prefetch": ours["decode_replay_s"] * 1e3} | {
+        cell["pdl_ab_replay_ms"] = {"on, weights + kv prefetch": ours["decode_replay_s"] * 1e3} | {
             k: v["decode_replay_s"] * 1e3 for k, v in ours["pdl_ab"].items()}
         say(f"  decode step ms by launch mode: {cell['pdl_ab_ms']}")
     cells.append(cell)
@@ -762,6 +771,8 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--skip-sweeps", action="store_true",
+                    help="with the kernel checks, skip the GEMV bandwidth and attention sweeps")
     ap.add_argument("--pdl-ab", default="gemma3-1b",
                     help="models whose decode step is also measured with programmatic "
                     "dependent launch off, and on without the weight prefetch ('' for none)")
@@ -797,8 +808,9 @@ def main() -> int:
             say(f"kernel checks, {name} shapes:")
             cfg = preset(name)
             result["kernel_checks"][name] = check_kernels(cfg, gen)
-            result["gemv_bandwidth"][name] = gemv_bandwidth(cfg)
-            result.setdefault("attention_sweep", {})[name] = attention_sweep(cfg)
+            if not args.skip_sweeps:
+                result["gemv_bandwidth"][name] = gemv_bandwidth(cfg)
+                result.setdefault("attention_sweep", {})[name] = attention_sweep(cfg)
         save()
     if not args.skip_correctness:
         result["correctness_gemma3_1b"] = correctness_1b(torch.Generator().manual_seed(0))
@@ -812,6 +824,9 @@ def main() -> int:
         ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
                             generator=torch.Generator().manual_seed(1)).tolist()
         hf = bench_hf(cfg, weights, ids, lengths, args.decode_steps)
+        ours, runner = bench_muser(cfg, weights, ids, lengths, args.decode_steps,
+                                   name in args.profile_prefill.split(","),
+                                   name in args.pdl_ab.split(","))
         if name in reused:
             hf["decode_static_compile_s"] = reused[name] / 1e3
             hf["decode_static_compile_source"] = REUSED_NOTE
@@ -832,9 +847,6 @@ def main() -> int:
                 f"reused from {args.hf_compiled} (measured in an earlier run on this H200 kind, "
                 f"{earlier.get('prefill_date', 'date not recorded')})")
         hf["compiled_prefill_s"] = {int(t): v for t, v in earlier["prefill_s"].items()}
-        ours, runner = bench_muser(cfg, weights, ids, lengths, args.decode_steps,
-                                   name in args.profile_prefill.split(","),
-                                   name in args.pdl_ab.split(","))
         runners.append((name, runner, ids))
         result.setdefault("raw", {})[name] = {"muser": ours, "transformers": hf}
         result["cells"] += cells_for(name, cfg, weights, ceil, ours, hf, lengths)

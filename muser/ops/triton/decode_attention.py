@@ -156,14 +156,14 @@ def decode_attention(
     out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
     block_g = max(16, next_power_of_2(group))
     pdl = options(q.device)
+    prefetch = pdl["PDL"] and prefetch_enabled("kv") and head_dim * k_rows.element_size() % 16 == 0
     launch(
         _decode_split_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src,
         dst, block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
         k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
         block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g,
         D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=4,
-        PREFETCH=pdl["PDL"] and prefetch_enabled() and (head_dim * k_rows.element_size()) % 16 == 0,
-        **pdl,
+        PREFETCH=prefetch, **pdl,
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
            SPLITS=splits, **options(q.device))

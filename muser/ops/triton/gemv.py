@@ -282,7 +282,7 @@ def _prefetch_k(weight: torch.Tensor, programs: int, block_m: int, k_per_split: 
     at most PREFETCH_L2_BYTES over the programs that can be resident at once (more would evict
     lines before they are read), a multiple of 16 bytes; 0 where rows are not 16-byte aligned."""
     width, k = weight.element_size(), weight.shape[1]
-    if not prefetch_enabled() or weight.data_ptr() % 16 or (k * width) % 16:
+    if not prefetch_enabled("weights") or weight.data_ptr() % 16 or (k * width) % 16:
         return 0
     resident = min(programs, 4 * _sm_count(weight.device))
     per_row = PREFETCH_L2_BYTES // (resident * block_m * width)

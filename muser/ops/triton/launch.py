@@ -63,7 +63,7 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     device = torch._C._cuda_getDevice()
-    key = (kernel, device, *map(_spec, args), *kwargs.items())
+    key = (id(kernel), device, *map(_spec, args), *kwargs.items())  # NOTE: a JIT's hash is slow
     compiled = _KERNELS.get(key)
     if compiled is None:
         params = kernel.params[:len(args)]

@@ -22,21 +22,21 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _ENABLED = os.environ.get("MUSER_PDL", "1") != "0"
-_PREFETCH = True
+_PREFETCH = {"weights", "kv"}
 _CAPABLE: dict[int, bool] = {}
 _OFF = {"PDL": False}
 _ON = {"PDL": True, "launch_pdl": True}
 
 
-def set_enabled(enabled: bool, prefetch: bool = True) -> None:
-    """Turn programmatic dependent launch, and the GEMV's weight prefetch under it, on or off
-    for later launches and graph captures."""
+def set_enabled(enabled: bool, prefetch: tuple[str, ...] = ("weights", "kv")) -> None:
+    """Turn programmatic dependent launch on or off for later launches and graph captures,
+    and choose what is prefetched under it: GEMV "weights", decode attention's "kv" rows."""
     global _ENABLED, _PREFETCH
-    _ENABLED, _PREFETCH = enabled, prefetch
+    _ENABLED, _PREFETCH = enabled, set(prefetch)
 
 
-def prefetch_enabled() -> bool:
-    return _PREFETCH
+def prefetch_enabled(what: str) -> bool:
+    return what in _PREFETCH
 
 
 def enabled(device: torch.device) -> bool:
