@@ -23,7 +23,7 @@ import triton.language as tl
 
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
-from muser.ops.triton.pdl import enter, options, prefetch_enabled, prefetch_rows
+from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
@@ -32,10 +32,9 @@ def _decode_split_kernel(
     origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn,
     stride_t, num_blocks, block_size, scale_log2, KVH: tl.constexpr, G: tl.constexpr,
     BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    NEW: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    NEW: tl.constexpr, PDL: tl.constexpr,
 ):
-    # NOTE: the metadata was uploaded before the step's first kernel, and the cache rows this
-    # split reads were written by earlier steps: both are safe to read before `enter`.
+    enter(PDL)
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = tl.load(starts_ptr + b)
     length = tl.load(lens_ptr + b)
@@ -43,18 +42,6 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(tl.maximum(length - start, 0), SPLITS), BLOCK_N) * BLOCK_N
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, length)
-    wrap = block_size * num_blocks
-    if PREFETCH:  # this split's K and V rows into L2 while the previous kernel finishes
-        for i0 in range(lo, hi, BLOCK_N):
-            i = tl.minimum(i0 + tl.arange(0, BLOCK_N), hi - 1)
-            j = (origin + i) % wrap
-            blk = tl.load(table_ptr + b * stride_t + j // block_size)
-            at = (blk.to(tl.int64) * block_size + j % block_size) * KVH + kvh
-            nbytes = tl.full((BLOCK_N,), D * (k_ptr.dtype.element_ty.primitive_bitwidth // 8),
-                             tl.int32)
-            prefetch_rows(k_ptr + at * D, nbytes)
-            prefetch_rows(v_ptr + at * D, nbytes)
-    enter(PDL)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     heads = kvh * G + g
@@ -64,6 +51,7 @@ def _decode_split_kernel(
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
+    wrap = block_size * num_blocks
     if NEW:  # the step's new row: stored by split 0, read by every split from the input
         src = tl.load(src_ptr + b).to(tl.int64)
         dst = tl.load(dst_ptr + b).to(tl.int64)
@@ -155,15 +143,13 @@ def decode_attention(
     mid_ml = empty((batch, heads, splits, 2), torch.float32, q.device)
     out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
     block_g = max(16, next_power_of_2(group))
-    pdl = options(q.device)
-    prefetch = pdl["PDL"] and prefetch_enabled("kv") and head_dim * k_rows.element_size() % 16 == 0
     launch(
         _decode_split_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src,
         dst, block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
         k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
         block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g,
         D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=4,
-        PREFETCH=prefetch, **pdl,
+        **options(q.device),
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
            SPLITS=splits, **options(q.device))

@@ -28,7 +28,7 @@ import triton.language as tl
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import arrive, counters
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
-from muser.ops.triton.pdl import enter, options, prefetch_enabled, prefetch_rows
+from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 
@@ -145,24 +145,11 @@ def _finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, re
 
 
 @triton.jit
-def _start(w_ptr, rows, valid, K, k_lo, k_hi, prefetch_k, PDL: tl.constexpr,
-           PREFETCH: tl.constexpr):
-    """Before waiting on the previous kernel (pdl): start streaming the first `prefetch_k`
-    weights of each of this program's rows into L2; the weights depend on nothing this step."""
-    if PREFETCH:
-        width = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        nbytes = tl.minimum(prefetch_k, k_hi - k_lo) * width
-        at = w_ptr + tl.where(valid, rows, 0).to(tl.int64) * K + k_lo
-        prefetch_rows(at, tl.full(rows.shape, nbytes, tl.int32))
-    enter(PDL)
-
-
-@triton.jit
 def _gemv_fma_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-    K, stride_xn, stride_on, stride_rn, k_per_split, prefetch_k, eps, GEGLU: tl.constexpr,
+    K, stride_xn, stride_on, stride_rn, k_per_split, eps, GEGLU: tl.constexpr,
     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     rows, valid = _weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -170,7 +157,7 @@ def _gemv_fma_kernel(
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_dtype = w_ptr.dtype.element_ty
-    _start(w_ptr, rows, valid, K, k_lo, k_hi, prefetch_k, PDL, PREFETCH)
+    enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
@@ -187,9 +174,9 @@ def _gemv_fma_kernel(
 @triton.jit
 def _gemv_dot_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-    K, stride_xn, stride_on, stride_rn, k_per_split, prefetch_k, eps, GEGLU: tl.constexpr,
+    K, stride_xn, stride_on, stride_rn, k_per_split, eps, GEGLU: tl.constexpr,
     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     rows, valid = _weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -197,7 +184,7 @@ def _gemv_dot_kernel(
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_dtype = w_ptr.dtype.element_ty
-    _start(w_ptr, rows, valid, K, k_lo, k_hi, prefetch_k, PDL, PREFETCH)
+    enter(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
@@ -233,8 +220,6 @@ class NormEpilogue:
 
 
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
-PREFETCH_L2_BYTES = 16 << 20
-_SMS: dict[int, int] = {}
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
@@ -263,37 +248,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
     block_n = 16 if c.kind == "dot" else max(1, next_power_of_2(n))
-    pdl = options(dev)
-    prefetch_k = _prefetch_k(weight, blocks * splits, c.block_m, k_per_split) if pdl["PDL"] else 0
     launch(
         kernel, (blocks, splits), x, weight, out, part, cnt, res if res is not None else out,
         post if post is not None else out, nxt if nxt is not None else out,
         res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
-        res.stride(0) if res is not None else 0, k_per_split, prefetch_k,
+        res.stride(0) if res is not None else 0, k_per_split,
         norm.eps if norm is not None else 0.0, GEGLU=geglu, NORM=norm is not None,
         NORM_BLOCK=min(next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m,
-        BLOCK_K=c.block_k, SPLIT_K=splits, PREFETCH=prefetch_k > 0,
-        num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+        BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
+        **options(dev))
     return (res_out, out) if norm is not None else out
-
-
-def _prefetch_k(weight: torch.Tensor, programs: int, block_m: int, k_per_split: int) -> int:
-    """Weights per row each program prefetches into L2 before waiting on the previous kernel:
-    at most PREFETCH_L2_BYTES over the programs that can be resident at once (more would evict
-    lines before they are read), a multiple of 16 bytes; 0 where rows are not 16-byte aligned."""
-    width, k = weight.element_size(), weight.shape[1]
-    if not prefetch_enabled("weights") or weight.data_ptr() % 16 or (k * width) % 16:
-        return 0
-    resident = min(programs, 4 * _sm_count(weight.device))
-    per_row = PREFETCH_L2_BYTES // (resident * block_m * width)
-    return min(k_per_split, per_row // (16 // width) * (16 // width))
-
-
-def _sm_count(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
 
 
 def candidates(n: int, m: int, k: int) -> list[GemvConfig]:

@@ -1,0 +1,75 @@
+"""The Hopper-only path (programmatic dependent launch) compiles for sm_90 on a machine without
+a GPU, with the ptxas Triton ships: the interpreter never runs it, so this is where a PTX error
+in it shows before a device run. Compiled in a fresh process, since the kernel tests import the
+kernels under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+COMPILE = r'''
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+# NOTE: modules, not the ops of the same names that muser.ops.triton exports
+gemv = importlib.import_module("muser.ops.triton.gemv")
+decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
+
+def ptx(fn, types, constexprs, **options):
+    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
+                                               for k, v in constexprs.items()})
+    opts = {"num_warps": 4, "launch_pdl": constexprs["PDL"]} | options
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+              "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32", "next_ptr": "*fp32",
+              "res_out_ptr": "*fp32", "eps": "fp32"}
+out = {}
+for name, block_n, block_m, block_k, stages in [("fma", 1, 8, 512, 3), ("dot", 16, 128, 128, 4)]:
+    kernel = getattr(gemv, f"_gemv_{name}_kernel")
+    for pdl in (True, False):
+        out[f"gemv {name} pdl={pdl}"] = ptx(kernel, gemv_types, dict(
+            GEGLU=False, NORM=True, NORM_BLOCK=2048, BLOCK_N=block_n, BLOCK_M=block_m,
+            BLOCK_K=block_k, SPLIT_K=4, PDL=pdl), num_stages=stages)
+attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*fp32",
+              "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
+              "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
+              "mid_o": "*fp32", "mid_ml": "*fp32", "scale_log2": "fp32"}
+out["attention pdl=True"] = ptx(decode_attention._decode_split_kernel, attn_types,
+    dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, PDL=True))
+json.dump(out, sys.stdout)
+'''
+GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_every_variant_compiled(ptx):
+    assert len(ptx) == 5
+
+
+def test_pdl_waits_and_releases_only_when_asked(ptx):
+    for name, code in ptx.items():
+        pdl = "pdl=True" in name
+        assert all((g in code) == pdl for g in GDC), name
+
+
+def test_the_wait_comes_before_every_global_load_and_store(ptx):
+    for name, code in ptx.items():
+        if "pdl=True" in name:
+            wait = code.index(GDC[0])
+            assert wait < code.index("ld.global") and wait < code.index("st.global"), name
