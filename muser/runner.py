@@ -90,10 +90,10 @@ class Runner:
             rows = torch.tensor(logit_rows, dtype=torch.long)
         else:
             rows = torch.arange(len(flat)) if all_logits else last_rows
-        plan, (ids, pos, rows) = prepare_plan(
+        plan, (ids_dev, positions_dev, rows_dev) = prepare_plan(
             plan, self.cfg, inputs, flat, self.engine.page_size, self.device,
             [torch.tensor(flat), torch.tensor(positions), rows])
-        logits = self.model.forward(ids, pos, plan, rows)
+        logits = self.model.forward(ids_dev, positions_dev, plan, rows_dev)
         for seq, ids, ring in zip(seqs, token_ids, plan.next_rings):
             seq.num_cached += len(ids)
             seq.ring = ring

@@ -105,6 +105,12 @@ class DecodeLayout:
         f["global.lens"][:n] = [s.start + 1 for s in seqs]
         return [ring for ring, _ in rings]
 
+    def repack(self, buf: torch.Tensor, packed: torch.Tensor, token_ids: list[int]) -> None:
+        """buf = packed (a buffer `pack` filled for the same sequences) with these token ids."""
+        f = self._numpy_views(buf)
+        f["all"][:] = self._numpy_views(packed)["all"]
+        f["input_ids"][:len(token_ids)] = token_ids
+
     def _numpy_views(self, buf: torch.Tensor) -> dict:
         cached = self._views.get(id(buf))
         if cached is None or cached[0] is not buf:
@@ -134,9 +140,7 @@ class AheadPacker:
              token_ids: list[int]) -> list[RingState]:
         """layout.pack(buf, cfg, seqs, token_ids), from the staged pack when it matches."""
         if self.staged_for is not None and self.staged_for == _seqs_key(seqs):
-            f = self.layout._numpy_views(buf)
-            f["all"][:] = self.layout._numpy_views(self.staged)["all"]
-            f["input_ids"][:len(token_ids)] = token_ids
+            self.layout.repack(buf, self.staged, token_ids)
             return self.staged_rings
         return self.layout.pack(buf, cfg, seqs, token_ids)
 

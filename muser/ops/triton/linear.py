@@ -109,20 +109,21 @@ def _pick(
         configs += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
     runs: dict[GemvConfig | None, Callable] = {
         c: lambda w, c=c: _run(x, w, c, geglu_out, norm) for c in configs}
-    # NOTE: with programmatic dependent launch, a Triton GEMV starts while its predecessor
-    # drains and prefetches its weights meanwhile; a cuBLAS call waits for its predecessor to
-    # finish, and makes its successor wait too. Timed back to back against itself, cuBLAS
-    # does not pay for that, so it must win by CUBLAS_MARGIN to be picked.
+    # NOTE: with programmatic dependent launch a Triton GEMV starts while its predecessor
+    # drains; a cuBLAS call waits for its predecessor to finish, and makes its successor wait
+    # too. Timed back to back against itself, cuBLAS does not pay for that, so it must win by
+    # CUBLAS_MARGIN to be picked.
     margin = CUBLAS_MARGIN if pdl.enabled(x.device) else 1.0
-    best, best_ms, timed = None, math.inf, {}
+    best, best_score, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:
             ms = _graph_ms(fn, copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)
-        if (ms * margin if config is None else ms) < best_ms:
-            best, best_ms = config, ms * margin if config is None else ms
+        score = ms * margin if config is None else ms
+        if score < best_score:
+            best, best_score = config, score
     return best, timed
 
 
