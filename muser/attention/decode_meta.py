@@ -207,6 +207,8 @@ def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_i
 def upload(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Host integer tensors -> int32 device tensors of the same shapes, in one copy (each copy
     costs a driver call; a prefill step's metadata is ~a dozen small tensors)."""
+    if torch.device(device).type == "cpu":  # nothing to copy: the CPU decode step runs here
+        return [t.to(torch.int32) for t in tensors]
     if not tensors:
         return []
     flat = torch.cat([t.reshape(-1).to(torch.int32) for t in tensors]).to(device)
