@@ -160,6 +160,23 @@ def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
            rel_err(tops.qk_norm_rope(x, wq, cos, sin, 1e-6),
                    ref.qk_norm_rope(x.double(), wq.double(), cos.double(), sin.double(), 1e-6)),
            1e-5)
+    # the pair, keys in the cache dtype and stored with the values at their cache rows
+    k = qkv[:, q:q + kv].view(5, cfg.num_kv_heads, d)
+    v = qkv[:, q + kv:].view(5, cfg.num_kv_heads, d)
+    wk = 1 + rn(d, sc=0.1)
+    k_rows, v_rows = rn(64, cfg.num_kv_heads, d, dt=BF16), rn(64, cfg.num_kv_heads, d, dt=BF16)
+    k_want, v_want = k_rows.double(), v_rows.clone()
+    dst = torch.tensor([9, -1, 0, 63, 17], device=DEV)
+    got_q, got_k = tops.qk_norm_rope_pair(x, k, wq, wk, cos, sin, 1e-6, BF16,
+                                          (k_rows, v_rows, v, dst))
+    want_q, want_k = ref.qk_norm_rope_pair(x.double(), k.double(), wq.double(), wk.double(),
+                                           cos.double(), sin.double(), 1e-6, torch.float64,
+                                           (k_want, v_want, v, dst))
+    record("qk_norm_rope_pair q", tuple(x.shape), rel_err(got_q, want_q), 1e-5)
+    record("qk_norm_rope_pair k (bf16)", tuple(k.shape), rel_err(got_k, want_k), lin_tol)
+    record("qk_norm_rope_pair k stored", tuple(k_rows.shape), rel_err(k_rows, k_want), lin_tol)
+    record("qk_norm_rope_pair v stored (bitwise)", tuple(v_rows.shape),
+           0.0 if torch.equal(v_rows, v_want) else 1.0, 0.0)
     rows += check_cache_ops(cfg, rn, record)
     alloc.POISON = False
     return rows
@@ -233,6 +250,17 @@ def check_cache_ops(cfg, rn, record) -> list[dict]:
         want = attention_dense(qp.double(), kp.double(), vp.double(), qpos, kpos, win, scale,
                                torch.float64)
         record(label, (t_rows, num_k, cfg.num_heads, d), rel_err(got, want), attn_tol)
+    # a chunk with nothing cached before it: its own rows, values strided in the QKV output
+    width = (cfg.num_heads + 2 * kvh) * d
+    vp = rn(2048, width, dt=BF16)[:, width - kvh * d:].view(2048, kvh, d)
+    kp, qp = rn(2048, kvh, d, dt=BF16), rn(2048, cfg.num_heads, d)
+    tiles = classify_tiles(0, 2048, 0, 2048, window, 64, 64).to(DEV)
+    got = tops.prefill_attention(qp, kp, vp, 0, 0, window, scale, tiles, 64, Route.TILED)
+    pos = torch.arange(2048, device=DEV)
+    want = attention_dense(qp.double(), kp.double(), vp.double(), pos, pos, window, scale,
+                           torch.float64)
+    record("flash window (own rows, strided v)", (2048, 2048, cfg.num_heads, d),
+           rel_err(got, want), attn_tol)
     return []
 
 

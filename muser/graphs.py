@@ -54,7 +54,7 @@ class DecodeGraphs:
 
     def _forward(self, bs: int) -> torch.Tensor:
         layout, meta = self.buf.layout, self.buf.meta
-        plan = StepPlan({"sliding": [], "global": []}, [], self.cfg.sliding_window, 64,
+        plan = StepPlan({"sliding": [], "global": []}, [], self.cfg.sliding_window, 64, {},
                         decode=layout.metas(meta, bs))
         return self.model.forward(layout.view(meta, "input_ids", bs),
                                   layout.view(meta, "positions", bs), plan,

@@ -185,7 +185,7 @@ def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_i
         return plan, upload(inputs, device)
     from muser.ops.triton.prefill_attention import classifier_ranges
 
-    tile, host = plan.tile, list(inputs)
+    tile, host = plan.tile, list(inputs) + list(plan.stores.values())
     for kind, plans in plan.kinds.items():
         window = cfg.sliding_window if kind == "sliding" else None
         for p in plans:
@@ -196,6 +196,7 @@ def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_i
             host += [p.read_rows, p.write_src, p.write_dst, tiles, classifier_ranges(tiles)]
     moved = iter(upload(host, device))
     inputs = [next(moved) for _ in inputs]
+    plan.stores = {kind: next(moved) for kind in plan.stores}
     for plans in plan.kinds.values():
         for i, p in enumerate(plans):
             plans[i] = dataclasses.replace(

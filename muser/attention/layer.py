@@ -3,10 +3,14 @@
     decode (every sequence one row) .. ops.decode_attention over all sequences at once,
                                         storing the new rows first (ring-aware;
                                         graph-capturable)
-    prefill chunk, in place ........... ops.store_kv, ops.stage_gather (the key range),
+    prefill chunk, in place ........... rows already stored (by ops.qk_norm_rope_pair),
+                                        ops.stage_gather (the key range),
                                         ops.prefill_attention (the chunk's route)
     prefill chunk, STAGING ............ ops.stage_gather (ring tail + chunk: the detached
                                         shadow), ops.prefill_attention, then ops.store_kv
+
+A chunk with nothing cached before it (its keys are exactly its own rows) attends its new
+rows where they are, with no gather, when they are already in the cache dtype.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
     plans: list[SeqPlan],
     window: int | None,
     scale: float,
@@ -33,11 +37,12 @@ def attend(
     ops: ModuleType = ref,
     decode: DecodeMeta | None = None,
 ) -> torch.Tensor:
-    """q: [N, H, D], k/v: [N, KVH, D] new rows; caches: [blocks, rows, KVH, D] -> [N, H, D].
+    """q: [N, H, D], k/v: [N, KVH, D] new rows; k/v_rows: a layer's flat physical rows
+    [R, KVH, D] -> [N, H, D].
 
-    New rows are stored in the cache dtype before attention reads them, except on a STAGING
-    plan, whose rows are committed only after the shadow was attended."""
-    k_rows, v_rows = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+    The rows of plans written in place must already be stored (store first: the step's
+    `stores`, by ops.qk_norm_rope_pair); a STAGING plan's rows are committed here, after the
+    shadow was attended. Decode stores its rows itself."""
     if decode is not None:
         return ops.decode_attention(q, k_rows, v_rows, decode.block_table, decode.starts,
                                     decode.lens, decode.origins, decode.block_size, scale,
@@ -45,10 +50,11 @@ def attend(
     outs = []
     for p in plans:
         kn, vn = k[p.rows], v[p.rows]
-        if not p.staging:
-            ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
-        new = (kn, vn) if p.staging else (None, None)
-        keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, *new)
+        if p.k_start == p.q_start and kn.dtype == vn.dtype == k_rows.dtype:
+            keys, values = kn, vn  # nothing cached before the chunk: its own rows
+        else:
+            new = (kn, vn) if p.staging else (None, None)
+            keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, *new)
         outs.append(ops.prefill_attention(q[p.rows], keys, values, p.q_start, p.k_start, window,
                                           scale, p.tiles, tile, p.inner, p.tile_ranges))
         if p.staging:  # NOTE: commit only after the shadow was attended.

@@ -45,6 +45,9 @@ class StepPlan:
     next_rings: list[RingState]  # ring metadata once the step has committed
     window: int
     tile: int
+    # kind -> [N] flat cache row of each new row stored before attention (plans written in
+    # place; -1: stored after attention, a STAGING plan's rows)
+    stores: dict[str, torch.Tensor]
     decode: dict | None = None  # kind -> DecodeMeta when every sequence brings one row
 
 
@@ -62,7 +65,17 @@ def plan_step(
         kinds["sliding"].append(sliding[0])
         next_rings.append(sliding[1])
         kinds["global"].append(_plan_global(seq, rows, page_size, tile, force_f32))
-    return StepPlan(kinds, next_rings, cfg.sliding_window, tile)
+    stores = {kind: _stores(plans, offset) for kind, plans in kinds.items()}
+    return StepPlan(kinds, next_rings, cfg.sliding_window, tile, stores)
+
+
+def _stores(plans: list[SeqPlan], num_rows: int) -> torch.Tensor:
+    """[N] destination row of each new row stored before attention, else -1."""
+    dst = torch.full((num_rows,), -1, dtype=torch.long)
+    for p in plans:
+        if not p.staging:
+            dst[p.rows][p.write_src] = p.write_dst
+    return dst
 
 
 def _plan_sliding(

@@ -59,12 +59,13 @@ class Decoder:
         n, act = x.shape[0], x.dtype  # act: the projections' input dtype
         q, k, v = ops.linear(x, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         cos, sin = rope[kind]
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
+        k_rows, v_rows = self.pool.rows(layer_id)
+        store = None if plan.decode else (k_rows, v_rows, v, plan.stores[kind])
         q, k = ops.qk_norm_rope_pair(q.view(n, cfg.num_heads, cfg.head_dim),
                                      k.view(n, cfg.num_kv_heads, cfg.head_dim), w.q_norm,
-                                     w.k_norm, cos, sin, cfg.rms_norm_eps)
-        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
-        k_cache, v_cache = self.pool.layer(layer_id)
-        a = attend(q, k, v, k_cache, v_cache, plan.kinds[kind], kind_window(kind, cfg),
+                                     w.k_norm, cos, sin, cfg.rms_norm_eps, k_rows.dtype, store)
+        a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
         h, x = ops.linear_add_rms_norm(a.reshape(n, cfg.q_size), w.o_proj, h, w.post_attn_norm,
                                        w.ffn_norm, cfg.rms_norm_eps, act)

@@ -33,6 +33,8 @@ class KVPool:
         page_shape = (len(full), 2, num_pages, page_size, *row)
         self.rings = torch.zeros(ring_shape, dtype=dtype, device=device)
         self.pages = torch.zeros(page_shape, dtype=dtype, device=device)
+        self._rows = [tuple(t.flatten(0, 1) for t in self.layer(i))
+                      for i in range(cfg.num_layers)]
 
     def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) of one layer: [num_slots, capacity, kv_heads, head_dim] for sliding layers,
@@ -40,6 +42,11 @@ class KVPool:
         store = self.rings if self._kinds[layer_id] == "sliding" else self.pages
         kv = store[self._index[layer_id]]
         return kv[0], kv[1]
+
+    def rows(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) of one layer as flat physical rows: [slots * capacity or pages * page_size,
+        kv_heads, head_dim]."""
+        return self._rows[layer_id]
 
     def nbytes(self) -> dict[str, int]:
         return {"kv_sliding": self.rings.nbytes, "kv_global": self.pages.nbytes}

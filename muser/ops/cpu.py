@@ -73,9 +73,16 @@ def qk_norm_rope(
 
 def qk_norm_rope_pair(
     q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-    cos: torch.Tensor, sin: torch.Tensor, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float, k_dtype: torch.dtype = torch.float32,
+    store: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return qk_norm_rope(q, q_weight, cos, sin, eps), qk_norm_rope(k, k_weight, cos, sin, eps)
+    """ref.qk_norm_rope_pair."""
+    q_out = qk_norm_rope(q, q_weight, cos, sin, eps)
+    k_out = qk_norm_rope(k, k_weight, cos, sin, eps).to(k_dtype)
+    if store is not None:
+        k_rows, v_rows, v, dst = store
+        ref.store_kv(k_rows, v_rows, k_out, v, torch.arange(dst.shape[0]), dst)
+    return q_out, k_out
 
 
 def store_kv(

@@ -204,7 +204,19 @@ def prefill_attention(
 
 def qk_norm_rope_pair(
     q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-    cos: torch.Tensor, sin: torch.Tensor, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float, k_dtype: torch.dtype = torch.float32,
+    store: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qk_norm_rope of the queries and of the keys (one launch on the GPU)."""
-    return qk_norm_rope(q, q_weight, cos, sin, eps), qk_norm_rope(k, k_weight, cos, sin, eps)
+    """qk_norm_rope of the queries (f32) and of the keys (in k_dtype: the cache dtype, which
+    they are stored in); one launch on the GPU.
+
+    store = (k_rows, v_rows, v, dst): also store row i's keys and values v[i] at flat cache
+    row dst[i] (dst < 0: not stored). A prefill chunk written in place is stored here, before
+    attention reads the cache (store first) and at no extra launch."""
+    q_out = qk_norm_rope(q, q_weight, cos, sin, eps)
+    k_out = qk_norm_rope(k, k_weight, cos, sin, eps).to(k_dtype)
+    if store is not None:
+        k_rows, v_rows, v, dst = store
+        src = torch.arange(dst.shape[0], device=dst.device)
+        store_kv(k_rows, v_rows, k_out, v, src, dst)
+    return q_out, k_out

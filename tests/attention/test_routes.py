@@ -11,6 +11,7 @@ from muser.attention.routes import SHORT_CHUNK_ROWS, Route, choose_route
 from muser.config import ModelConfig
 from muser.kvcache.pool import KVPool
 from muser.kvcache.ring import RingState
+from muser.ops import ref as ref_ops
 
 WINDOW, TILE, PAGE = 32, 8, 16
 CFG = ModelConfig(
@@ -43,7 +44,10 @@ def _step(pool: KVPool, seqs: list[Sequence], sizes: list[int], gen: torch.Gener
         k = torch.randn(n, CFG.num_kv_heads, CFG.head_dim, generator=gen)
         v = torch.randn(n, CFG.num_kv_heads, CFG.head_dim, generator=gen)
         window = WINDOW if kind == "sliding" else None
-        out = attend(q, k, v, *pool.layer(layer_id), plan.kinds[kind], window, 0.25, TILE)
+        k_rows, v_rows = pool.rows(layer_id)
+        # store first, as ops.qk_norm_rope_pair does for the rows written in place
+        ref_ops.store_kv(k_rows, v_rows, k, v, torch.arange(n), plan.stores[kind])
+        out = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], window, 0.25, TILE)
         for s, p in zip(seqs, plan.kinds[kind]):
             s.k[kind] = torch.cat((s.k[kind], k[p.rows].double()))
             s.v[kind] = torch.cat((s.v[kind], v[p.rows].double()))

@@ -35,3 +35,21 @@ def test_flash(gen, dtype, num_q, q_start, k_start, num_prev, window):
     expect = attention_dense(q.cpu().double(), keys.cpu().double(), values.cpu().double(),
                              q_pos, k_pos, window, 0.125, torch.float64)
     check(out.float(), expect, dtype)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+def test_flash_strided_rows(gen, dtype):
+    """Keys and values attended where a chunk with nothing cached before it has them: its
+    own new rows, the values a strided view into the fused QKV projection's output."""
+    num_q, heads, kv_heads, head_dim, tile = 40, 4, 2, 64, 16
+    keys = rand(gen, num_q, kv_heads, head_dim, dtype=dtype)
+    qkv = rand(gen, num_q, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    values = qkv[:, (heads + kv_heads) * head_dim:].view(num_q, kv_heads, head_dim)
+    q = rand(gen, num_q, heads, head_dim)
+    tiles = classify_tiles(0, num_q, 0, num_q, None, tile, tile)
+    out = prefill_attention(q, keys, values, 0, 0, None, 0.125, tiles.to(DEVICE), tile,
+                            Route.TILED)
+    pos = torch.arange(num_q)
+    expect = attention_dense(q.cpu().double(), keys.cpu().double(), values.cpu().double(), pos,
+                             pos, None, 0.125, torch.float64)
+    check(out.float(), expect, dtype)

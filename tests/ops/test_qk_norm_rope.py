@@ -52,3 +52,34 @@ def test_rope_cos_sin(gen, head_dim, theta, scaling):
     angles = (positions.cpu().float()[:, None] * inv[None, :]).double()
     check(cos, angles.cos(), torch.float32)
     check(sin, angles.sin(), torch.float32)
+
+
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+def test_qk_norm_rope_pair_store(gen, cache_dtype):
+    """Keys returned in the cache dtype, and stored with the values at their cache rows
+    (dst < 0 rows not stored; every other cache row left as it was)."""
+    from muser.ops.triton import qk_norm_rope_pair
+
+    n, heads, kv_heads, head_dim, num_rows = 5, 2, 2, 64, 12
+    qkv = rand(gen, n, (heads + 2 * kv_heads) * head_dim)
+    q = qkv[:, : heads * head_dim].view(n, heads, head_dim)
+    k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(n, kv_heads, head_dim)
+    wq, wk = 1 + rand(gen, head_dim, scale=0.1), 1 + rand(gen, head_dim, scale=0.1)
+    cos, sin = ref.rope_cos_sin(torch.arange(3, 3 + n).to(q.device), head_dim, 1e4)
+    dst = torch.tensor([7, -1, 0, 11, 4]).to(DEVICE)
+    k_rows = rand(gen, num_rows, kv_heads, head_dim, dtype=cache_dtype)
+    v_rows = rand(gen, num_rows, kv_heads, head_dim, dtype=cache_dtype)
+    k_want, v_want = k_rows.cpu().double(), v_rows.cpu().double()
+    got_q, got_k = qk_norm_rope_pair(q, k, wq, wk, cos, sin, 1e-6, cache_dtype,
+                                     (k_rows, v_rows, v, dst))
+    want_q, want_k = ref.qk_norm_rope_pair(
+        q.double(), k.double(), wq.double(), wk.double(), cos.double(), sin.double(), 1e-6,
+        torch.float64, (k_want, v_want, v.cpu().double(), dst.cpu()))
+    assert got_k.dtype == cache_dtype
+    check(got_q, want_q, torch.float32, scale=4.0)
+    check(got_k, want_k, cache_dtype, scale=4.0)
+    check(k_rows, k_want, cache_dtype, scale=4.0)
+    check(v_rows, v_want, cache_dtype)
+    untouched = [r for r in range(num_rows) if r not in dst.tolist()]
+    assert torch.equal(k_rows.cpu().double()[untouched], k_want[untouched])

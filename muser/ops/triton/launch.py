@@ -27,7 +27,7 @@ from triton.runtime.jit import JITFunction
 
 _DIRECT = os.environ.get("TRITON_INTERPRET") != "1"
 _KERNELS: dict[tuple, object] = {}
-_INT32 = (-(2**31), 2**31)
+_TENSOR = torch.Tensor
 
 
 def set_direct(direct: bool) -> None:
@@ -50,7 +50,7 @@ def _spec(value) -> object:
     if kind is torch.Tensor:
         return value.dtype, not value.data_ptr() & 15
     if kind is int:
-        return value == 1, not value & 15, _INT32[0] <= value < _INT32[1]
+        return value == 1, not value & 15, -0x80000000 <= value < 0x80000000
     if kind is float:
         return float
     return value
@@ -63,7 +63,9 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     device = torch._C._cuda_getDevice()
-    key = (id(kernel), device, *map(_spec, args), *kwargs.items())  # NOTE: a JIT's hash is slow
+    # NOTE: a JIT's hash is slow; _spec inlined for tensors, the most common argument
+    key = (id(kernel), device, *[(a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR
+                                 else _spec(a) for a in args], *kwargs.items())
     compiled = _KERNELS.get(key)
     if compiled is None:
         params = kernel.params[:len(args)]

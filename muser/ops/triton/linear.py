@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from muser.ops.triton import pdl
 from muser.ops.triton.geglu import geglu
@@ -66,7 +67,9 @@ def _after(y: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None):
 
 def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
             norm: NormEpilogue | None):
-    return _after(torch.mm(x.to(weight.dtype), weight.t()), geglu_out, norm)
+    if x.dtype != weight.dtype:
+        x = x.to(weight.dtype)
+    return _after(F.linear(x, weight), geglu_out, norm)
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu_out: bool,

@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.attention.tiles import EMPTY, FULL
+from muser.attention.routes import Route
+from muser.attention.tiles import EMPTY, FULL, classify_tiles
+from muser.ops import ref
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch
 
@@ -22,8 +24,8 @@ from muser.ops.triton.launch import cdiv, launch
 @triton.jit
 def _flash_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tiles_ptr, ranges_ptr, T, S, q_start, k_start, window,
-    scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ot, stride_oh, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     qt, h = tl.program_id(0), tl.program_id(1)
     kvh = h // G
@@ -41,8 +43,9 @@ def _flash_kernel(
     for kt in range(lo, hi):
         rk = kt * BLOCK + tl.arange(0, BLOCK)
         k_mask = rk < S
-        at = rk[:, None].to(tl.int64) * stride_kt + kvh * stride_kh + d[None, :]
-        k = tl.load(k_ptr + at, mask=k_mask[:, None], other=0.0)
+        rk64 = rk[:, None].to(tl.int64)
+        k = tl.load(k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :],
+                    mask=k_mask[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale_log2
         full = tl.load(tiles_ptr + qt * num_k_tiles + kt) == 2  # FULL
         k_pos = k_start + rk
@@ -55,7 +58,8 @@ def _flash_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(s - m_safe[:, None])
-        v = tl.load(v_ptr + at, mask=k_mask[:, None], other=0.0)
+        v = tl.load(v_ptr + rk64 * stride_vt + kvh * stride_vh + d[None, :],
+                    mask=k_mask[:, None], other=0.0)
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
@@ -80,30 +84,28 @@ def prefill_attention(
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route=None,
     tile_ranges: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D]; keys/values: [S, KVH, D] contiguous at positions k_start.. ->
+    """q: [T, H, D]; keys/values: [S, KVH, D] (unit last stride) at positions k_start.. ->
     [T, H, D] in the keys' dtype. tiles: the int8 classifier at `tile` (computed if None)."""
-    from muser.attention.routes import Route
-    from muser.attention.tiles import classify_tiles
-
     if route == Route.FALLBACK_F32:
-        from muser.ops import ref
-
         return ref.prefill_attention(q, keys, values, q_start, k_start, window, scale, None,
                                      tile, route)
     num_q, heads, head_dim = q.shape
     num_k, kv_heads = keys.shape[0], keys.shape[1]
-    assert q.stride(2) == 1 and keys.is_contiguous() and values.is_contiguous()
+    assert q.stride(2) == 1 and keys.stride(2) == 1 and values.stride(2) == 1
     if tiles is None:
         tiles = classify_tiles(q_start, num_q, k_start, num_k, window, tile, tile)
-    tiles = tiles.to(q.device)
+    if tiles.device != q.device:
+        tiles = tiles.to(q.device)
     ranges = classifier_ranges(tiles) if tile_ranges is None else tile_ranges
     assert FULL == 2 and tiles.shape == (cdiv(num_q, tile), cdiv(num_k, tile))
+    assert tiles.is_contiguous()
     out = empty((num_q, heads, head_dim), keys.dtype, q.device)
     grid = (tiles.shape[0], heads)
     launch(
-        _flash_kernel, grid, q, keys, values, out, tiles.contiguous(), ranges, num_q, num_k,
+        _flash_kernel, grid, q, keys, values, out, tiles, ranges, num_q, num_k,
         q_start, k_start, window or 0, scale * math.log2(math.e), tiles.shape[1], q.stride(0),
-        q.stride(1), keys.stride(0), keys.stride(1), out.stride(0), out.stride(1),
+        q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+        out.stride(0), out.stride(1),
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
         num_warps=8 if head_dim > 128 else 4, num_stages=2,
     )

@@ -1,4 +1,6 @@
-"""Per-head RMSNorm then NeoX RoPE (rotate halves), one (row, head) per program."""
+"""Per-head RMSNorm then NeoX RoPE (rotate halves), one (row, head) per program. The pair
+kernel can also store each row's keys and values into their cache rows (store-first for a
+prefill chunk written in place, with no launch of its own)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
-def _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, n, h, H, stride_xn, stride_xh,
-                    stride_c, eps, HALF: tl.constexpr):
+def _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h, stride_xn, stride_xh, stride_c, eps,
+                    HALF: tl.constexpr):
+    """-> the two rotated halves of head h of row n, float32."""
     d = tl.arange(0, HALF)
     base = x_ptr + n.to(tl.int64) * stride_xn + h * stride_xh
     x1 = tl.load(base + d).to(tl.float32)
@@ -23,9 +26,14 @@ def _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, n, h, H, stride_xn,
     x2 = x2 * inv * tl.load(w_ptr + HALF + d)
     c = tl.load(cos_ptr + n * stride_c + d)
     s = tl.load(sin_ptr + n * stride_c + d)
-    out = out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF
-    tl.store(out + d, x1 * c - x2 * s)
-    tl.store(out + HALF + d, x2 * c + x1 * s)
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@triton.jit
+def _store_head(out, y1, y2, HALF: tl.constexpr):
+    d = tl.arange(0, HALF)
+    tl.store(out + d, y1.to(out.dtype.element_ty))
+    tl.store(out + HALF + d, y2.to(out.dtype.element_ty))
 
 
 @triton.jit
@@ -35,24 +43,38 @@ def _qk_norm_rope_kernel(
 ):
     enter(PDL)
     pid = tl.program_id(0)
-    _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pid // H, pid % H, H, stride_xn,
-                    stride_xh, stride_c, eps, HALF)
+    n, h = pid // H, pid % H
+    y1, y2 = _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h, stride_xn, stride_xh,
+                             stride_c, eps, HALF)
+    _store_head(out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF)
 
 
 @triton.jit
 def _qk_pair_kernel(
-    q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, H, KVH, stride_qn, stride_qh,
-    stride_kn, stride_kh, stride_c, eps, HALF: tl.constexpr, PDL: tl.constexpr,
+    q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, v_ptr, k_rows, v_rows, dst_ptr,
+    H, KVH, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_c, eps,
+    HALF: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
 ):
     enter(PDL)
     pid = tl.program_id(0)
     n, h = pid // (H + KVH), pid % (H + KVH)
     if h < H:
-        _norm_rope_head(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out, n, h, H, stride_qn, stride_qh,
-                        stride_c, eps, HALF)
+        y1, y2 = _norm_rope_head(q_ptr, qw_ptr, cos_ptr, sin_ptr, n, h, stride_qn, stride_qh,
+                                 stride_c, eps, HALF)
+        _store_head(q_out + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF)
     else:
-        _norm_rope_head(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out, n, h - H, KVH, stride_kn,
-                        stride_kh, stride_c, eps, HALF)
+        h -= H
+        y1, y2 = _norm_rope_head(k_ptr, kw_ptr, cos_ptr, sin_ptr, n, h, stride_kn, stride_kh,
+                                 stride_c, eps, HALF)
+        _store_head(k_out + (n.to(tl.int64) * KVH + h) * 2 * HALF, y1, y2, HALF)
+        if STORE:
+            dst = tl.load(dst_ptr + n).to(tl.int64)
+            if dst >= 0:  # NOTE: dst < 0: a row this launch does not store
+                at = (dst * KVH + h) * 2 * HALF
+                _store_head(k_rows + at, y1, y2, HALF)
+                d = tl.arange(0, 2 * HALF)
+                v = tl.load(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh + d)
+                tl.store(v_rows + at + d, v.to(v_rows.dtype.element_ty))
 
 
 def qk_norm_rope(
@@ -74,9 +96,12 @@ def qk_norm_rope(
 
 def qk_norm_rope_pair(
     q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-    cos: torch.Tensor, sin: torch.Tensor, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float, k_dtype: torch.dtype = torch.float32,
+    store: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """qk_norm_rope of q: [N, H, D] and k: [N, KVH, D] in one launch -> (q, k) float32."""
+    """qk_norm_rope of q: [N, H, D] and k: [N, KVH, D] in one launch -> (q float32, k in
+    k_dtype). store = (k_rows, v_rows, v, dst): also k_rows[dst[i]] = k[i], v_rows[dst[i]] =
+    v[i] (cast to the cache dtype) where dst[i] >= 0 (ref.qk_norm_rope_pair)."""
     n, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     half = head_dim // 2
@@ -84,10 +109,17 @@ def qk_norm_rope_pair(
     assert half == next_power_of_2(half) and cos.shape == (n, half)
     assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float32
     q_out = empty((n, heads, head_dim), torch.float32, q.device)
-    k_out = empty((n, kv_heads, head_dim), torch.float32, q.device)
+    k_out = empty((n, kv_heads, head_dim), k_dtype, q.device)
+    if store is None:
+        k_rows = v_rows = v = dst = k_out
+    else:
+        k_rows, v_rows, v, dst = store
+        assert k_rows.is_contiguous() and v_rows.is_contiguous() and v.stride(2) == 1
+        assert v.shape == k.shape and dst.shape == (n,) and k_rows.shape[1:] == k.shape[1:]
     if n:
         launch(_qk_pair_kernel, (n * (heads + kv_heads),),
-            q, k, q_weight, k_weight, cos, sin, q_out, k_out, heads, kv_heads, q.stride(0),
-            q.stride(1), k.stride(0), k.stride(1), cos.stride(0), eps, HALF=half,
-            **options(q.device))
+               q, k, q_weight, k_weight, cos, sin, q_out, k_out, v, k_rows, v_rows, dst, heads,
+               kv_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+               v.stride(1), cos.stride(0), eps, HALF=half, STORE=store is not None,
+               **options(q.device))
     return q_out, k_out
