@@ -39,13 +39,15 @@ from muser.ops.triton import alloc, launch, pdl  # noqa: E402
 from muser.presets import preset  # noqa: E402
 from muser.runner import Runner  # noqa: E402
 
+T0 = time.perf_counter()
 DEV = "cuda"
+PREFILL_REPS = 10  # timed reps per prefill length (after one warm-up), median reported
 BF16 = torch.bfloat16
 LOG: list[str] = []
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    print(f"[{time.perf_counter() - T0:6.1f} s] {msg}", flush=True)
     LOG.append(msg)
 
 
@@ -503,7 +505,8 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
     # With launch_ab, each prefill rep also runs through Triton's own launch path, interleaved.
     times = prefill_times(runner, ids, lengths, (True, False) if launch_ab else (True,))
     out = {"startup_s": startup, "graph_capture_s": runner.graphs.capture_s,
-           "prefill_s": times[True]}
+           "prefill_s": times[True], "prefill_samples_ms": times["samples_ms"],
+           "prefill_host_return_ms": times["host_return_ms"]}
     if launch_ab:
         out["prefill_s_jit_launch"] = times[False]
     if profile_prefill:
@@ -518,26 +521,33 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
 
 
 def prefill_times(runner: Runner, ids: list[int], lengths,
-                  direct: tuple[bool, ...] = (True,)) -> dict[bool, dict[int, float]]:
+                  direct: tuple[bool, ...] = (True,)) -> dict:
     """Median seconds of a fresh sequence's one-chunk prefill of each length, per launch path
-    (direct launches, or Triton's JIT entry point), the paths interleaved rep by rep."""
+    (True: direct launches, False: Triton's JIT entry point), the paths interleaved rep by rep;
+    "samples_ms" and "host_return_ms" (when forward() returned) of the direct path."""
     out = {d: {} for d in direct}
     for t in lengths:
         times = {d: [] for d in direct}
-        for _ in range(5):
+        host = []  # direct path: when forward() returned (host work done)
+        for _ in range(PREFILL_REPS + 1):
             for d in direct:
                 launch.set_direct(d)
                 seq = runner.allocate()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 runner.forward([seq], [ids[:t]])
+                if d:
+                    host.append(time.perf_counter() - t0)
                 torch.cuda.synchronize()
                 times[d].append(time.perf_counter() - t0)
                 runner.free(seq)
         launch.set_direct(True)
         for d in direct:
             out[d][t] = statistics.median(times[d][1:])
-        say(f"  muser prefill {t}: {out[True][t] * 1e3:.1f} ms ({t / out[True][t]:.0f} tok/s)"
+        out.setdefault("samples_ms", {})[t] = [round(x * 1e3, 3) for x in times[True]]
+        out.setdefault("host_return_ms", {})[t] = round(statistics.median(host[1:]) * 1e3, 3)
+        say(f"  muser prefill {t}: {out[True][t] * 1e3:.1f} ms ({t / out[True][t]:.0f} tok/s, "
+            f"host done after {out['host_return_ms'][t]:.1f} ms)"
             + (f"; through triton's JIT launch path {out[False][t] * 1e3:.1f} ms"
                if False in out else ""))
     return out
@@ -549,10 +559,12 @@ def kernel_profiles(runner: Runner, ids: list[int], prefill: bool) -> dict:
     say("  decode step kernels:")
     out = {"decode_kernel_us": _profile(runner.graphs.graphs[1].replay)}
     if prefill:
-        seq = runner.allocate()
-        say("  prefill 512 kernels:")
-        out["prefill_kernel_us"] = _profile(partial(runner.forward, [seq], [ids[:512]]))
-        runner.free(seq)
+        for t in (512, 2048):
+            seq = runner.allocate()
+            say(f"  prefill {t} kernels:")
+            key = "prefill_kernel_us" if t == 512 else f"prefill_{t}_kernel_us"
+            out[key] = _profile(partial(runner.forward, [seq], [ids[:t]]))
+            runner.free(seq)
     return out
 
 
@@ -619,7 +631,34 @@ def host_profile(runner: Runner, ids: list[int]) -> dict:
         "(under cProfile); top own time:")
     for r in own[:25]:
         say(f"    {r['own_ms']:8.2f} ms  x{r['calls']:<5} {r['fn']}")
-    return {"host_ms_under_profile": host_s * 1e3, "by_own_time": own, "by_cum_time": cum}
+    return {"host_ms_under_profile": host_s * 1e3, "by_own_time": own, "by_cum_time": cum,
+            "host_us_per_call": host_costs()}
+
+
+def host_costs(calls: int = 2000) -> dict:
+    """Host microseconds per call of the torch entry points a prefill forward makes most often
+    (no profiler attached; the GPU work queues behind)."""
+    x = torch.randn(512, 1152, device=DEV).to(BF16)
+    w = torch.randn(1536, 1152, device=DEV).to(BF16)
+    wt = w.t()
+    ops = {
+        "torch.empty": lambda: torch.empty((512, 1152), dtype=BF16, device=x.device),
+        "torch.mm(x, w.t())": lambda: torch.mm(x, w.t()),
+        "torch.mm(x, wt)": lambda: torch.mm(x, wt),
+        "F.linear(x, w)": lambda: torch.nn.functional.linear(x, w),
+        "x.device": lambda: x.device,
+    }
+    out = {}
+    for name, fn in ops.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out[name] = round((time.perf_counter() - t0) / calls * 1e6, 2)
+        torch.cuda.synchronize()
+    say(f"  host us per call: {out}")
+    return out
 
 
 def _profile(fn) -> dict:

@@ -58,7 +58,7 @@ def compiled_prefill(model, ids: list[int], lengths: list[int], say) -> dict:
         torch.cuda.synchronize()
         say(f"  transformers compiled prefill {t}: compiled in {time.perf_counter() - t0:.1f} s")
         times = []
-        for _ in range(3):
+        for _ in range(7):
             torch.cuda.synchronize()
             s0 = time.perf_counter()
             forward(input_ids=x, use_cache=False, logits_to_keep=1)

@@ -17,7 +17,6 @@ import os
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from muser.ops.triton import pdl
 from muser.ops.triton.geglu import geglu
@@ -69,7 +68,7 @@ def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
             norm: NormEpilogue | None):
     if x.dtype != weight.dtype:
         x = x.to(weight.dtype)
-    return _after(F.linear(x, weight), geglu_out, norm)
+    return _after(torch.mm(x, weight.t()), geglu_out, norm)
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu_out: bool,
