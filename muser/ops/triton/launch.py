@@ -10,9 +10,12 @@ on, computed in a few Python operations:
     other ...... the value itself (constexprs, flags, None); floats: their type
 
 The first call of a key goes through the JIT (compiling if needed) and remembers the compiled
-kernel; later calls launch it directly on the current stream. A key is never coarser than the
-JIT's specialization, so a cached kernel only ever runs arguments it was compiled for. Launch
-hooks (`triton.knobs.runtime.launch_enter_hook`) are not called on the direct path.
+kernel; later calls hand it to the kernel's C launcher directly, on the current stream, with
+tensors passed as their data pointers (given a tensor, the launcher calls its data_ptr() and
+asks the driver about the pointer on every call). A key is never coarser than the JIT's
+specialization, so a cached kernel only ever runs arguments it was compiled for. Launch hooks
+(`triton.knobs.runtime.launch_enter_hook`) are not called on the direct path, and neither is
+the launcher's check that a pointer is a device pointer: the first call of each key made it.
 Under TRITON_INTERPRET=1 every call goes through the interpreter. Launch arithmetic uses
 `cdiv` and `next_power_of_2` from here: Triton's are constexpr functions, slow to call from the
 host.
@@ -46,14 +49,19 @@ def next_power_of_2(n: int) -> int:
 
 
 def _spec(value) -> object:
+    """What Triton's JIT specializes an argument on (tensors: see `_tensor_spec`)."""
     kind = type(value)
     if kind is torch.Tensor:
-        return value.dtype, not value.data_ptr() & 15
+        return _tensor_spec(value, value.data_ptr())
     if kind is int:
         return value == 1, not value & 15, -0x80000000 <= value < 0x80000000
     if kind is float:
         return float
     return value
+
+
+def _tensor_spec(t: torch.Tensor, ptr: int) -> object:
+    return t.dtype, not ptr & 15
 
 
 def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
@@ -63,18 +71,35 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     device = torch._C._cuda_getDevice()
-    # NOTE: a JIT's hash is slow; _spec inlined for tensors, the most common argument
-    key = (id(kernel), device, *[(a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR
-                                 else _spec(a) for a in args], *kwargs.items())
-    compiled = _KERNELS.get(key)
-    if compiled is None:
-        params = kernel.params[:len(args)]
-        assert not any(p.is_constexpr for p in params), f"{kernel}: pass constexprs by name"
-        assert all(p.name in kwargs for p in kernel.params[len(args):]), kernel
-        compiled = kernel[grid](*args, **kwargs)
-        _KERNELS[key] = compiled.result() if hasattr(compiled, "result") else compiled
+    # NOTE: tensors travel as their data pointers (read once, for the key too): the launcher
+    # would otherwise call data_ptr() and query the driver about each pointer on every call.
+    values = [a.data_ptr() if type(a) is _TENSOR else a for a in args]
+    key = (id(kernel), device, *[_tensor_spec(a, v) if type(a) is _TENSOR else _spec(a)
+                                 for a, v in zip(args, values)], *kwargs.items())
+    entry = _KERNELS.get(key)
+    if entry is None:
+        _KERNELS[key] = _first_launch(kernel, grid, args, kwargs)
         return
-    values = args + tuple(kwargs[name] for name in kernel.arg_names[len(args):])
+    run, head, tail = entry
     grid = (*grid, 1, 1)
-    compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device),
-                 compiled.function, compiled.packed_metadata, None, None, None, *values)
+    run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), *head, *values,
+        *tail)
+
+
+def _first_launch(kernel: JITFunction, grid: tuple[int, ...], args: tuple, kwargs: dict):
+    """Launch through the JIT (compiling if needed) -> what later launches of the same key
+    call: the compiled kernel's launcher, its arguments before the kernel's, and the values of
+    the constexprs after them."""
+    params = kernel.params[:len(args)]
+    assert not any(p.is_constexpr for p in params), f"{kernel}: pass constexprs by name"
+    assert all(p.name in kwargs for p in kernel.params[len(args):]), kernel
+    compiled = kernel[grid](*args, **kwargs)
+    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    launcher = compiled.run
+    tail = tuple(kwargs[name] for name in kernel.arg_names[len(args):])
+    if launcher.global_scratch_size or launcher.profile_scratch_size:
+        # the Python launcher allocates the kernel's scratch on each call
+        return launcher, (compiled.function, compiled.packed_metadata, None, None, None), tail
+    return launcher.launch, (
+        compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+        compiled.packed_metadata, None, None, None), tail
