@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is scripts, not a package
 
-from hf_compiled import compiled_prefill  # noqa: E402
+from hf_compiled import compiled_prefill_calls  # noqa: E402
 from hf_twin import hf_twin  # noqa: E402
 
 import muser.ops.triton as tops  # noqa: E402
@@ -553,6 +553,34 @@ def prefill_times(runner: Runner, ids: list[int], lengths,
     return out
 
 
+def side_by_side(runner: Runner, calls: dict, ids: list[int], lengths) -> tuple[dict, dict]:
+    """Median seconds of muser's prefill and of transformers' compiled forward (`calls`) for
+    each length, timed in turn rep by rep and length by length, so a slow spell of the host
+    (the pool's hosts differ and drift, and both sides are host-bound at small shapes) falls
+    on both alike."""
+    ours = {t: [] for t in lengths}
+    theirs = {t: [] for t in lengths}
+    for _ in range(PREFILL_REPS + 1):
+        for t in lengths:
+            seq = runner.allocate()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runner.forward([seq], [ids[:t]])
+            torch.cuda.synchronize()
+            ours[t].append(time.perf_counter() - t0)
+            runner.free(seq)
+            t0 = time.perf_counter()
+            calls[t]()
+            torch.cuda.synchronize()
+            theirs[t].append(time.perf_counter() - t0)
+    ours = {t: statistics.median(v[1:]) for t, v in ours.items()}
+    theirs = {t: statistics.median(v[1:]) for t, v in theirs.items()}
+    for t in lengths:
+        say(f"  side by side, prefill {t}: muser {ours[t] * 1e3:.2f} ms, transformers compiled "
+            f"{theirs[t] * 1e3:.2f} ms ({theirs[t] / ours[t]:.2f}x)")
+    return ours, theirs
+
+
 def kernel_profiles(runner: Runner, ids: list[int], prefill: bool) -> dict:
     """GPU time per kernel of one decode step and (optionally) one 512-token prefill. Runs
     after every timing of the process: once attached, CUPTI slows each later launch."""
@@ -834,6 +862,8 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--check-models", default="",
+                    help="models whose kernels are checked (default: every benchmarked model)")
     ap.add_argument("--skip-sweeps", action="store_true",
                     help="with the kernel checks, skip the GEMV bandwidth and attention sweeps")
     ap.add_argument("--pdl-ab", default="gemma3-1b",
@@ -867,7 +897,7 @@ def main() -> int:
         json.dumps(result | {"log": LOG}, indent=1, default=str))
     if not args.skip_checks:
         result["kernel_checks"], result["gemv_bandwidth"] = {}, {}
-        for name in models:
+        for name in args.check_models.split(",") if args.check_models else models:
             say(f"kernel checks, {name} shapes:")
             cfg = preset(name)
             result["kernel_checks"][name] = check_kernels(cfg, gen)
@@ -898,13 +928,16 @@ def main() -> int:
             hf["decode_own_attempt_ms"] = earlier["decode"]["decode_s"] * 1e3
         if "prefill_s" not in earlier or name in args.measure_compiled.split(","):
             model = hf_twin(cfg, weights, DEV, BF16, attn="sdpa")
-            earlier["prefill_s"] = compiled_prefill(model, ids, lengths, say)
+            calls = compiled_prefill_calls(model, ids, lengths, say)
+            ours["prefill_s_timed_alone"] = ours["prefill_s"]
+            ours["prefill_s"], earlier["prefill_s"] = side_by_side(runner, calls, ids, lengths)
             earlier["prefill_date"] = time.strftime("%Y-%m-%d")
-            del model
+            del model, calls
             torch._dynamo.reset()
             torch.cuda.empty_cache()
             (out_dir / "hf_compiled.json").write_text(json.dumps(compiled, indent=1))
-            hf["compiled_prefill_source"] = "measured in this run"
+            hf["compiled_prefill_source"] = (
+                "measured in this run, timed in turn with muser's prefill rep by rep")
         else:
             hf["compiled_prefill_source"] = (
                 f"reused from {args.hf_compiled} (measured in an earlier run on this H200 kind, "

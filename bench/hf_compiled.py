@@ -45,23 +45,36 @@ def static_compile_decode(model, ids: list[int], context: int, steps: int, say) 
     return {"decode_s": statistics.median(times), "compile_s": compile_s}
 
 
-@torch.no_grad()
-def compiled_prefill(model, ids: list[int], lengths: list[int], say) -> dict:
-    """Seconds per prompt of each length through a compiled forward (no cache kept)."""
+def compiled_prefill_calls(model, ids: list[int], lengths: list[int], say) -> dict:
+    """Compile the forward once per prompt length (default mode, static shapes; no cache kept)
+    -> {length: a call running that compiled forward}."""
     dev = model.device
     forward = torch.compile(model.forward, dynamic=False)
-    out = {}
+    calls = {}
     for t in lengths:
         x = torch.tensor([ids[:t]], device=dev)
+
+        @torch.no_grad()
+        def call(x=x):
+            forward(input_ids=x, use_cache=False, logits_to_keep=1)
+
         t0 = time.perf_counter()
-        forward(input_ids=x, use_cache=False, logits_to_keep=1)
+        call()
         torch.cuda.synchronize()
         say(f"  transformers compiled prefill {t}: compiled in {time.perf_counter() - t0:.1f} s")
+        calls[t] = call
+    return calls
+
+
+def compiled_prefill(model, ids: list[int], lengths: list[int], say, reps: int = 7) -> dict:
+    """Seconds per prompt of each length through a compiled forward (median of `reps`)."""
+    out = {}
+    for t, call in compiled_prefill_calls(model, ids, lengths, say).items():
         times = []
-        for _ in range(7):
+        for _ in range(reps):
             torch.cuda.synchronize()
             s0 = time.perf_counter()
-            forward(input_ids=x, use_cache=False, logits_to_keep=1)
+            call()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - s0)
         out[t] = statistics.median(times)
