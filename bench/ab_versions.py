@@ -3,7 +3,9 @@ its own process, the processes alternating (A B A B ...), so both meet the same 
 
     python3 bench/ab_versions.py --versions base=bench/ab_base,head=. --rounds 2 --out DIR
 
-Each entry names a directory holding a `muser` package. Per process: seeded random bf16
+Each entry names a directory holding a `muser` package; an earlier commit's, for example, from
+`mkdir -p bench/ab_base && git archive <commit> muser | tar -x -C bench/ab_base` (left
+untracked, so the device call carries it). Per process: seeded random bf16
 weights, one warm-up pass, then for each prompt length a fresh sequence's one-chunk prefill,
 timed `--reps` times with the lengths interleaved, and the median decode step after 2,048
 tokens. Writes DIR/ab_versions.json.
