@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.attention.plan import SeqInput, StepPlan
+from muser.attention.plan import SeqInput, StepPlan, is_decode_step
 from muser.attention.tiles import classify_tiles
 from muser.config import ModelConfig
 from muser.kvcache.ring import RingState
@@ -172,8 +172,7 @@ def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_i
     sequence's prefill plan to the device, with its tile classifier and tile ranges. `inputs`
     (host int tensors: the step's ids, positions...) travel with the metadata -> (plan, their
     device copies)."""
-    if seqs and all(s.num_rows == 1 for s in seqs) and all(
-            p.route.value == "decode" for p in plan.kinds["sliding"]):
+    if is_decode_step(plan.kinds["sliding"]):
         max_pages = max(len(s.page_ids) for s in seqs)
         layout = DecodeLayout(len(seqs), seqs[0].ring.capacity, page_size, max_pages)
         host = torch.empty(layout.size, dtype=torch.int32)

@@ -46,7 +46,7 @@ class StepPlan:
     window: int
     tile: int
     # kind -> [N] flat cache row of each new row stored before attention (plans written in
-    # place; -1: stored after attention, a STAGING plan's rows)
+    # place; -1: stored after attention, a STAGING plan's rows); empty on a decode step
     stores: dict[str, torch.Tensor]
     decode: dict | None = None  # kind -> DecodeMeta when every sequence brings one row
 
@@ -65,8 +65,14 @@ def plan_step(
         kinds["sliding"].append(sliding[0])
         next_rings.append(sliding[1])
         kinds["global"].append(_plan_global(seq, rows, page_size, tile, force_f32))
-    stores = {kind: _stores(plans, offset) for kind, plans in kinds.items()}
+    stores = {} if is_decode_step(kinds["sliding"]) else {
+        kind: _stores(plans, offset) for kind, plans in kinds.items()}
     return StepPlan(kinds, next_rings, cfg.sliding_window, tile, stores)
+
+
+def is_decode_step(plans: list[SeqPlan]) -> bool:
+    """Every sequence brings one row: the batched decode path, which stores its own rows."""
+    return bool(plans) and all(p.route == Route.DECODE for p in plans)
 
 
 def _stores(plans: list[SeqPlan], num_rows: int) -> torch.Tensor:

@@ -45,8 +45,9 @@ def _step(pool: KVPool, seqs: list[Sequence], sizes: list[int], gen: torch.Gener
         v = torch.randn(n, CFG.num_kv_heads, CFG.head_dim, generator=gen)
         window = WINDOW if kind == "sliding" else None
         k_rows, v_rows = pool.rows(layer_id)
-        # store first, as ops.qk_norm_rope_pair does for the rows written in place
-        ref_ops.store_kv(k_rows, v_rows, k, v, torch.arange(n), plan.stores[kind])
+        for p in plan.kinds[kind]:  # store first, as the decoder does for plans in place
+            if not p.staging:
+                ref_ops.store_kv(k_rows, v_rows, k[p.rows], v[p.rows], p.write_src, p.write_dst)
         out = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], window, 0.25, TILE)
         for s, p in zip(seqs, plan.kinds[kind]):
             s.k[kind] = torch.cat((s.k[kind], k[p.rows].double()))

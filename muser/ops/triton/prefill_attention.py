@@ -25,7 +25,8 @@ from muser.ops.triton.launch import cdiv, launch
 def _flash_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tiles_ptr, ranges_ptr, T, S, q_start, k_start, window,
     scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    stride_ot, stride_oh, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     qt, h = tl.program_id(0), tl.program_id(1)
     kvh = h // G
