@@ -36,6 +36,9 @@ from muser.config import EngineConfig  # noqa: E402
 from muser.graph.weights import random_weights  # noqa: E402
 from muser.ops import ref  # noqa: E402
 from muser.ops.triton import alloc, launch, pdl  # noqa: E402
+from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES  # noqa: E402
+from muser.ops.triton.gemm import gemm  # noqa: E402
+from muser.ops.triton.gemv import NormEpilogue  # noqa: E402
 from muser.presets import preset  # noqa: E402
 from muser.runner import Runner  # noqa: E402
 
@@ -91,6 +94,22 @@ def rel_err(out: torch.Tensor, expect: torch.Tensor) -> float:
     return ((out - expect).norm() / expect.norm().clamp_min(1e-30)).item()
 
 
+def ulp_band_excess(got: torch.Tensor, want: torch.Tensor, proj: torch.Tensor,
+                    post: torch.Tensor, eps: float) -> float:
+    """The fused residual add after a projection, checked element by element: max over elements
+    of |got - want| / band, where band = one bf16 ulp of the projection's output (rounded to
+    bf16 before the add) * its norm's scale * |post|, plus float32 slack. y is rounded from a
+    float32 sum; where that and the float64 sum round to neighbouring bf16 values, the element
+    moves by exactly that band. <= 1: every element is within one flip."""
+    inv = (proj.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    ulp = torch.exp2(torch.floor(torch.log2(proj.abs().clamp_min(1e-30))) - 7)
+    band = ulp * inv * post.abs() + 1e-6 * (want.abs() + 1)
+    got = got.double()
+    if got.isnan().any():
+        return float("inf")
+    return ((got - want).abs() / band).max().item()
+
+
 def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
     """Each op at `cfg`'s real shapes vs float64, outputs poisoned (NaN) before each run."""
     alloc.POISON = True
@@ -121,21 +140,42 @@ def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
         proj = (x.to(BF16).double() @ w.double().t()).to(BF16).double()
         record(f"gemv gate_up+geglu N={n}", (2 * i, h),
                rel_err(tops.linear_geglu(x, w), ref.geglu(proj)), lin_tol)
+    def check_norm(kind: str, name: str, w: torch.Tensor, n: int, project) -> None:
+        """project(x, w, norm epilogue) -> (new residual, normed): both vs float64."""
+        m, k = w.shape
+        x, res = rn(n, k, dt=BF16), rn(n, m, sc=3.0)
+        post, nxt = 1 + rn(m, sc=0.1), 1 + rn(m, sc=0.1)
+        got = project(x, w, NormEpilogue(res, post, nxt, 1e-6, BF16))
+        proj = (x.double() @ w.double().t()).to(BF16).double()
+        want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+        record(f"{kind} {name}+add_rms_norm N={n} (res, ulps)", (m, k),
+               ulp_band_excess(got[0], want[0], proj, post.double(), 1e-6), 1.0)
+        record(f"{kind} {name}+add_rms_norm N={n} (out)", (m, k), rel_err(got[1], want[1]),
+               lin_tol)
+
+    def linear_norm(x, w, e):
+        return tops.linear_add_rms_norm(x, w, e.residual, e.post, e.next, e.eps, e.dtype)
+
     for name, m, k in [("o_proj", h, q), ("down", h, i)]:
         w = rn(m, k, dt=BF16, sc=k**-0.5)
         for n in (1, 4, 64):
-            x, res = rn(n, k, dt=BF16), rn(n, m, sc=3.0)
-            post, nxt = 1 + rn(m, sc=0.1), 1 + rn(m, sc=0.1)
-            got = tops.linear_add_rms_norm(x, w, res, post, nxt, 1e-6, BF16)
-            proj = (x.double() @ w.double().t()).to(BF16).double()
-            want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
-            kind = "gemv" if n <= 8 else "gemm"
-            # NOTE: y is rounded to bf16 first; where float32 sums and float64 round to
-            # neighbouring bf16 values the residual moves by that ulp * rms scale * post
-            record(f"{kind} {name}+add_rms_norm N={n} (res)", (m, k), rel_err(got[0], want[0]),
-                   1e-4)
-            record(f"{kind} {name}+add_rms_norm N={n} (out)", (m, k), rel_err(got[1], want[1]),
-                   lin_tol)
+            check_norm("gemv" if n <= 8 else "linear", name, w, n, linear_norm)
+    # each prefill GEMM config the projections may pick, with each epilogue, at a width no
+    # tile divides
+    n = 300
+    for c in GEMM_CANDIDATES:
+        kind = f"gemm {c.block_n}x{c.block_m}x{c.block_k}"
+        x = rn(n, h, dt=BF16)
+        w = rn(q + 2 * kv, h, dt=BF16, sc=h**-0.5)
+        record(f"{kind} qkv N={n}", tuple(w.shape),
+               rel_err(gemm(x, w, c), x.double() @ w.double().t()), lin_tol)
+        w = rn(2 * i, h, dt=BF16, sc=h**-0.5)
+        proj = (x.double() @ w.double().t()).to(BF16).double()
+        record(f"{kind} gate_up+geglu N={n}", tuple(w.shape),
+               rel_err(gemm(x, w, c, geglu=True), ref.geglu(proj)), lin_tol)
+        for name, m, k in [("o_proj", h, q), ("down", h, i)]:
+            check_norm(kind, name, rn(m, k, dt=BF16, sc=k**-0.5), n,
+                       lambda x, w, e, c=c: gemm(x, w, c, norm=e))
     gate_up = rn(64, 2 * i, dt=BF16)
     record("geglu", (64, 2 * i), rel_err(tops.geglu(gate_up), ref.geglu(gate_up.double())),
            lin_tol)
@@ -514,9 +554,9 @@ def bench_muser(cfg, weights, ids: list[int], lengths, decode_steps: int,
     out |= decode_step(runner, ids, decode_steps)
     if launch_ab:
         out["pdl_ab"] = pdl_ab(cfg, weights, ids, decode_steps)
-    from muser.ops.triton.linear import decode_choices
+    from muser.ops.triton.linear import choices
 
-    out["decode_projection_paths"] = decode_choices()
+    out["projection_paths"] = choices()
     return out, runner
 
 

@@ -185,13 +185,13 @@ def main() -> int:
         res["startup_s"] = startup
         if name == "gemma3-1b":
             res["prefill"] = {t: host_profile(runner, ids[:t]) for t in (512, 2048)}
-        from muser.ops.triton.linear import decode_choices
+        from muser.ops.triton.linear import choices
 
         seq = runner.allocate()
         runner.forward([seq], [ids[:2048]])
         runner.forward([seq], [[5]])
-        res["decode_choices"] = decode_choices()
-        for shape, c in res["decode_choices"].items():
+        res["choices"] = choices()
+        for shape, c in res["choices"].items():
             best = sorted(c["timed_ms"].items(), key=lambda kv: kv[1])[:3]
             say(f"  {shape}: runs {c['runs']}; fastest {best}")
         res["decode_kernels"] = _profile(runner.graphs.graphs[1].replay)

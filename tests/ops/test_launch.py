@@ -11,10 +11,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 
-from muser.ops.triton.launch import _spec, cdiv, next_power_of_2
+from muser.ops.triton.launch import _bind, cdiv, next_power_of_2
 
 native = pytest.importorskip("triton._C.libtriton").native_specialize_impl
 BACKEND = CUDABackend(GPUTarget("cuda", 90, 32))
+
+
+def _spec(value):
+    """The direct-launch key's part for one argument."""
+    return _bind((value,), [])[1][0]
 
 
 def jit_spec(value):

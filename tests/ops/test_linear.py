@@ -76,3 +76,32 @@ def test_every_gemv_config(gen, epilogue):
                 want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
                 check(out[0], want[0], dtype, scale=2.0)
                 check(out[1], want[1], dtype, scale=2.0)
+
+
+@pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
+@pytest.mark.parametrize("n,m", [(37, 72), (70, 1100)])
+def test_every_gemm_config(gen, epilogue, n, m):
+    """The prefill GEMM with each config the GPU may pick and each epilogue: rows and K (96)
+    that fill no tile exactly, several row blocks, each normalized by its last program (rows
+    of 1,100 in two column passes). Two launches in a row also check that the arrival counters
+    are left at zero."""
+    from muser.ops.triton.gemm import CANDIDATES, SMALL, gemm
+    from muser.ops.triton.gemv import NormEpilogue
+
+    dtype, k = torch.float16, 96
+    x, w = rand(gen, n, k), rand(gen, m, k, dtype=dtype, scale=0.1)
+    proj = (x.to(dtype).double() @ w.double().t()).to(dtype).double()
+    res, post, nxt = _norm_args(gen, n, m, dtype)
+    norm = NormEpilogue(res, post, nxt, 1e-6, dtype) if epilogue == "norm" else None
+    for c in [SMALL, *CANDIDATES]:
+        for _ in range(2):
+            out = gemm(x, w, c, geglu=epilogue == "geglu", norm=norm)
+            if epilogue == "plain":
+                check(out, proj, dtype)
+            elif epilogue == "geglu":
+                check(out, ref.geglu(proj), dtype, scale=2.0)
+            else:
+                want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+                assert out[0].dtype == torch.float32 and out[1].dtype == dtype
+                check(out[0], want[0], dtype, scale=2.0)
+                check(out[1], want[1], dtype, scale=2.0)

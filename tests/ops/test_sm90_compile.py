@@ -20,6 +20,7 @@ from triton.compiler import ASTSource
 # NOTE: modules, not the ops of the same names that muser.ops.triton exports
 gemv = importlib.import_module("muser.ops.triton.gemv")
 decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
+gemm = importlib.import_module("muser.ops.triton.gemm")
 
 def ptx(fn, types, constexprs, **options):
     signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
@@ -38,6 +39,10 @@ for name, block_n, block_m, block_k, stages in [("fma", 1, 8, 512, 3), ("dot", 1
         out[f"gemv {name} pdl={pdl}"] = ptx(kernel, gemv_types, dict(
             GEGLU=False, NORM=True, NORM_BLOCK=2048, BLOCK_N=block_n, BLOCK_M=block_m,
             BLOCK_K=block_k, SPLIT_K=4, PDL=pdl), num_stages=stages)
+for epilogue in ("geglu", "norm"):
+    out[f"gemm {epilogue} pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
+        GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_ROWS=4, NORM_BLOCK=1024,
+        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, PDL=True), num_warps=8, num_stages=3)
 attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*fp32",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
@@ -59,7 +64,13 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 5
+    assert len(ptx) == 7
+
+
+def test_prefill_gemm_runs_on_hopper_tensor_cores(ptx):
+    for name, code in ptx.items():
+        if name.startswith("gemm"):
+            assert "wgmma.mma_async" in code, name
 
 
 def test_pdl_waits_and_releases_only_when_asked(ptx):

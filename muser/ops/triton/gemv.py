@@ -40,7 +40,7 @@ def gelu_tanh(x):
 
 
 @triton.jit
-def _weight_rows(M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
+def weight_rows(M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
     """This program's weight rows and their validity. With GEGLU, row r of the block is gate
     row j = r // 2 (r even) or up row j (r odd) of output column block * BLOCK_M / 2 + j."""
     r = tl.arange(0, BLOCK_M)
@@ -97,9 +97,9 @@ def _row_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, N, M, stride_rn, eps,
 
 
 @triton.jit
-def _epilogue(y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-              stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
-              NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def epilogue(y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+             stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
+             NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """y: this block's complete float32 sums [BLOCK_N, BLOCK_M] -> the launch's outputs."""
     y = y.to(w_dtype).to(tl.float32)
     if GEGLU:
@@ -128,8 +128,8 @@ def _finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, re
             SPLIT_K: tl.constexpr):
     """acc: this program's float32 sums [BLOCK_N, BLOCK_M] over its K range."""
     if SPLIT_K == 1:
-        _epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-                  stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N, BLOCK_M)
+        epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+                 stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N, BLOCK_M)
     else:
         v = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # rows in program order
         at = part_ptr + rn[:, None] * M + v[None, :]
@@ -139,9 +139,9 @@ def _finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, re
             total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             for s in tl.static_range(SPLIT_K):
                 total += tl.load(at + s * N * M, mask=mask, other=0.0, cache_modifier=".cg")
-            _epilogue(total, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
-                      N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N,
-                      BLOCK_M)
+            epilogue(total, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
+                     N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N,
+                     BLOCK_M)
 
 
 @triton.jit
@@ -151,7 +151,7 @@ def _gemv_fma_kernel(
     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    rows, valid = _weight_rows(M, BLOCK_M, GEGLU)
+    rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * k_per_split
@@ -178,7 +178,7 @@ def _gemv_dot_kernel(
     NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    rows, valid = _weight_rows(M, BLOCK_M, GEGLU)
+    rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * k_per_split

@@ -1,12 +1,18 @@
-"""Projections: cuBLAS tensor-core GEMM for prefill chunks; for decode rows (N <= 8) the
-fastest of the Triton GEMV configs and cuBLAS, measured once per shape on the device. The
-op after a projection (GeGLU, or the residual add + RMSNorm pair) rides in the GEMV's
-epilogue at decode width where that times faster, and runs as its own kernel otherwise.
+"""Projections, each followed by the op after it (GeGLU, or the residual add + RMSNorm pair)
+where the caller asks:
 
-Each decode shape is timed in a CUDA graph (no launch gaps), over enough weight copies to
-defeat L2, the first time it is seen (the engine's warm-up, before graph capture); the
-winner is remembered for the process. MUSER_GEMV=0 routes decode rows to cuBLAS only.
-Outputs are in the weight dtype (the reference rounds to it too); consumers upcast on load.
+- decode rows (N <= 8): the fastest of the Triton GEMV configs (op fused into the epilogue, or
+  as its own kernel) and cuBLAS, each timed in a CUDA graph (no launch gaps, as decode
+  replays), over enough weight copies to defeat L2;
+- prefill chunks: the fastest of the Triton GEMM configs (op fused into the epilogue) and a
+  cuBLAS tensor-core GEMM followed by the op's own kernel, each timed eagerly, back to back
+  (prefill runs eagerly: at a small model's chunk widths the host's launch work decides), per
+  power-of-two bucket of rows.
+
+A shape is timed the first time it is seen (decode: the engine's warm-up, before graph
+capture; prefill: the first chunk of its bucket); the winner is remembered for the process.
+MUSER_GEMV=0 routes every projection to cuBLAS. Outputs are in the weight dtype (the
+reference rounds to it too); consumers upcast on load.
 """
 
 from __future__ import annotations
@@ -14,16 +20,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from collections.abc import Callable
 
 import torch
 
 from muser.ops.triton import pdl
 from muser.ops.triton.geglu import geglu
+from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
+from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
+from muser.ops.triton.launch import next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
 
-_CHOICE: dict[tuple, GemvConfig | None] = {}  # None: cuBLAS
+_CHOICE: dict[tuple, GemvConfig | GemmConfig | None] = {}  # None: cuBLAS
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
 _L2_DEFEAT_BYTES = 192 << 20
 _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
@@ -48,9 +58,9 @@ def linear_add_rms_norm(
     return _project(x, weight, False, NormEpilogue(residual, post_weight, next_weight, eps, dtype))
 
 
-def decode_choices() -> dict[str, dict]:
-    """Per decode shape (rows, M, K, epilogue, dtypes): the config it runs and the measured ms
-    of every candidate (for benchmark receipts)."""
+def choices() -> dict[str, dict]:
+    """Per shape (decode rows or prefill bucket, M, K, epilogue, dtypes): the config it runs
+    and the measured ms of every candidate (for benchmark receipts)."""
     return {str(k): {"runs": "cublas" if c is None else str(c), "timed_ms": _TIMED.get(k, {})}
             for k, c in _CHOICE.items()}
 
@@ -71,10 +81,12 @@ def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     return _after(torch.mm(x, weight.t()), geglu_out, norm)
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu_out: bool,
-         norm: NormEpilogue | None):
+def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig | None,
+         geglu_out: bool, norm: NormEpilogue | None):
     if config is None:
         return _cublas(x, weight, geglu_out, norm)
+    if isinstance(config, GemmConfig):
+        return gemm(x, weight, config, geglu_out, norm)
     if config.fused:
         return gemv(x, weight, config, geglu_out, norm)
     return _after(gemv(x, weight, config), geglu_out, norm)
@@ -82,20 +94,31 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None, geglu
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
-    if x.shape[0] > MAX_ROWS or _CUBLAS_ONLY:
+    n = x.shape[0]
+    if _CUBLAS_ONLY or (n > MAX_ROWS and not x.is_cuda):
         return _cublas(x, weight, geglu_out, norm)
     if not x.is_cuda:  # the interpreter: one small config, nothing to time
         return gemv(x, weight, geglu=geglu_out, norm=norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
     if key not in _CHOICE:
-        _CHOICE[key], _TIMED[key] = _pick(x, weight, geglu_out, norm)
+        pick = _pick if n <= MAX_ROWS else _pick_gemm
+        _CHOICE[key], _TIMED[key] = pick(x, weight, geglu_out, norm)
     return _run(x, weight, _CHOICE[key], geglu_out, norm)
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
-    """A decode shape's key in the choices: rows, M, K, epilogue, dtypes. (Chosen once under
-    the launch mode of the first call: a benchmark comparing launch modes keeps the configs.)"""
-    return x.shape[0], weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype
+    """A shape's key in the choices: decode rows (<= 8) or the power-of-two bucket of prefill
+    rows (> 8), M, K, epilogue, dtypes. (Chosen once under the launch mode of the first call:
+    a benchmark comparing launch modes keeps the configs.)"""
+    n = x.shape[0]
+    rows = n if n <= MAX_ROWS else next_power_of_2(n)
+    return rows, weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype
+
+
+def _copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """weight and enough copies of it to defeat L2 when timed in rotation."""
+    return [weight] + [weight.clone() for _ in range(
+        min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes) - 1))]
 
 
 def _pick(
@@ -104,8 +127,7 @@ def _pick(
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
-    copies = [weight] + [weight.clone() for _ in range(
-        min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes) - 1))]
+    copies = _copies(weight)
     configs: list[GemvConfig | None] = [None]
     for c in candidates(n, m, k):
         configs += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
@@ -147,3 +169,34 @@ def _graph_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 4) -> float
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / (3 * reps * len(weights))
+
+
+def _pick_gemm(
+    x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
+) -> tuple[GemmConfig | None, dict[str, float]]:
+    copies = _copies(weight)
+    best, best_ms, timed = None, math.inf, {}
+    for config in [None, *GEMM_CANDIDATES]:
+        try:
+            ms = _eager_ms(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
+        except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
+            continue
+        timed["cublas" if config is None else str(config)] = round(ms, 5)
+        if ms < best_ms:
+            best, best_ms = config, ms
+    return best, timed
+
+
+def _eager_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 8) -> float:
+    """Milliseconds per call of fn(w) launched eagerly, back to back, over rotating weights
+    (the best of three runs): the host's work per call counts as well as the GPU's."""
+    fn(weights[0])
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for i in range(reps):
+            fn(weights[i % len(weights)])
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best * 1e3

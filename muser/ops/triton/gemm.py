@@ -1,0 +1,149 @@
+"""Prefill GEMM: y[N, M] = x[N, K] @ W[M, K]^T on tensor cores, with the op after the projection
+in its epilogue, so a chunk's projection and that op are one launch:
+
+- plain: y in the weight dtype (the QKV projection);
+- GEGLU (W = [gate; up]): gelu_tanh(gate) * up [N, I]; no gate_up tensor in between;
+- NORM: the residual add + RMSNorm pair after o_proj and down. Each program stores its tile of
+  y (rounded to the weight dtype) as float32 into the new residual; the last program of a row
+  block to finish (`arrive`) normalizes those rows: h = residual + rms_norm(y, post) in place,
+  then rms_norm(h, next).
+
+The epilogues are the decode GEMV's (`gemv.epilogue`), over a tile of rows instead of all of
+them. At a small model's chunk widths prefill is host-bound, and one launch here replaces a
+cuBLAS call, an allocation and a kernel: `linear` times both per shape and runs the faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.triton.alloc import empty
+from muser.ops.triton.arrive import arrive, counters
+from muser.ops.triton.gemv import NormEpilogue, epilogue, weight_rows
+from muser.ops.triton.launch import cdiv, launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
+
+
+@triton.jit
+def _rows_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M, stride_rn, stride_on,
+               eps, ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Rows r0 .. r0 + ROWS (those < end): h = res + rms_norm(y, post) over y_ptr in place, out =
+    rms_norm(h, next) (ref.add_rms_norm), in passes over BLOCK_E columns."""
+    r = r0 + tl.arange(0, ROWS)
+    live = r[:, None] < end
+    y_at = y_ptr + r[:, None].to(tl.int64) * M
+    sq = tl.zeros((ROWS, BLOCK_E), tl.float32)
+    for m0 in range(0, M, BLOCK_E):
+        e = m0 + tl.arange(0, BLOCK_E)
+        y = tl.load(y_at + e[None, :], mask=live & (e[None, :] < M), other=0.0,
+                    cache_modifier=".cg")
+        sq += y * y
+    inv = tl.rsqrt(tl.sum(sq, axis=1) / M + eps)
+    sq = tl.zeros((ROWS, BLOCK_E), tl.float32)
+    for m0 in range(0, M, BLOCK_E):
+        e = m0 + tl.arange(0, BLOCK_E)
+        mask = live & (e[None, :] < M)
+        y = tl.load(y_at + e[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        res = tl.load(res_ptr + r[:, None].to(tl.int64) * stride_rn + e[None, :], mask=mask,
+                      other=0.0)
+        post = tl.load(post_ptr + e, mask=e < M, other=0.0)
+        h = res + y * inv[:, None] * post[None, :]
+        tl.store(y_at + e[None, :], h, mask=mask)
+        sq += h * h
+    tl.debug_barrier()
+    inv = tl.rsqrt(tl.sum(sq, axis=1) / M + eps)
+    for m0 in range(0, M, BLOCK_E):
+        e = m0 + tl.arange(0, BLOCK_E)
+        mask = live & (e[None, :] < M)
+        h = tl.load(y_at + e[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        out = h * inv[:, None] * tl.load(next_ptr + e, mask=e < M, other=0.0)[None, :]
+        tl.store(out_ptr + r[:, None].to(tl.int64) * stride_on + e[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, w_ptr, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M, K,
+    stride_xn, stride_on, stride_rn, eps, GEGLU: tl.constexpr, NORM: tl.constexpr,
+    NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j."""
+    rows, valid = weight_rows(M, BLOCK_M, GEGLU)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    x_at = x_ptr + rn[:, None].to(tl.int64) * stride_xn + rk[None, :]
+    w_at = w_ptr + rows[:, None].to(tl.int64) * K + rk[None, :]
+    w_dtype = w_ptr.dtype.element_ty
+    enter(PDL)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_in = rk[None, :] < K - k0
+        x = tl.load(x_at, mask=(rn[:, None] < N) & k_in, other=0.0)
+        w = tl.load(w_at, mask=valid[:, None] & k_in, other=0.0)
+        acc = tl.dot(x.to(w_dtype), tl.trans(w), acc)
+        x_at += BLOCK_K
+        w_at += BLOCK_K
+    if NORM:
+        y = acc.to(w_dtype).to(tl.float32)
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        tl.store(res_out_ptr + rn[:, None].to(tl.int64) * M + rm[None, :], y,
+                 mask=(rn[:, None] < N) & (rm[None, :] < M))
+        if arrive(cnt_ptr + tl.program_id(1), tl.num_programs(0)):  # this row block's last
+            end = tl.minimum(N, (tl.program_id(1) + 1) * BLOCK_N)
+            for r0 in range(tl.program_id(1) * BLOCK_N, end, NORM_ROWS):
+                _rows_norm(res_out_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M,
+                           stride_rn, stride_on, eps, NORM_ROWS, NORM_BLOCK)
+    else:
+        epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+                 stride_on, stride_rn, eps, w_dtype, GEGLU, False, NORM_BLOCK, BLOCK_N, BLOCK_M)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_n: int  # x rows per program
+    block_m: int  # weight rows per program (with GeGLU, half gate and half up rows)
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+CANDIDATES = [GemmConfig(128, 128, 64, 8, 3), GemmConfig(64, 128, 64, 4, 3),
+              GemmConfig(32, 64, 64, 4, 3)]
+SMALL = GemmConfig(16, 32, 32, 4, 2)  # the interpreter's
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
+         geglu: bool = False, norm: NormEpilogue | None = None):
+    """x: [N, K] any float; weight: [M, K] contiguous -> as `gemv.gemv`: plain [N, M] in
+    weight.dtype; geglu [N, M / 2]; norm (new residual f32, its rms_norm in norm.dtype)."""
+    n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
+    assert weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
+    assert not (geglu and norm) and (not geglu or m % 2 == 0)
+    c, dev = config, x.device
+    row_blocks = cdiv(n, c.block_n)
+    res = post = nxt = res_out = None
+    cnt = None
+    if norm is not None:
+        assert norm.residual.shape == (n, m) and norm.residual.stride(-1) == 1
+        out = empty((n, m), norm.dtype, dev)
+        res_out = empty((n, m), torch.float32, dev)
+        res, post, nxt = norm.residual, norm.post, norm.next
+        cnt = counters(dev, row_blocks)
+    else:
+        out = empty((n, m // 2 if geglu else m), weight.dtype, dev)
+    norm_block = min(next_power_of_2(m), 1024)
+    launch(
+        _gemm_kernel, (cdiv(m, c.block_m), row_blocks), x, weight, out,
+        cnt if cnt is not None else out, res if res is not None else out,
+        post if post is not None else out, nxt if nxt is not None else out,
+        res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
+        res.stride(0) if res is not None else 0, norm.eps if norm is not None else 0.0,
+        GEGLU=geglu, NORM=norm is not None, NORM_ROWS=min(c.block_n, max(1, 4096 // norm_block)),
+        NORM_BLOCK=norm_block, BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
+        num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
+    return (res_out, out) if norm is not None else out
