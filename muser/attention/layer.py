@@ -48,15 +48,17 @@ def attend(
                                     decode.lens, decode.origins, decode.block_size, scale,
                                     new=(k, v, decode.src, decode.write_dst))
     outs = []
+    whole = len(plans) == 1  # one sequence: its rows are all of them
     for p in plans:
-        kn, vn = k[p.rows], v[p.rows]
+        kn, vn = (k, v) if whole else (k[p.rows], v[p.rows])
         if p.k_start == p.q_start and kn.dtype == vn.dtype == k_rows.dtype:
             keys, values = kn, vn  # nothing cached before the chunk: its own rows
         else:
             new = (kn, vn) if p.staging else (None, None)
             keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, *new)
-        outs.append(ops.prefill_attention(q[p.rows], keys, values, p.q_start, p.k_start, window,
-                                          scale, p.tiles, tile, p.inner, p.tile_ranges))
+        outs.append(ops.prefill_attention(q if whole else q[p.rows], keys, values, p.q_start,
+                                          p.k_start, window, scale, p.tiles, tile, p.inner,
+                                          p.tile_ranges))
         if p.staging:  # NOTE: commit only after the shadow was attended.
             ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
     return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -89,7 +89,8 @@ def _plan_sliding(
 ) -> tuple[SeqPlan, RingState]:
     ring, n, window = seq.ring, seq.num_rows, cfg.sliding_window
     route = choose_route("sliding", n, seq.start, ring, tile, force_f32)
-    next_ring, writes = ring.append(n)
+    next_ring = ring.advance(n)
+    kept, first = ring.writes(n)
     base = seq.slot * ring.capacity
     staging = n > 1 and not ring.can_append_in_place(n)
     if n == 1:  # stored first, then the newest `window` rows are visible
@@ -100,14 +101,15 @@ def _plan_sliding(
         k_start = ring.logical_end - len(read)
     else:  # contiguous ring: logical row i is physical row i
         k_start = max(0, seq.start - window + 1)
-        read = list(range(k_start, seq.start + n))
+        read = range(k_start, seq.start + n)
     inner = inner_route(n, seq.start, tile) if route == Route.STAGING else route
-    src = torch.tensor([i for i, _ in writes], dtype=torch.long)
-    dst = torch.tensor([base + p for _, p in writes], dtype=torch.long)
+    src = torch.arange(kept.start, kept.stop)
+    dst = base + (first + torch.arange(len(kept))) % ring.capacity
     num_keys = len(read) + (n if staging else 0)
+    read_rows = (torch.arange(read.start, read.stop) if isinstance(read, range) else
+                 torch.tensor(read, dtype=torch.long)) + base
     plan = SeqPlan(
-        rows, route, inner, staging, seq.start, k_start,
-        torch.tensor(read, dtype=torch.long) + base, src, dst,
+        rows, route, inner, staging, seq.start, k_start, read_rows, src, dst,
         _tiles(inner, seq.start, n, k_start, num_keys, window, tile),
     )
     return plan, next_ring

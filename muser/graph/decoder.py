@@ -57,14 +57,14 @@ class Decoder:
         cfg, ops = self.cfg, self.ops
         kind = cfg.layer_kinds[layer_id]
         n, act = x.shape[0], x.dtype  # act: the projections' input dtype
-        q, k, v = ops.linear(x, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
+        qkv = ops.linear(x, w.qkv).view(n, heads + 2 * kv_heads, cfg.head_dim)  # per head
+        q, k, v = qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
         cos, sin = rope[kind]
-        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         k_rows, v_rows = self.pool.rows(layer_id)
         store = None if plan.decode else (k_rows, v_rows, v, plan.stores[kind])
-        q, k = ops.qk_norm_rope_pair(q.view(n, cfg.num_heads, cfg.head_dim),
-                                     k.view(n, cfg.num_kv_heads, cfg.head_dim), w.q_norm,
-                                     w.k_norm, cos, sin, cfg.rms_norm_eps, k_rows.dtype, store)
+        q, k = ops.qk_norm_rope_pair(q, k, w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps,
+                                     k_rows.dtype, store)
         a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
         h, x = ops.linear_add_rms_norm(a.reshape(n, cfg.q_size), w.o_proj, h, w.post_attn_norm,

@@ -51,18 +51,25 @@ class RingState:
 
         Only the last `capacity` new rows are written; older ones would be overwritten anyway.
         """
+        kept, first = self.writes(num_rows)
+        return self.advance(num_rows), [
+            (i, (first + j) % self.capacity) for j, i in enumerate(kept)]
+
+    def writes(self, num_rows: int) -> tuple[range, int]:
+        """Where `append(num_rows)` stores: (the new row indices kept, the physical row of the
+        first of them; each next one follows it, mod capacity)."""
+        first_kept = max(0, num_rows - self.capacity)
+        return range(first_kept, num_rows), (
+            self.physical_origin + self.length + first_kept) % self.capacity
+
+    def advance(self, num_rows: int) -> RingState:
+        """The state after `append(num_rows)`."""
         total = self.length + num_rows
         length = min(total, self.capacity)
         dropped = total - length
-        first_kept = max(0, num_rows - self.capacity)
-        writes = [
-            (i, (self.physical_origin + self.length + i) % self.capacity)
-            for i in range(first_kept, num_rows)
-        ]
-        state = RingState(
+        return RingState(
             capacity=self.capacity,
             logical_origin=self.logical_origin + dropped,
             physical_origin=(self.physical_origin + dropped) % self.capacity,
             length=length,
         )
-        return state, writes

@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _ENABLED = os.environ.get("MUSER_PDL", "1") != "0"
-_CAPABLE: dict[int, bool] = {}
+_OPTIONS: dict[torch.device, dict] = {}  # device -> launch keywords (called per launch)
 _OFF = {"PDL": False}
 _ON = {"PDL": True, "launch_pdl": True}
 
@@ -31,20 +31,22 @@ def set_enabled(enabled: bool) -> None:
     """Turn programmatic dependent launch on or off for later launches and graph captures."""
     global _ENABLED
     _ENABLED = enabled
+    _OPTIONS.clear()
 
 
 def enabled(device: torch.device) -> bool:
     if not _ENABLED or device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABLE:
-        _CAPABLE[index] = torch.cuda.get_device_capability(index) >= (9, 0)
-    return _CAPABLE[index]
+    return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
 def options(device: torch.device) -> dict:
     """The launch keywords of a PDL-aware kernel: its PDL constexpr and Triton's option."""
-    return _ON if enabled(device) else _OFF
+    opts = _OPTIONS.get(device)
+    if opts is None:
+        opts = _OPTIONS[device] = _ON if enabled(device) else _OFF
+    return opts
 
 
 @triton.jit

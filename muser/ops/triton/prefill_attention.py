@@ -69,6 +69,9 @@ def _flash_kernel(
              out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
 
 
+_LOG2E = math.log2(math.e)
+
+
 def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
     """tiles: int8 [QT, KT] classifier -> int32 [QT, 2]: each query tile's [first, last + 1)
     non-empty key tile ((0, 0) when none)."""
@@ -92,21 +95,22 @@ def prefill_attention(
                                      tile, route)
     num_q, heads, head_dim = q.shape
     num_k, kv_heads = keys.shape[0], keys.shape[1]
-    assert q.stride(2) == 1 and keys.stride(2) == 1 and values.stride(2) == 1
+    (qs0, qs1, qs2), (ks0, ks1, ks2), (vs0, vs1, vs2) = q.stride(), keys.stride(), values.stride()
+    assert qs2 == 1 and ks2 == 1 and vs2 == 1
+    dev = q.device
     if tiles is None:
         tiles = classify_tiles(q_start, num_q, k_start, num_k, window, tile, tile)
-    if tiles.device != q.device:
-        tiles = tiles.to(q.device)
+    if tiles.device != dev:
+        tiles = tiles.to(dev)
     ranges = classifier_ranges(tiles) if tile_ranges is None else tile_ranges
-    assert FULL == 2 and tiles.shape == (cdiv(num_q, tile), cdiv(num_k, tile))
+    q_tiles, k_tiles = tiles.shape
+    assert FULL == 2 and q_tiles == cdiv(num_q, tile) and k_tiles == cdiv(num_k, tile)
     assert tiles.is_contiguous()
-    out = empty((num_q, heads, head_dim), keys.dtype, q.device)
-    grid = (tiles.shape[0], heads)
+    out = empty((num_q, heads, head_dim), keys.dtype, dev)
     launch(
-        _flash_kernel, grid, q, keys, values, out, tiles, ranges, num_q, num_k,
-        q_start, k_start, window or 0, scale * math.log2(math.e), tiles.shape[1], q.stride(0),
-        q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-        out.stride(0), out.stride(1),
+        _flash_kernel, (q_tiles, heads), q, keys, values, out, tiles, ranges, num_q, num_k,
+        q_start, k_start, window or 0, scale * _LOG2E, k_tiles, qs0, qs1, ks0, ks1, vs0, vs1,
+        heads * head_dim, head_dim,
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
         num_warps=8 if head_dim > 128 else 4, num_stages=2,
     )

@@ -105,21 +105,23 @@ def qk_norm_rope_pair(
     n, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     half = head_dim // 2
-    assert q.stride(2) == 1 and k.stride(2) == 1 and k.shape == (n, kv_heads, head_dim)
+    (qs0, qs1, qs2), (ks0, ks1, ks2) = q.stride(), k.stride()
+    assert qs2 == 1 and ks2 == 1 and k.shape == (n, kv_heads, head_dim)
     assert half == next_power_of_2(half) and cos.shape == (n, half)
     assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float32
-    q_out = empty((n, heads, head_dim), torch.float32, q.device)
-    k_out = empty((n, kv_heads, head_dim), k_dtype, q.device)
+    dev = q.device
+    q_out = empty((n, heads, head_dim), torch.float32, dev)
+    k_out = empty((n, kv_heads, head_dim), k_dtype, dev)
     if store is None:
         k_rows = v_rows = v = dst = k_out
     else:
         k_rows, v_rows, v, dst = store
         assert k_rows.is_contiguous() and v_rows.is_contiguous() and v.stride(2) == 1
         assert v.shape == k.shape and dst.shape == (n,) and k_rows.shape[1:] == k.shape[1:]
+    vs0, vs1, _ = v.stride()
     if n:
         launch(_qk_pair_kernel, (n * (heads + kv_heads),),
                q, k, q_weight, k_weight, cos, sin, q_out, k_out, v, k_rows, v_rows, dst, heads,
-               kv_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-               v.stride(1), cos.stride(0), eps, HALF=half, STORE=store is not None,
-               **options(q.device))
+               kv_heads, qs0, qs1, ks0, ks1, vs0, vs1, cos.stride(0), eps, HALF=half,
+               STORE=store is not None, **options(dev))
     return q_out, k_out
