@@ -708,17 +708,21 @@ def host_profile(runner: Runner, ids: list[int]) -> dict:
 
 
 def host_costs(calls: int = 2000) -> dict:
-    """Host microseconds per call of the torch entry points a prefill forward makes most often
-    (no profiler attached; the GPU work queues behind)."""
+    """Host microseconds per call of the torch entry points and Triton ops a prefill forward
+    makes most often (no profiler attached; the GPU work queues behind)."""
     x = torch.randn(512, 1152, device=DEV).to(BF16)
     w = torch.randn(1536, 1152, device=DEV).to(BF16)
     wt = w.t()
+    r, n = torch.randn(512, 1152, device=DEV), torch.ones(1152, device=DEV)
     ops = {
         "torch.empty": lambda: torch.empty((512, 1152), dtype=BF16, device=x.device),
         "torch.mm(x, w.t())": lambda: torch.mm(x, w.t()),
         "torch.mm(x, wt)": lambda: torch.mm(x, wt),
         "F.linear(x, w)": lambda: torch.nn.functional.linear(x, w),
         "x.device": lambda: x.device,
+        "geglu op (Triton, 5 args)": lambda: tops.geglu(x),
+        "add_rms_norm op (Triton, 10 args)": lambda: tops.add_rms_norm(r, x, n, n, 1e-6, BF16),
+        "prefill GEMM op (Triton, 16 args)": lambda: gemm(x, w, GEMM_CANDIDATES[1]),
     }
     out = {}
     for name, fn in ops.items():
