@@ -94,22 +94,20 @@ def _plan_sliding(
     base = seq.slot * ring.capacity
     staging = n > 1 and not ring.can_append_in_place(n)
     if n == 1:  # stored first, then the newest `window` rows are visible
-        read = next_ring.tail(window)
+        read = torch.tensor(next_ring.tail(window), dtype=torch.long)
         k_start = next_ring.logical_end - len(read)
     elif staging:
-        read = ring.tail(window - 1)
+        read = torch.tensor(ring.tail(window - 1), dtype=torch.long)
         k_start = ring.logical_end - len(read)
     else:  # contiguous ring: logical row i is physical row i
         k_start = max(0, seq.start - window + 1)
-        read = range(k_start, seq.start + n)
+        read = torch.arange(k_start, seq.start + n)
     inner = inner_route(n, seq.start, tile) if route == Route.STAGING else route
     src = torch.arange(kept.start, kept.stop)
     dst = base + (first + torch.arange(len(kept))) % ring.capacity
     num_keys = len(read) + (n if staging else 0)
-    read_rows = (torch.arange(read.start, read.stop) if isinstance(read, range) else
-                 torch.tensor(read, dtype=torch.long)) + base
     plan = SeqPlan(
-        rows, route, inner, staging, seq.start, k_start, read_rows, src, dst,
+        rows, route, inner, staging, seq.start, k_start, read + base, src, dst,
         _tiles(inner, seq.start, n, k_start, num_keys, window, tile),
     )
     return plan, next_ring

@@ -51,6 +51,19 @@ def test_linear_add_rms_norm(gen, dtype, n, m):
     check(y, y_ref, dtype, scale=2.0)
 
 
+def _check_epilogue(out, epilogue: str, proj: torch.Tensor, norm, dtype) -> None:
+    """out of a projection (float64 result `proj`, rounded) with its epilogue vs float64."""
+    if epilogue == "plain":
+        check(out, proj, dtype)
+    elif epilogue == "geglu":
+        check(out, ref.geglu(proj), dtype, scale=2.0)
+    else:
+        want = ref.add_rms_norm(norm.residual.double(), proj, norm.post.double(),
+                                norm.next.double(), 1e-6)
+        check(out[0], want[0], dtype, scale=2.0)
+        check(out[1], want[1], dtype, scale=2.0)
+
+
 @pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
 def test_every_gemv_config(gen, epilogue):
     """Each config the GPU may pick (FMA or tensor-core tiles, split over K or not, whose
@@ -67,15 +80,8 @@ def test_every_gemv_config(gen, epilogue):
                                      GemvConfig("dot", 16, 32, 2, 4)]
     for c in configs:
         for _ in range(2):
-            out = gemv(x, w, c, geglu=epilogue == "geglu", norm=norm)
-            if epilogue == "plain":
-                check(out, proj, dtype)
-            elif epilogue == "geglu":
-                check(out, ref.geglu(proj), dtype, scale=2.0)
-            else:
-                want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
-                check(out[0], want[0], dtype, scale=2.0)
-                check(out[1], want[1], dtype, scale=2.0)
+            _check_epilogue(gemv(x, w, c, geglu=epilogue == "geglu", norm=norm), epilogue, proj,
+                            norm, dtype)
 
 
 @pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
@@ -96,12 +102,6 @@ def test_every_gemm_config(gen, epilogue, n, m):
     for c in [SMALL, *CANDIDATES]:
         for _ in range(2):
             out = gemm(x, w, c, geglu=epilogue == "geglu", norm=norm)
-            if epilogue == "plain":
-                check(out, proj, dtype)
-            elif epilogue == "geglu":
-                check(out, ref.geglu(proj), dtype, scale=2.0)
-            else:
-                want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+            if norm is not None:
                 assert out[0].dtype == torch.float32 and out[1].dtype == dtype
-                check(out[0], want[0], dtype, scale=2.0)
-                check(out[1], want[1], dtype, scale=2.0)
+            _check_epilogue(out, epilogue, proj, norm, dtype)
