@@ -48,11 +48,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=_positive_int, default=32768,
                    help="context length in tokens, capped by the model's (default: %(default)s)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads (default: all cores)")
-    p.add_argument("--decode-weights", choices=["auto", "packed", "dense"], default="auto",
-                   help="CPU decode: 'packed' reads the GGUF file's int8 codes through a C "
-                   "kernel built once with the system compiler (same float32 weights, ~3.5x "
-                   "fewer bytes per token); 'dense' reads float32; 'auto' packs when the CPU "
-                   "runs float32 and the kernel builds (default: %(default)s)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
     p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
@@ -62,7 +57,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
-                  num_threads=args.threads, decode_weights=args.decode_weights)
+                  num_threads=args.threads)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

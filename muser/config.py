@@ -80,4 +80,3 @@ class EngineConfig:
     page_size: int = 256  # rows per KV page of full-attention layers
     num_pages: int | None = None  # None: sized from max_num_seqs * max_model_len
     num_threads: int | None = None
-    decode_weights: str = "auto"  # CPU: packed (GGUF int8 codes) | dense | auto; see LLM

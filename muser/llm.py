@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,6 @@ import torch
 from muser.config import EngineConfig, default_dtypes
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine
-from muser.errors import MuserError
 from muser.loading import load_model
 from muser.runner import Runner
 from muser.scheduler import Scheduler
@@ -44,33 +42,12 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _packed(config: EngineConfig) -> bool:
-    """Whether CPU decode reads packed GGUF codes (EngineConfig.decode_weights): "packed"
-    insists, "dense" declines, "auto" packs float32 CPU weights when the C kernel builds and
-    says so, with the reason, when it cannot."""
-    from muser.ops import backend, cpu, native
+def _keeps_codes(config: EngineConfig) -> bool:
+    """Whether the loader keeps the file's block codes: the CPU backend at float32 reads them
+    directly (muser.ops.packed); 16-bit CPU weights and the GPU take dequantized values."""
+    from muser.ops import backend, cpu
 
-    mode = config.decode_weights
-    if mode not in ("auto", "packed", "dense"):
-        raise MuserError(f"decode_weights must be auto, packed or dense, not {mode!r}")
-    if mode == "dense":
-        return False
-    # the CPU backend reads codes; the reference (MUSER_OPS=ref) reads dense weights
-    eligible = backend(config.device) is cpu and config.dtype == "float32"
-    if mode == "packed" and not eligible:
-        raise MuserError("--decode-weights packed needs --device cpu and --dtype float32 "
-                         f"(have {config.device}, {config.dtype}) and the CPU backend "
-                         "(MUSER_OPS=ref runs the dense reference)")
-    if not eligible:
-        return False
-    try:
-        native.library()
-    except native.NativeUnavailable as exc:
-        if mode == "packed":
-            raise
-        warnings.warn(f"decode reads dense float32 weights (slower): {exc}", stacklevel=3)
-        return False
-    return True
+    return backend(config.device) is cpu and config.dtype == "float32"
 
 
 class LLM:
@@ -91,7 +68,7 @@ class LLM:
 
             loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress)
         else:
-            loaded = load_model(model, dtype, config.device, progress, _packed(config))
+            loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config))
         limit = loaded.config.max_position_embeddings
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path

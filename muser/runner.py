@@ -44,7 +44,8 @@ class Runner:
         )
         self.pages = PageAllocator(num_pages)
         self.free_slots = list(range(engine.max_num_seqs - 1, -1, -1))
-        self.model = Decoder(cfg, weights, self.pool, ops.backend(self.device))
+        backend = ops.backend(self.device)
+        self.model = Decoder(cfg, backend.prepare_weights(weights), self.pool, backend)
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not engine.enforce_eager:
             self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, cfg.sliding_window,

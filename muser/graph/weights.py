@@ -36,8 +36,7 @@ class ModelWeights:
     @property
     def dtype(self) -> torch.dtype:
         """The projections' dtype: norms hand them their input already rounded to it."""
-        qkv = self.layers[0].qkv
-        return qkv.dense.dtype if isinstance(qkv, PackedMatrix) else qkv.dtype
+        return self.layers[0].qkv.dtype
 
     @property
     def head(self) -> Matrix:
@@ -45,13 +44,13 @@ class ModelWeights:
         return self.embed if self.lm_head is None else self.lm_head
 
     def nbytes(self) -> int:
-        """Bytes held, each tensor once (a packed head shares the embedding's dense matrix)."""
+        """Bytes held, each tensor once (a tied head shares the embedding's)."""
         tensors: dict[int, torch.Tensor] = {}
         mats = [self.embed, self.final_norm, self.head]
         for layer in self.layers:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
-            parts = [m.dense, m.codes, m.scales, m.mins] if isinstance(m, PackedMatrix) else [m]
+            parts = [m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else [m]
             tensors.update((id(t), t) for t in parts if t is not None)
         return sum(t.nbytes for t in tensors.values())
 

@@ -25,7 +25,7 @@ def load_model(
     progress: bool = True, pack: bool = False,
 ) -> LoadedModel:
     """Load a GGUF file (None: the embedded default model) onto `device`; `pack` keeps the
-    int8 codes of block-quantized matrices for CPU decode."""
+    block codes of quantized matrices for the CPU kernels (muser.ops.packed)."""
     from muser.errors import ModelLoadError
     from muser.loading.default_model import default_model_path
     from muser.loading.gguf import config_from_gguf, load_weights, open_gguf

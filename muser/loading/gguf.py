@@ -87,12 +87,11 @@ def load_weights(
     progress: bool = False, pack: bool = False,
 ) -> ModelWeights:
     """Dequantize every tensor; matrices to `dtype`, norms stay float32. `pack` (CPU, float32)
-    also keeps each block-quantized matrix's int8 codes for decode (muser.ops.packed)."""
+    keeps each block-quantized matrix as its codes instead (muser.ops.packed): no dense copy."""
     tensors = {t.name: t for t in reader.tensors}
     bar = tqdm(total=len(tensors), desc="loading weights", unit="tensor", disable=not progress)
 
-    def get(name: str, to: torch.dtype, packable: bool = False,
-            keep_dense: bool = True) -> torch.Tensor | PackedMatrix:
+    def get(name: str, to: torch.dtype, packable: bool = False) -> torch.Tensor | PackedMatrix:
         if name not in tensors:
             raise ModelLoadError(f"GGUF file lacks tensor '{name}'")
         t = tensors[name]
@@ -100,15 +99,11 @@ def load_weights(
         raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
         try:
             c = codes(raw, t.tensor_type, shape) if pack and packable else None
-            if c is None:
-                w = dequantize(raw, t.tensor_type, shape)
-            else:
-                w = c.dequantize().reshape(shape) if keep_dense else None
+            w = dequantize(raw, t.tensor_type, shape) if c is None else None
         except UnsupportedQuantization as exc:
             raise ModelLoadError(f"tensor '{name}': {exc}") from None
         bar.update()
-        w = None if w is None else w.to(device=device, dtype=to)
-        return PackedMatrix.from_codes(c, shape, w) if c else w
+        return PackedMatrix.from_codes(c, shape) if c else w.to(device=device, dtype=to)
 
     def layer(i: int) -> LayerWeights:
         fields = {}
@@ -120,8 +115,8 @@ def load_weights(
         return LayerWeights(**fields)
 
     inv = {v: k for k, v in GLOBAL_NAMES.items()}
-    weights = ModelWeights(  # a packed embedding keeps no dense twin (muser.ops.packed)
-        embed=get(inv["embed"], dtype, packable=True, keep_dense=False),
+    weights = ModelWeights(
+        embed=get(inv["embed"], dtype, packable=True),
         final_norm=get(inv["final_norm"], torch.float32),
         layers=[layer(i) for i in range(cfg.num_layers)],
     )
@@ -130,7 +125,7 @@ def load_weights(
 
 
 def _cat_rows(parts: list[torch.Tensor | PackedMatrix]) -> torch.Tensor | PackedMatrix:
-    """Fused rows (QKV, gate+up): packed when every part is, else dense."""
+    """Fused rows (QKV, gate+up): codes when every part has them, else values."""
     if all(isinstance(p, PackedMatrix) for p in parts):
         return cat_rows(parts)
-    return torch.cat([dense(p) for p in parts])
+    return torch.cat([dense(p).to(parts[0].dtype) for p in parts])

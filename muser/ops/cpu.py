@@ -1,61 +1,81 @@
-"""The CPU backend: the torch reference, except where a decode step's fixed costs dominate.
-Projections over packed weights read int8 codes, and float32 norms, QK-norm + RoPE and decode
-attention of a few rows run in compiled C (`muser.ops.native`; each has its spec in `ref`);
-decode attention reads cached keys in place, and a few new KV rows are stored by copy."""
+"""The CPU backend: muser's own C kernels at every width (`muser.ops.native`), so each output
+is reduced in one order whether a step carries 1 row or 512 — a prompt gives the same logits
+and K/V bits prefilled in one chunk, in chunks of any width, or token by token, alone or in
+a batch. Projections read packed matrices (GGUF codes, or values; `muser.ops.packed`);
+attention visits each query's keys by distance from it, wherever they are stored. What stays
+in torch moves data or is one IEEE operation per element (embedding lookup, scaling, casts,
+cache stores). Each op has its spec in `muser.ops.ref`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from muser.attention.dense_ref import attention_decode
+from muser.graph.weights import ModelWeights
 from muser.ops import native, ref
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import embed, geglu, prefill_attention, rope_cos_sin, stage_gather
+from muser.ops.ref import embed, stage_gather
+
+FEW_ROWS = 8  # stores of at most this many rows are copied row by row (index_put is slower)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
-    """x: [N, K] -> [N, M] float32. Up to native.MAX_ROWS rows (decode) on a packed weight
-    read its codes; wider chunks run the float32 GEMM on its dense twin, or, where none is
-    kept (the LM head), read the codes MAX_ROWS rows at a time."""
-    if isinstance(weight, PackedMatrix):
-        if x.shape[0] <= native.MAX_ROWS:
-            return native.qgemv(x, weight)
-        if weight.dense is None:
-            return torch.cat([native.qgemv(part, weight) for part in x.split(native.MAX_ROWS)])
-        weight = weight.dense
-    return ref.linear(x, weight)
+def prepare_weights(weights: ModelWeights) -> ModelWeights:
+    """Every matrix in the kernels' panel layout (codes stay codes); builds the C kernels
+    first, so a machine without a compiler fails here with one clear line."""
+    native.library()
+
+    def pack(m: torch.Tensor | PackedMatrix | None) -> PackedMatrix | None:
+        if m is None or isinstance(m, PackedMatrix):
+            return m
+        return PackedMatrix.from_dense(m.cpu())
+
+    matrices = ("qkv", "o_proj", "gate_up", "down")
+    layers = [dataclasses.replace(layer, **{f: pack(getattr(layer, f)) for f in matrices})
+              for layer in weights.layers]
+    return dataclasses.replace(weights, embed=pack(weights.embed), layers=layers,
+                               lm_head=pack(weights.lm_head))
 
 
-def linear_geglu(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
+def _weight(weight: torch.Tensor | PackedMatrix) -> PackedMatrix:
+    if not isinstance(weight, PackedMatrix):
+        raise TypeError("CPU weights must be packed first (muser.ops.cpu.prepare_weights)")
+    return weight
+
+
+def linear(x: torch.Tensor, weight: PackedMatrix) -> torch.Tensor:
+    """x: [N, K] (float32, or values of the weights' 16-bit dtype) -> [N, M] float32."""
+    return native.gemm(x.float(), _weight(weight))
+
+
+def geglu(gate_up: torch.Tensor) -> torch.Tensor:
+    return native.geglu(gate_up.float())
+
+
+def linear_geglu(x: torch.Tensor, weight: PackedMatrix) -> torch.Tensor:
     """ref.linear_geglu."""
     return geglu(linear(x, weight))
-
-
-def _native_rows(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
-    """Decode-width float32 rows, and the C kernels are here."""
-    return (x.shape[0] <= native.MAX_ROWS and x.dtype == dtype == torch.float32
-            and native.available())
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    if x.dim() == 2 and _native_rows(x, dtype):
-        return native.rms_norm(x, weight, eps)
-    return ref.rms_norm(x, weight, eps, dtype)
+    """ref.rms_norm of [N, D] rows; computed in float32, then rounded to `dtype`."""
+    return native.rms_norm(x.float(), weight.float(), eps).to(dtype)
 
 
 def add_rms_norm(
     residual: torch.Tensor, x: torch.Tensor, post_weight: torch.Tensor,
     next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if _native_rows(x, dtype) and residual.dtype == torch.float32:
-        return native.add_rms_norm(residual, x, post_weight, next_weight, eps)
-    return ref.add_rms_norm(residual, x, post_weight, next_weight, eps, dtype)
+    """ref.add_rms_norm."""
+    h, y = native.add_rms_norm(residual.float(), x.float(), post_weight.float(),
+                               next_weight.float(), eps)
+    return h, y.to(dtype)
 
 
 def linear_add_rms_norm(
-    x: torch.Tensor, weight: torch.Tensor | PackedMatrix, residual: torch.Tensor,
+    x: torch.Tensor, weight: PackedMatrix, residual: torch.Tensor,
     post_weight: torch.Tensor, next_weight: torch.Tensor, eps: float,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,12 +83,19 @@ def linear_add_rms_norm(
     return add_rms_norm(residual, linear(x, weight), post_weight, next_weight, eps, dtype)
 
 
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ref.rope_cos_sin (HF's inv_freq arithmetic), each position's row computed on its own."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float()
+    inv_freq = 1.0 / (theta ** (exponent / head_dim)) / scaling
+    return native.rope_cos_sin(positions, inv_freq)
+
+
 def qk_norm_rope(
     x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    if _native_rows(x):
-        return native.qk_norm_rope(x, weight, cos, sin, eps)
-    return ref.qk_norm_rope(x, weight, cos, sin, eps)
+    return native.qk_norm_rope(x.float(), weight.float(), cos, sin, eps)
 
 
 def qk_norm_rope_pair(
@@ -81,7 +108,7 @@ def qk_norm_rope_pair(
     k_out = qk_norm_rope(k, k_weight, cos, sin, eps).to(k_dtype)
     if store is not None:
         k_rows, v_rows, v, dst = store
-        ref.store_kv(k_rows, v_rows, k_out, v, torch.arange(dst.shape[0]), dst)
+        store_kv(k_rows, v_rows, k_out, v, torch.arange(dst.shape[0]), dst)
     return q_out, k_out
 
 
@@ -89,9 +116,8 @@ def store_kv(
     k_rows: torch.Tensor, v_rows: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     src: torch.Tensor, dst: torch.Tensor,
 ) -> None:
-    """ref.store_kv; a decode step's few rows are copied one by one (masked index_put costs
-    ~60 us per call at this width)."""
-    if src.numel() > native.MAX_ROWS:
+    """ref.store_kv; a decode step's few rows are copied one by one."""
+    if src.numel() > FEW_ROWS:
         return ref.store_kv(k_rows, v_rows, k_new, v_new, src, dst)
     for s, d in zip(src.tolist(), dst.tolist()):
         if d >= 0:
@@ -100,59 +126,48 @@ def store_kv(
     return None
 
 
-def physical_runs(
-    table: list[int], start: int, length: int, origin: int, block_size: int
-) -> list[tuple[int, int]]:
-    """Flat physical row ranges [a, b) holding logical keys [start, length) of one sequence, in
-    logical order, adjacent ranges merged (ref.decode_rows, as ranges instead of rows)."""
-    total = block_size * len(table)
-    runs: list[list[int]] = []
-    i = start
-    while i < length:
-        j = (origin + i) % total
-        n = min(block_size - j % block_size, length - i)
-        row = table[j // block_size] * block_size + j % block_size
-        if runs and runs[-1][1] == row:
-            runs[-1][1] += n
-        else:
-            runs.append([row, row + n])
-        i += n
-    return [(a, b) for a, b in runs]
-
-
 def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None,
 ) -> torch.Tensor:
-    """ref.decode_attention reading each sequence's keys in place: one slice of the store when
-    they are physically contiguous in some order (a ring, wrapped or not, or consecutive
-    pages). One query sees every given key, so the order only moves float rounding. A float32
-    cache is attended in C (`native.decode_attention`)."""
+    """ref.decode_attention: the new rows stored first, then each sequence's query over its
+    keys [start, len), read in place through the block table (a 16-bit cache is widened
+    first, exactly)."""
     if new is not None:
         store_kv(k_rows, v_rows, *new)
     out = torch.zeros(q.shape, dtype=torch.float32)
-    meta = zip(block_table.tolist(), starts.tolist(), lens.tolist(), origins.tolist())
-    for b, (table, start, length, origin) in enumerate(meta):
+    meta = zip(starts.tolist(), lens.tolist(), origins.tolist())
+    for b, (start, length, origin) in enumerate(meta):
         if length <= start:
             continue
-        runs = physical_runs(table, start, length, origin, block_size)
-        if len(runs) == 2 and runs[1][1] == runs[0][0]:  # a wrapped ring: [a2, b1) in place
-            runs = [(runs[1][0], runs[0][1])]
-        if len(runs) == 1:
-            k, v = k_rows[runs[0][0] : runs[0][1]], v_rows[runs[0][0] : runs[0][1]]
+        if k_rows.dtype == torch.float32:
+            out[b] = native.attention(q[b : b + 1].float(), k_rows, v_rows, length - 1, start,
+                                      None, scale, (block_table[b], block_size, origin))[0]
         else:
-            k = torch.cat([k_rows[a:e] for a, e in runs])
-            v = torch.cat([v_rows[a:e] for a, e in runs])
-        if k.dtype == torch.float32 and k.stride() == v.stride() and native.available():
-            out[b] = native.decode_attention(q[b].float(), k, v, scale)
-        else:
-            out[b] = attention_decode(q[b], k, v, scale)
+            rows = ref.decode_rows(block_table[b], start, length, origin, block_size)
+            keys, values = k_rows[rows].float(), v_rows[rows].float()
+            out[b] = native.attention(q[b : b + 1].float(), keys, values, len(rows) - 1, 0,
+                                      None, scale)[0]
     return out
+
+
+def prefill_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
+    window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route,
+    tile_ranges: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ref.prefill_attention, by one kernel for every route: each query row over exactly its
+    visible keys, visited by distance (so the route, the tiles and where the keys came from
+    do not change a bit)."""
+    keys, values = keys.float(), values.float()
+    if keys.stride() != values.stride():
+        keys, values = keys.contiguous(), values.contiguous()
+    return native.attention(q.float(), keys, values, q_start - k_start, 0, window, scale)
 
 
 __all__ = [
     "add_rms_norm", "decode_attention", "embed", "geglu", "linear", "linear_add_rms_norm",
-    "linear_geglu", "prefill_attention", "qk_norm_rope", "qk_norm_rope_pair", "rms_norm",
-    "rope_cos_sin", "stage_gather", "store_kv",
+    "linear_geglu", "prefill_attention", "prepare_weights", "qk_norm_rope",
+    "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
 ]

@@ -1,10 +1,15 @@
-"""Block-quantized matrices kept as int8 codes for CPU decode.
+"""Matrices in the CPU kernels' layout: panels of 16 rows.
 
-A decode step reads every weight once, so its speed is memory traffic: the file's codes at one
-byte per weight (plus a float32 scale, and for K-quants an offset, per 16 or 32 weights) read
-about 3.5x less than float32. `codes * scales - mins` is exactly the float32 matrix the loader
-dequantizes, which stays beside the codes for prefill GEMMs. The tied embedding / LM head
-keeps no dense twin: embedding rows are dequantized on lookup and every product reads codes.
+Element (m, k) of an [M, K] matrix sits at data[m // 16, k, m % 16] (the last panel padded
+with zeros), so the kernel's vectors run across 16 output rows and each output is one FMA
+chain along k (muser/ops/native/gemm.c). `data` is either
+
+- the GGUF file's block codes (int8) with a float32 scale, and for K-quants an offset, per
+  `group` columns: W = codes * scales - mins, exactly the float32 weights ggml's
+  dequantization gives, at about a quarter of their bytes; or
+- the values themselves, float32, float16 or bfloat16.
+
+The CPU keeps nothing else: no dense twin, the embedding is looked up from the codes.
 """
 
 from __future__ import annotations
@@ -17,58 +22,105 @@ import torch
 if TYPE_CHECKING:
     from muser.loading.quants import Codes
 
+PANEL = 16
+VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _to_panels(t: torch.Tensor) -> torch.Tensor:
+    """[M, C] -> [ceil(M / 16), C, 16], zero-padded."""
+    m, c = t.shape
+    panels = -(-m // PANEL)
+    if panels * PANEL != m:
+        t = torch.cat([t, t.new_zeros(panels * PANEL - m, c)])
+    return t.view(panels, PANEL, c).transpose(1, 2).contiguous()
+
+
+def _panel_rows(t: torch.Tensor, rows: torch.Tensor | None, num_rows: int) -> torch.Tensor:
+    """Rows `rows` (or all) of a panelled [P, C, 16] tensor -> [n, C]."""
+    if rows is None:
+        return t.transpose(1, 2).reshape(-1, t.shape[1])[:num_rows]
+    return t[rows // PANEL, :, rows % PANEL]
+
 
 @dataclass(slots=True)
 class PackedMatrix:
-    dense: torch.Tensor | None  # [M, K] float32 for prefill GEMMs; None: not kept
-    codes: torch.Tensor  # int8 [M, K]
-    scales: torch.Tensor  # float32 [M, K // group]
-    mins: torch.Tensor | None  # float32 [M, K // group]; None: no offsets
-    group: int  # 16 or 32
+    data: torch.Tensor  # [panels, K, 16]: int8 codes, or float32 / float16 / bfloat16 values
+    scales: torch.Tensor | None  # codes: float32 [panels, K // group, 16]; values: None
+    mins: torch.Tensor | None  # like scales; None: no offsets
+    group: int  # codes: columns per scale; values: 0
+    rows: int  # M
 
     @classmethod
-    def from_codes(cls, c: Codes, shape: tuple[int, int], dense: torch.Tensor | None
-                   ) -> PackedMatrix:
-        """Row-major block codes of a [M, K] tensor -> packed matrix (K a multiple of blocks)."""
+    def from_codes(cls, c: Codes, shape: tuple[int, int]) -> PackedMatrix:
+        """Row-major block codes of an [M, K] tensor (K a multiple of its blocks)."""
         m, k = shape
-        mins = None if c.mins is None else c.mins.reshape(m, -1).contiguous()
-        return cls(dense, c.codes.reshape(m, k).contiguous(),
-                   c.scales.reshape(m, -1).contiguous(), mins, c.group)
+        mins = None if c.mins is None else _to_panels(c.mins.reshape(m, -1))
+        return cls(_to_panels(c.codes.reshape(m, k)), _to_panels(c.scales.reshape(m, -1)),
+                   mins, c.group, m)
+
+    @classmethod
+    def from_dense(cls, w: torch.Tensor) -> PackedMatrix:
+        """An [M, K] float32 / float16 / bfloat16 matrix, values kept in its dtype."""
+        if w.dtype not in VALUE_DTYPES:
+            raise TypeError(f"no CPU kernel for {w.dtype} weights")
+        return cls(_to_panels(w.contiguous()), None, None, 0, w.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.data.shape[1]
+
+    @property
+    def is_codes(self) -> bool:
+        return self.scales is not None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype: float32 for codes (their dequantized values)."""
+        return torch.float32 if self.is_codes else self.data.dtype
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.data, self.scales, self.mins) if t is not None)
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """codes * scales - mins of every row (or of `rows`): [M or len(rows), K] float32,
-        equal to the loader's dense matrix bit for bit."""
-        from muser.loading.quants import Codes  # NOTE: runtime import (loading imports us)
-
-        codes, scales, mins = self.codes, self.scales, self.mins
-        if rows is not None:
-            codes, scales = codes[rows], scales[rows]
-            mins = None if mins is None else mins[rows]
-        return Codes(codes, scales, mins, self.group).dequantize()  # rows as blocks
+        """W of every row (or of `rows`): [M or len(rows), K] float32, the values the kernel
+        multiplies (codes * scales - mins: bit for bit the loader's dequantization)."""
+        data = _panel_rows(self.data, rows, self.rows)
+        if not self.is_codes:
+            return data.float()
+        scales = _panel_rows(self.scales, rows, self.rows).repeat_interleave(self.group, 1)
+        w = scales * data.float()
+        if self.mins is not None:
+            w = w - _panel_rows(self.mins, rows, self.rows).repeat_interleave(self.group, 1)
+        return w
 
 
 def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
-    """Stack matrices along M (fused QKV, gate+up): groups meet at the smallest size, and a part
-    without offsets gets zero ones when another has them."""
+    """Stack matrices along M (fused QKV, gate+up). Codes meet at the smallest group (a part
+    without offsets gets zero ones when another has them); values keep their dtype."""
+    if not all(p.is_codes for p in parts):
+        if any(p.is_codes for p in parts) or len({p.dtype for p in parts}) > 1:
+            raise TypeError("fused rows need one weight format")
+        return PackedMatrix.from_dense(torch.cat([_panel_rows(p.data, None, p.rows)
+                                                  for p in parts]))
     group = min(p.group for p in parts)
 
-    def regroup(t: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
-        return t.repeat_interleave(p.group // group, dim=1)
+    def rows_of(t: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
+        return _panel_rows(t, None, p.rows).repeat_interleave(p.group // group, dim=1)
 
-    scales = torch.cat([regroup(p.scales, p) for p in parts])
+    codes = torch.cat([_panel_rows(p.data, None, p.rows) for p in parts])
+    scales = torch.cat([rows_of(p.scales, p) for p in parts])
     mins = None
     if any(p.mins is not None for p in parts):
-        mins = torch.cat([
-            regroup(p.mins, p) if p.mins is not None else torch.zeros_like(regroup(p.scales, p))
-            for p in parts
-        ])
-    dense = None if any(p.dense is None for p in parts) else torch.cat([p.dense for p in parts])
-    return PackedMatrix(dense, torch.cat([p.codes for p in parts]),
-                        scales, mins, group)
+        mins = _to_panels(torch.cat([
+            rows_of(p.mins, p) if p.mins is not None else torch.zeros_like(rows_of(p.scales, p))
+            for p in parts]))
+    return PackedMatrix(_to_panels(codes), _to_panels(scales), mins, group, codes.shape[0])
 
 
 def dense(weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
-    """The dense matrix of a weight, packed or not (dequantized when no twin is kept)."""
+    """The dense [M, K] matrix of a weight, packed or not (float32 when dequantized)."""
     if not isinstance(weight, PackedMatrix):
         return weight
-    return weight.dense if weight.dense is not None else weight.dequantize()
+    if weight.is_codes:
+        return weight.dequantize()
+    return _panel_rows(weight.data, None, weight.rows)

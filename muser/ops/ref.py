@@ -6,15 +6,25 @@ Activations on the residual stream are float32; projections take the weight's dt
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from muser.ops.packed import PackedMatrix, dense
 
+if TYPE_CHECKING:
+    from muser.graph.weights import ModelWeights
+
 
 def _up(x: torch.Tensor) -> torch.Tensor:
     """float32, except float64 stays float64 (tests run the spec in float64)."""
     return x if x.dtype == torch.float64 else x.float()
+
+
+def prepare_weights(weights: ModelWeights) -> ModelWeights:
+    """The weights as this backend reads them: as given (packed ones are dequantized per use)."""
+    return weights
 
 
 def embed(table: torch.Tensor | PackedMatrix, ids: torch.Tensor) -> torch.Tensor:

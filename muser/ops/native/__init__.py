@@ -1,11 +1,14 @@
-"""Compiled CPU kernels for the decode width: C sources beside this file (qgemv.c: projections
-over packed int8 codes; norms.c: RMSNorm and QK-norm + RoPE of a few rows; attention.c: one
-query row per head over a sequence's keys), built once per
-machine with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
+"""Compiled CPU kernels, at every width: C sources beside this file (gemm.c: projections over
+packed matrices; norms.c: RMSNorm, QK-norm + RoPE, RoPE angles, GeGLU; attention.c: query rows
+over a sequence's keys), built once per machine with the system C compiler (`$CC`, else `cc`)
+into muser's cache, called via ctypes.
 
-The build is keyed by the sources, the flags, the compiler's version and the CPU's feature
-flags, so a changed machine or source rebuilds. `muser.ops.cpu` calls these for decode rows;
-each has its torch reference in `muser.ops.ref`.
+Each output is reduced in one fixed order whatever the number of rows (see each source's
+header), which is what makes the CPU backend bitwise the same at every chunk width and batch.
+`-ffp-contract=off` keeps the compiler from fusing a multiply and an add in one place and not
+in another. The build is keyed by the sources, the flags, the compiler's version and the CPU's
+feature flags, so a changed machine or source rebuilds. Each op has its torch reference in
+`muser.ops.ref`.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import torch
 from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
-SOURCES = [Path(__file__).with_name(name) for name in ("qgemv.c", "norms.c", "attention.c")]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-MAX_ROWS = 8  # rows per call the kernel takes (MAX_ROWS in qgemv.c)
+SOURCES = [Path(__file__).with_name(name) for name in ("gemm.c", "norms.c", "attention.c")]
+HEADERS = [Path(__file__).with_name("exp.h")]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # FMT_* in gemm.c
+FMT_CODES = 3
 
 
 class NativeUnavailable(MuserError):
@@ -66,7 +71,7 @@ def library() -> ctypes.CDLL:
         raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join(
-        [*(src.read_text() for src in SOURCES), " ".join(FLAGS), version, _cpu_flags(),
+        [*(src.read_text() for src in SOURCES + HEADERS), " ".join(FLAGS), version, _cpu_flags(),
          platform.machine()]
     ).encode()).hexdigest()[:16]
     target = cache_dir() / "native" / f"muser-cpu-{key}.so"
@@ -74,15 +79,18 @@ def library() -> ctypes.CDLL:
         _build(cc, target)
     lib = ctypes.CDLL(str(target))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.muser_qgemv.argtypes = [p, i64, i64, p, p, p, p, i64, i64, p, ctypes.c_int]
-    lib.muser_qgemv.restype = ctypes.c_int
-    f32 = ctypes.c_float
+    f32, c_int = ctypes.c_float, ctypes.c_int
+    lib.muser_gemm.argtypes = [p, i64, i64, i64, p, c_int, p, p, i64, i64, p, i64, c_int]
+    lib.muser_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, i64, i64, p, i64,
+                                    i64, i64, i64, i64, i64, f32, c_int, p]
     lib.muser_rms_norm.argtypes = [p, i64, i64, i64, p, f32, p]
     lib.muser_add_rms_norm.argtypes = [p, p, i64, i64, p, p, f32, p, p]
     lib.muser_qk_norm_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, f32, p]
-    lib.muser_decode_attention.argtypes = [p, i64, i64, i64, p, p, i64, i64, i64, f32, p, p]
+    lib.muser_rope_cos_sin.argtypes = [p, i64, p, i64, p, p]
+    lib.muser_geglu.argtypes = [p, i64, i64, p]
+    lib.muser_gemm.restype = lib.muser_attention.restype = c_int
     for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
-               lib.muser_decode_attention):
+               lib.muser_rope_cos_sin, lib.muser_geglu):
         fn.restype = None
     return lib
 
@@ -97,23 +105,29 @@ def available() -> bool:
     return True
 
 
-def qgemv(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
-    """x: [N, K] (N <= MAX_ROWS) -> x @ w.T: [N, M] float32, reading w's int8 codes."""
-    x = x.float().contiguous()
-    n, k = x.shape
-    m = w.codes.shape[0]
-    y = torch.empty(n, m, dtype=torch.float32)
-    xsum = None
-    if w.mins is not None:
-        xsum = x.view(n, -1, w.group).sum(-1).contiguous()
-    rc = library().muser_qgemv(
-        x.data_ptr(), n, k, w.codes.data_ptr(), w.scales.data_ptr(),
-        None if w.mins is None else w.mins.data_ptr(), None if xsum is None else xsum.data_ptr(),
-        m, w.group, y.data_ptr(), torch.get_num_threads(),
-    )
+def _check(rc: int, what: str) -> None:
+    if rc == -2:
+        raise MemoryError(f"{what}: the CPU kernel could not allocate its scratch memory")
     if rc != 0:
-        raise ValueError(f"qgemv rejected x {tuple(x.shape)} against codes "
-                         f"{tuple(w.codes.shape)} in groups of {w.group}")
+        raise ValueError(f"{what}: arguments the CPU kernel does not take")
+
+
+def gemm(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
+    """x: [N, K] float32 (unit inner stride) -> x @ W.T: [N, M] float32, each output one FMA
+    chain along k in order (gemm.c), whatever N."""
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+    n, k = x.shape
+    m = w.rows
+    assert w.data.shape[1] == k, (tuple(x.shape), w.shape)
+    y = torch.empty(n, m, dtype=torch.float32)
+    if n == 0:
+        return y
+    fmt = FMT_CODES if w.is_codes else FORMATS[w.data.dtype]
+    _check(library().muser_gemm(
+        x.data_ptr(), n, k, x.stride(0), w.data.data_ptr(), fmt,
+        None if w.scales is None else w.scales.data_ptr(),
+        None if w.mins is None else w.mins.data_ptr(), w.group, m, y.data_ptr(), m,
+        torch.get_num_threads()), f"gemm of {tuple(x.shape)} by {w.shape}")
     return y
 
 
@@ -155,17 +169,47 @@ def qk_norm_rope(
     return out
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-                     ) -> torch.Tensor:
-    """dense_ref.attention_decode for float32: q [H, D] over keys/values [S, KVH, D] (any row
-    stride, unit inner stride, k and v alike) -> [H, D] float32."""
-    heads, d = q.shape
-    s, kv_heads = k.shape[0], k.shape[1]
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions: [N] int64, inv_freq: [half] float32 -> (cos, sin) [N, half] float32 of
+    float(position) * inv_freq, each row on its own."""
+    positions, inv_freq = positions.long().contiguous(), inv_freq.float().contiguous()
+    n, half = positions.shape[0], inv_freq.shape[0]
+    cos, sin = torch.empty(n, half), torch.empty(n, half)
+    library().muser_rope_cos_sin(positions.data_ptr(), n, inv_freq.data_ptr(), half,
+                                 cos.data_ptr(), sin.data_ptr())
+    return cos, sin
+
+
+def geglu(x: torch.Tensor) -> torch.Tensor:
+    """x: [N, 2 * I] float32 (gate first) -> gelu_tanh(gate) * up: [N, I] float32."""
+    x = x.contiguous()
+    assert x.dtype == torch.float32 and x.shape[1] % 2 == 0
+    n, d = x.shape[0], x.shape[1] // 2
+    y = torch.empty(n, d)
+    library().muser_geglu(x.data_ptr(), n, d, y.data_ptr())
+    return y
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, last0: int, first_min: int,
+    window: int | None, scale: float, placement: tuple[torch.Tensor, int, int] | None = None,
+) -> torch.Tensor:
+    """q: [T, H, D] float32 (unit inner stride); k, v: float32 key rows [R, KVH, D] with equal
+    strides. Query t sees key indices [max(first_min, last0 + t - window + 1), last0 + t];
+    key index i is row i, or, with placement = (block_table [blocks] int32, block_size,
+    origin), the row ref.decode_rows gives. -> [T, H, D] float32 (attention.c)."""
+    t, heads, d = q.shape
+    kv_heads = k.shape[1]
     assert q.dtype == k.dtype == v.dtype == torch.float32 and k.stride() == v.stride()
-    assert k.stride(2) == 1 and heads % kv_heads == 0
-    q = q.contiguous()
-    scores, out = torch.empty(heads, s), torch.empty(heads, d)
-    library().muser_decode_attention(q.data_ptr(), heads, kv_heads, d, k.data_ptr(),
-                                     v.data_ptr(), s, k.stride(0), k.stride(1), scale,
-                                     scores.data_ptr(), out.data_ptr())
+    assert q.stride(2) == 1 and k.stride(2) == 1 and heads % kv_heads == 0
+    out = torch.empty(t, heads, d)
+    table, block_size, origin = (None, 0, 0) if placement is None else placement
+    if table is not None:
+        assert table.dtype == torch.int32 and table.is_contiguous()
+    _check(library().muser_attention(
+        q.data_ptr(), t, heads, d, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
+        k.stride(0), k.stride(1), kv_heads, None if table is None else table.data_ptr(),
+        0 if table is None else table.shape[0], block_size, origin, last0, first_min,
+        window or 0, scale, torch.get_num_threads(), out.data_ptr()), "attention")
     return out

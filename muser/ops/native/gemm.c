@@ -1,0 +1,257 @@
+/* Projections for the CPU at every width: y[N, M] = x[N, K] . W[M, K]^T, float32.
+ *
+ * One reduction order per output element, whatever N is: y[r, m] is the FMA chain
+ *
+ *     acc = 0;  for k = 0 .. K-1:  acc = fma(W[m, k], x[r, k], acc)
+ *
+ * so a row's bits do not depend on how many rows share the call, how they are tiled or which
+ * thread computes them: a decode step, a 64-row chunk and a 512-row chunk agree bitwise. FMA is
+ * correctly rounded, so the AVX-512, AVX2 and portable builds agree too.
+ *
+ * W is stored in panels of 16 rows, element (m, k) at w[m / 16][k][m % 16]: vectors run across
+ * 16 output rows, never along k, so no horizontal sum reorders a dot product. W[m, k] is one of
+ *   codes  int8 code * scale - min (mul, then sub: ggml's float32 dequantization), scales and
+ *          mins [panels][K / group][16] float32 (mins may be NULL);
+ *   f32 | f16 | bf16  the value itself, widened exactly.
+ * Wide calls widen a block of panels into float32 once and run every row tile over it; narrow
+ * calls (decode) widen each vector as they go. Both feed the same FMA with the same W[m, k].
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3 };
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+typedef __m512 v16;
+static inline v16 vzero(void) { return _mm512_setzero_ps(); }
+static inline v16 vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline v16 vsplat(float s) { return _mm512_set1_ps(s); }
+static inline v16 vfma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline v16 vmul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 vsub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+static inline v16 vcodes(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline v16 vhalf(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline v16 vbf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline void vstore(float *p, v16 v, int n) {
+    if (n == 16) _mm512_storeu_ps(p, v);
+    else _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
+}
+#define NR_WIDE 12 /* rows per tile of a wide call: 2 panels x 12 rows = 24 accumulators */
+#define NR_NARROW 8
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+typedef struct { __m256 lo, hi; } v16;
+static inline v16 vzero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline v16 vload(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline v16 vsplat(float s) { return (v16){_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+static inline v16 vfma(v16 a, v16 b, v16 c) {
+    return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline v16 vmul(v16 a, v16 b) { return (v16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline v16 vsub(v16 a, v16 b) { return (v16){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline __m256 cvt8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline v16 vcodes(const int8_t *p) { return (v16){cvt8(p), cvt8(p + 8)}; }
+static inline v16 vhalf(const uint16_t *p) {
+    return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+}
+static inline __m256 bf8(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline v16 vbf16(const uint16_t *p) { return (v16){bf8(p), bf8(p + 8)}; }
+static inline void vstore(float *p, v16 v, int n) {
+    float t[16];
+    _mm256_storeu_ps(t, v.lo);
+    _mm256_storeu_ps(t + 8, v.hi);
+    memcpy(p, t, (size_t)n * sizeof(float));
+}
+#define NR_WIDE 2
+#define NR_NARROW 2
+#else /* portable: one fmaf per lane */
+typedef struct { float f[16]; } v16;
+static inline v16 vzero(void) { v16 v = {{0}}; return v; }
+static inline v16 vload(const float *p) { v16 v; memcpy(v.f, p, sizeof v.f); return v; }
+static inline v16 vsplat(float s) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = s; return v; }
+static inline v16 vfma(v16 a, v16 b, v16 c) {
+    for (int i = 0; i < 16; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]);
+    return c;
+}
+static inline v16 vmul(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] *= b.f[i]; return a; }
+static inline v16 vsub(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] -= b.f[i]; return a; }
+static inline v16 vcodes(const int8_t *p) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = p[i]; return v; }
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    float f = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
+                     : ldexpf((float)(m | 0x400), (int)e - 25);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u |= sign;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline v16 vhalf(const uint16_t *p) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = half_to_float(p[i]); return v; }
+static inline v16 vbf16(const uint16_t *p) {
+    v16 v;
+    for (int i = 0; i < 16; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(&v.f[i], &u, 4); }
+    return v;
+}
+static inline void vstore(float *p, v16 v, int n) { memcpy(p, v.f, (size_t)n * sizeof(float)); }
+#define NR_WIDE 4
+#define NR_NARROW 4
+#endif
+
+#define WIDE_ROWS 16  /* calls with at least this many rows widen their panels once */
+#define WIDE_PANELS 2 /* panels per task of a wide call */
+#define NARROW_PANELS 4
+
+typedef struct {
+    const void *w;
+    int fmt;
+    const float *scales, *mins;
+    int64_t K, groups, group;
+} Weights;
+
+/* W[16p .. 16p + 15, k] as float32. */
+static inline __attribute__((always_inline)) v16 wvec(const Weights *W, int fmt, int64_t p,
+                                                       int64_t k)
+{
+    const int64_t at = (p * W->K + k) * 16;
+    switch (fmt) {
+    case FMT_F16: return vhalf((const uint16_t *)W->w + at);
+    case FMT_BF16: return vbf16((const uint16_t *)W->w + at);
+    case FMT_CODES: {
+        const int64_t g = (p * W->groups + k / W->group) * 16;
+        v16 v = vmul(vcodes((const int8_t *)W->w + at), vload(W->scales + g));
+        return W->mins ? vsub(v, vload(W->mins + g)) : v;
+    }
+    default: return vload((const float *)W->w + at);
+    }
+}
+
+/* Rows x[0 .. NR) against panels p0 .. p0 + MV; every loop bound but K is a constant after
+ * inlining, so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void tile(
+    const Weights *W, int fmt, int64_t p0, int MV, const float *x, int64_t ldx, int NR,
+    float *y, int64_t ldy, int64_t M)
+{
+    v16 acc[4][NR_WIDE > NR_NARROW ? NR_WIDE : NR_NARROW];
+    for (int i = 0; i < MV; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = vzero();
+    for (int64_t k = 0; k < W->K; k++) {
+        v16 w[4];
+        for (int i = 0; i < MV; i++) w[i] = wvec(W, fmt, p0 + i, k);
+        for (int r = 0; r < NR; r++) {
+            const v16 xr = vsplat(x[r * ldx + k]);
+            for (int i = 0; i < MV; i++) acc[i][r] = vfma(w[i], xr, acc[i][r]);
+        }
+    }
+    for (int i = 0; i < MV; i++) {
+        const int64_t m = (p0 + i) * 16;
+        const int n = M - m < 16 ? (int)(M - m) : 16;
+        for (int r = 0; r < NR; r++) vstore(y + r * ldy + m, acc[i][r], n);
+    }
+}
+
+#define CASE(R, MV, FMT) \
+    case R: tile(W, FMT, p0, MV, x, ldx, R, y, ldy, M); break;
+#define ROWS12(MV, FMT)                                                               \
+    switch (nr) {                                                                     \
+        CASE(1, MV, FMT) CASE(2, MV, FMT) CASE(3, MV, FMT) CASE(4, MV, FMT)           \
+        CASE(5, MV, FMT) CASE(6, MV, FMT) CASE(7, MV, FMT) CASE(8, MV, FMT)           \
+        CASE(9, MV, FMT) CASE(10, MV, FMT) CASE(11, MV, FMT) CASE(12, MV, FMT)        \
+    }
+
+/* One row tile (nr <= NR_WIDE) over `mv` panels from p0, weights of format `fmt`. */
+static void run_tile(const Weights *W, int64_t p0, int mv, const float *x, int64_t ldx, int nr,
+                     float *y, int64_t ldy, int64_t M)
+{
+    const int fmt = W->fmt;
+#define FORMATS(MV)                                               \
+    if (fmt == FMT_CODES) { ROWS12(MV, FMT_CODES) }               \
+    else if (fmt == FMT_F16) { ROWS12(MV, FMT_F16) }              \
+    else if (fmt == FMT_BF16) { ROWS12(MV, FMT_BF16) }            \
+    else { ROWS12(MV, FMT_F32) }
+    if (mv == 4) { FORMATS(4) }
+    else if (mv == 2) { FORMATS(2) }
+    else { FORMATS(1) }
+#undef FORMATS
+}
+
+/* Every row tile of x over panels [p0, p0 + mv), `tile_rows` rows at a time. */
+static void run_rows(const Weights *W, int64_t p0, int mv, const float *x, int64_t N,
+                     int64_t ldx, int tile_rows, float *y, int64_t ldy, int64_t M)
+{
+    for (int64_t r = 0; r < N; r += tile_rows) {
+        const int nr = N - r < tile_rows ? (int)(N - r) : tile_rows;
+        if (mv == 4 || mv == 2 || mv == 1) {
+            run_tile(W, p0, mv, x + r * ldx, ldx, nr, y + r * ldy, ldy, M);
+        } else {
+            for (int i = 0; i < mv; i++)
+                run_tile(W, p0 + i, 1, x + r * ldx, ldx, nr, y + r * ldy, ldy, M);
+        }
+    }
+}
+
+/* x: [N, K] rows `ldx` apart; w: panels [ceil(M / 16), K, 16] of `fmt` (scales / mins:
+ * [panels, K / group, 16] for FMT_CODES); y: [N, M] rows `ldy` apart. Returns 0, or -1 on
+ * arguments it does not take, -2 when out of memory. */
+int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w, int fmt,
+               const float *scales, const float *mins, int64_t group, int64_t M, float *y,
+               int64_t ldy, int threads)
+{
+    if (N < 1 || K < 1 || M < 1 || fmt < 0 || fmt > FMT_CODES) return -1;
+    if (fmt == FMT_CODES && (group < 1 || K % group || !scales)) return -1;
+    const Weights W = {w, fmt, scales, mins, K, fmt == FMT_CODES ? K / group : 0, group};
+    const int64_t panels = (M + 15) / 16;
+    const int wide = N >= WIDE_ROWS;
+    const int per_task = wide ? WIDE_PANELS : NARROW_PANELS;
+    const int64_t tasks = (panels + per_task - 1) / per_task;
+    int failed = 0;
+    if (threads > tasks) threads = (int)tasks;
+#pragma omp parallel num_threads(threads)
+    {
+        /* a wide call widens its panels into float32 once per task (not for f32 weights) */
+        float *buf = NULL;
+        if (wide && fmt != FMT_F32) {
+            buf = malloc((size_t)per_task * K * 16 * sizeof(float));
+            if (!buf) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t p0 = t * per_task;
+            const int mv = panels - p0 < per_task ? (int)(panels - p0) : per_task;
+            if (!wide) {
+                run_rows(&W, p0, mv, x, N, ldx, NR_NARROW, y, ldy, M);
+            } else if (fmt == FMT_F32) {
+                run_rows(&W, p0, mv, x, N, ldx, NR_WIDE, y, ldy, M);
+            } else if (buf) {
+                for (int i = 0; i < mv; i++)
+                    for (int64_t k = 0; k < K; k++) {
+                        const v16 v = wvec(&W, fmt, p0 + i, k);
+                        vstore(buf + ((int64_t)i * K + k) * 16, v, 16);
+                    }
+                const Weights F = {buf, FMT_F32, NULL, NULL, K, 0, 0};
+                /* panels of buf are numbered from 0; shift y so its columns line up */
+                run_rows(&F, 0, mv, x, N, ldx, NR_WIDE, y + p0 * 16, ldy, M - p0 * 16);
+            }
+        }
+        free(buf);
+    }
+    return failed ? -2 : 0;
+}
