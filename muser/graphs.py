@@ -60,15 +60,24 @@ class DecodeGraphs:
                                   layout.view(meta, "positions", bs), plan,
                                   self.buf.logit_rows[:bs])
 
+    @property
+    def is_captured(self) -> bool:
+        return bool(self.graphs)
+
+    @torch.inference_mode()
+    def forward_padded(self, bs: int) -> torch.Tensor:
+        """One eager decode step of bucket `bs` over padding rows only (warm-up)."""
+        self._pack([], [])
+        self.buf.meta.copy_(self.buf.host)
+        return self._forward(bs)
+
     @torch.inference_mode()
     def capture(self) -> float:
         """Capture every bucket, largest first, into one pool -> seconds taken."""
         start = time.perf_counter()
-        self._pack([], [])  # all rows are padding while capturing
-        self.buf.meta.copy_(self.buf.host)
         pool = None
         for bs in graph_batch_sizes(self.max_bs):
-            self._forward(bs)  # NOTE: compiles/autotunes kernels outside the capture
+            self.forward_padded(bs)  # NOTE: kernels are chosen and loaded outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

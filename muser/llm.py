@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from muser.engine import Engine
 from muser.loading import load_model
 from muser.runner import Runner
 from muser.scheduler import Scheduler
+from muser.startup import StartupLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,10 @@ class Completion:
                    req.num_prompt / ttft, 1 / tpot if tpot else None)
 
 
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -53,9 +59,12 @@ def _keeps_codes(config: EngineConfig) -> bool:
 class LLM:
     def __init__(self, model: str | Path | None = None, progress: bool = True,
                  load_format: str = "auto", model_config: str | None = None,
-                 **engine_kwargs) -> None:
+                 log: StartupLog | None = None, **engine_kwargs) -> None:
         """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig.
-        load_format="dummy": random weights of the named `model_config` (muser/presets.py)."""
+        load_format="dummy": random weights of the named `model_config` (muser/presets.py).
+        Startup phases are reported to `log` (default: a line each on stderr with `progress`);
+        on a GPU the engine is warmed up before this returns (`muser/warmup.py`)."""
+        self.startup = log or StartupLog(_stderr_line if progress else None)
         engine_kwargs.setdefault("device", default_device())
         dtype, kv_dtype = default_dtypes(torch.device(engine_kwargs["device"]).type)
         engine_kwargs.setdefault("dtype", dtype)
@@ -63,19 +72,21 @@ class LLM:
         config = EngineConfig(**engine_kwargs)
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         dtype = getattr(torch, config.dtype)
-        if load_format == "dummy":
-            from muser.loading.dummy import load_dummy
+        with self.startup.phase("weights"):
+            if load_format == "dummy":
+                from muser.loading.dummy import load_dummy
 
-            loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress)
-        else:
-            loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config))
+                loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress)
+            else:
+                loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config))
         limit = loaded.config.max_position_embeddings
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
-        self.runner = Runner(self.model_config, self.config, loaded.weights)
+        self.runner = Runner(self.model_config, self.config, loaded.weights, self.startup)
         scheduler = Scheduler(self.config.max_num_seqs, self.config.prefill_chunk,
                               self.config.decode_waiting_chunk)
         self.engine = Engine(self.runner, self.tokenizer, scheduler)
+        self.startup.ready()
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through."""

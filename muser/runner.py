@@ -19,6 +19,7 @@ from muser.graphs import DecodeGraphs
 from muser.kvcache.pages import OutOfPages, PageAllocator
 from muser.kvcache.pool import KVPool
 from muser.kvcache.ring import RingState
+from muser.startup import StartupLog
 
 
 @dataclass(slots=True)
@@ -32,7 +33,10 @@ class SeqState:
 
 
 class Runner:
-    def __init__(self, cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights) -> None:
+    def __init__(self, cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights,
+                 log: StartupLog | None = None) -> None:
+        """Ready to serve when it returns: on a GPU every kernel, projection pick and decode
+        graph serving can use is compiled, chosen and captured (`muser/warmup.py`)."""
         self.cfg, self.engine = cfg, engine
         self.device = torch.device(engine.device)
         self.tile = 128 if self.device.type == "cpu" else 64
@@ -47,10 +51,14 @@ class Runner:
         backend = ops.backend(self.device)
         self.model = Decoder(cfg, backend.prepare_weights(weights), self.pool, backend)
         self.graphs: DecodeGraphs | None = None
+        self.warmup: dict = {}  # what each warm-up phase did (receipts)
         if self.device.type == "cuda" and not engine.enforce_eager:
             self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, cfg.sliding_window,
                                        engine.page_size, pages_per_seq, self.device)
-            self.graphs.capture()
+        if self.device.type == "cuda":
+            from muser.warmup import prepare
+
+            self.warmup = prepare(self, log)
 
     def allocate(self) -> SeqState:
         """A fresh sequence with an empty ring in a free slot."""
@@ -77,7 +85,8 @@ class Runner:
             for s, ids in zip(seqs, token_ids)
         ]
         flat = [t for ids in token_ids for t in ids]
-        if self.graphs is not None and all(len(ids) == 1 for ids in token_ids):
+        if self.graphs is not None and self.graphs.is_captured and all(
+                len(ids) == 1 for ids in token_ids):
             logits, rings = self.graphs.replay(inputs, flat)
             for seq, ring in zip(seqs, rings):
                 seq.num_cached += 1

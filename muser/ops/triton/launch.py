@@ -17,7 +17,8 @@ asks the driver about the pointer on every call). A key is never coarser than th
 specialization, so a cached kernel only ever runs arguments it was compiled for. Launch hooks
 (`triton.knobs.runtime.launch_enter_hook`) are not called on the direct path, and neither is
 the launcher's check that a pointer is a device pointer: the first call of each key made it.
-Under TRITON_INTERPRET=1 every call goes through the interpreter. Launch arithmetic uses
+Inside `compile_only` (muser/ops/triton/tuning.py) a launch compiles its kernel and runs
+nothing. Under TRITON_INTERPRET=1 every call goes through the interpreter. Launch arithmetic uses
 `cdiv` and `next_power_of_2` from here: Triton's are constexpr functions, slow to call from the
 host.
 """
@@ -25,6 +26,7 @@ host.
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 
 import torch
 from triton.runtime.jit import JITFunction
@@ -32,6 +34,7 @@ from triton.runtime.jit import JITFunction
 _DIRECT = os.environ.get("TRITON_INTERPRET") != "1"
 _KERNELS: dict[tuple, object] = {}
 _TENSOR = torch.Tensor
+compile_only: ContextVar[bool] = ContextVar("muser_compile_only", default=False)
 
 
 def set_direct(direct: bool) -> None:
@@ -75,6 +78,9 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
     and `kwargs` its constexprs (every remaining parameter) and launch options (num_warps...)."""
     if not _DIRECT or not isinstance(kernel, JITFunction):
         kernel[grid](*args, **kwargs)
+        return
+    if compile_only.get():
+        kernel.warmup(*args, grid=grid, **kwargs)
         return
     device = torch._C._cuda_getDevice()
     values, key = _bind(args, [id(kernel), device])

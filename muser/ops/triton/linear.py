@@ -9,19 +9,24 @@ where the caller asks:
   (prefill runs eagerly: at a small model's chunk widths the host's launch work decides), per
   power-of-two bucket of rows.
 
-A shape is timed the first time it is seen (decode: the engine's warm-up, before graph
-capture; prefill: the first chunk of its bucket); the winner is remembered for the process.
+A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
+warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up
+(`muser/warmup.py`) sees every shape serving can run before the engine reports ready, so `tune`
+is never reached on the request path (`STATS.tuned` counts its calls). Inside
+`launch.compile_only`, a shape without a pick compiles every candidate and runs none.
 MUSER_GEMV=0 routes every projection to cuBLAS. Outputs are in the weight dtype (the
 reference rounds to it too); consumers upcast on load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -29,12 +34,21 @@ from muser.ops.triton import pdl
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import GemmConfig, gemm
-from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
-from muser.ops.triton.launch import next_power_of_2
+from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
+from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
 
+
+@dataclass(slots=True)
+class TuningStats:
+    tuned: int = 0  # calls of `tune`: shapes chosen in this process (timed on CUDA)
+
+
+STATS = TuningStats()
 _CHOICE: dict[tuple, GemvConfig | GemmConfig | None] = {}  # None: cuBLAS
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
+_SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
+_UNSET = object()
 _L2_DEFEAT_BYTES = 192 << 20
 _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
@@ -61,8 +75,8 @@ def linear_add_rms_norm(
 def choices() -> dict[str, dict]:
     """Per shape (decode rows or prefill bucket, M, K, epilogue, dtypes): the config it runs
     and the measured ms of every candidate (for benchmark receipts)."""
-    return {str(k): {"runs": "cublas" if c is None else str(c), "timed_ms": _TIMED.get(k, {})}
-            for k, c in _CHOICE.items()}
+    return {str(k): {"runs": "cublas" if c is None else str(c), "timed_ms": _TIMED.get(k, {}),
+                     "source": _SOURCE.get(k, "timed")} for k, c in _CHOICE.items()}
 
 
 def _after(y: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None):
@@ -94,16 +108,65 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
-    n = x.shape[0]
-    if _CUBLAS_ONLY or (n > MAX_ROWS and not x.is_cuda):
+    if _CUBLAS_ONLY:
         return _cublas(x, weight, geglu_out, norm)
-    if not x.is_cuda:  # the interpreter: one small config, nothing to time
-        return gemv(x, weight, geglu=geglu_out, norm=norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
-    if key not in _CHOICE:
-        pick = _pick if n <= MAX_ROWS else _pick_gemm
-        _CHOICE[key], _TIMED[key] = pick(x, weight, geglu_out, norm)
-    return _run(x, weight, _CHOICE[key], geglu_out, norm)
+    config = _CHOICE.get(key, _UNSET)
+    if config is _UNSET:
+        if compile_only.get():
+            return _compile_candidates(x, weight, geglu_out, norm)
+        config = tune(key, x, weight, geglu_out, norm)
+    return _run(x, weight, config, geglu_out, norm)
+
+
+
+def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
+         norm: NormEpilogue | None) -> GemvConfig | GemmConfig | None:
+    """The tuning entry point: choose the config of a shape without a pick (on CUDA, the
+    fastest candidate, timed; under the interpreter, one small config) and remember it."""
+    STATS.tuned += 1
+    if not x.is_cuda:
+        config, timed = (DEFAULT if x.shape[0] <= MAX_ROWS else None), {}
+    else:
+        pick = _pick if x.shape[0] <= MAX_ROWS else _pick_gemm
+        config, timed = pick(x, weight, geglu_out, norm)
+    _CHOICE[key], _TIMED[key], _SOURCE[key] = config, timed, "timed"
+    return config
+
+
+def remember(picks: dict[tuple, tuple[GemvConfig | GemmConfig | None, dict]],
+             source: str) -> int:
+    """Take stored picks for shapes not chosen yet -> how many were taken."""
+    fresh = {k: v for k, v in picks.items() if k not in _CHOICE}
+    for key, (config, timed) in fresh.items():
+        _CHOICE[key], _TIMED[key], _SOURCE[key] = config, timed, source
+    return len(fresh)
+
+
+def measured() -> dict[tuple, tuple[GemvConfig | GemmConfig | None, dict]]:
+    """Picks timed on CUDA in this process (what the tuning cache stores)."""
+    return {k: (_CHOICE[k], _TIMED[k]) for k, s in _SOURCE.items() if s == "timed" and _TIMED[k]}
+
+
+def _candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
+                norm: NormEpilogue | None) -> list[GemvConfig | GemmConfig | None]:
+    """Every config `tune` times for this shape, cuBLAS (None) first."""
+    n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
+    if n > MAX_ROWS:
+        return [None, *GEMM_CANDIDATES]
+    configs: list[GemvConfig | GemmConfig | None] = [None]
+    for c in candidates(n, m, k):
+        configs += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
+    return configs
+
+
+def _compile_candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
+                        norm: NormEpilogue | None):
+    """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
+    for config in _candidates(x, weight, geglu_out, norm)[1:]:
+        with contextlib.suppress(Exception):  # as in tune: a config that fails is skipped
+            _run(x, weight, config, geglu_out, norm)
+    return _run(x, weight, None, geglu_out, norm)
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
@@ -126,13 +189,10 @@ def _pick(
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
-    n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     copies = _copies(weight)
-    configs: list[GemvConfig | None] = [None]
-    for c in candidates(n, m, k):
-        configs += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
     runs: dict[GemvConfig | None, Callable] = {
-        c: lambda w, c=c: _run(x, w, c, geglu_out, norm) for c in configs}
+        c: lambda w, c=c: _run(x, w, c, geglu_out, norm)
+        for c in _candidates(x, weight, geglu_out, norm)}
     # NOTE: with programmatic dependent launch a Triton GEMV starts while its predecessor
     # drains; a cuBLAS call waits for its predecessor to finish, and makes its successor wait
     # too. Timed back to back against itself, cuBLAS does not pay for that, so it must win by
@@ -176,7 +236,7 @@ def _pick_gemm(
 ) -> tuple[GemmConfig | None, dict[str, float]]:
     copies = _copies(weight)
     best, best_ms, timed = None, math.inf, {}
-    for config in [None, *GEMM_CANDIDATES]:
+    for config in _candidates(x, weight, geglu_out, norm):
         try:
             ms = _eager_ms(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)

@@ -1,0 +1,121 @@
+"""The runner's warm-up: before the engine reports ready, every shape serving can run is seen
+once, so nothing is compiled, tuned or captured on the request path.
+
+    picks ..... stored projection picks (tuning cache, then the shipped table)
+    compile ... one pass over every shape in compile-only mode: each kernel, and every
+                candidate of a shape without a pick, compiled on a thread pool
+    tune ...... the same pass run for real: shapes without a pick are timed (and stored)
+    capture ... CUDA graphs of every decode batch bucket
+
+The shapes: prefill chunks of one sequence, 1 .. prefill_chunk rows (each width up to the
+backend's exact-rows limit, then per power-of-two bucket its widest chunk and the one below,
+since kernels specialize on divisibility by 16), each with nothing cached and with a cached
+prefix; one sequence whose ring wraps, then a chunk of every width past the wrap; decode steps
+of every batch bucket (graphs) or every batch size up to the exact-rows limit and each bucket's
+widest (eager). Backends without a `tuning` namespace (the CPU's) skip the warm-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from muser.config import EngineConfig
+from muser.graphs import graph_batch_sizes
+from muser.runner import Runner
+from muser.startup import StartupLog
+
+_TOKEN = 2  # any id of the vocabulary: the warm-up's outputs are never read
+
+
+def prefill_widths(engine: EngineConfig, exact_rows: int) -> list[int]:
+    """Chunk widths whose shapes cover every chunk of 1 .. prefill_chunk rows."""
+    top = min(engine.prefill_chunk, engine.max_model_len - 1)
+    widths = set(range(1, min(exact_rows, top) + 1))
+    bucket = 2 * exact_rows
+    while bucket // 2 < top:
+        widest = min(bucket, top)
+        widths |= {widest, widest - 1}
+        bucket *= 2
+    return sorted(widths)
+
+
+def decode_sizes(max_num_seqs: int, exact_rows: int) -> list[int]:
+    """Eager decode batch sizes whose shapes cover every batch of 1 .. max_num_seqs rows."""
+    sizes = set(range(1, min(exact_rows, max_num_seqs) + 1))
+    bucket = 2 * exact_rows
+    while bucket // 2 < max_num_seqs:
+        sizes.add(min(bucket, max_num_seqs))
+        bucket *= 2
+    return sorted(sizes)
+
+
+def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
+    """Warm the runner up (phases reported to `log`) -> what each phase did."""
+    log = log or StartupLog()
+    tuning = getattr(runner.model.ops, "tuning", None)
+    if tuning is None:
+        return {}
+    on_gpu = runner.device.type == "cuda"
+    widths = prefill_widths(runner.engine, tuning.EXACT_ROWS)
+    if on_gpu:
+        with log.phase("picks") as detail:
+            detail.update(tuning.load(runner.device))
+        with log.phase("compile") as detail:
+            before = tuning.stats()["compiles"]
+            with tuning.compiling() as mode:
+                _exercise(runner, widths, tuning.EXACT_ROWS)
+            detail["kernels"] = len(mode.raw_futures)
+            detail["threads"] = mode.executor._max_workers
+    with log.phase("tune") as detail:
+        before = tuning.stats()
+        _exercise(runner, widths, tuning.EXACT_ROWS)
+        after = tuning.stats()
+        detail["shapes timed"] = after["tuned"] - before["tuned"]
+        if on_gpu:
+            detail["kernels loaded"] = after["compiles"] - before["compiles"]
+            path = tuning.save(runner.device)
+            if path is not None:
+                detail["saved"] = str(path)
+    if runner.graphs is not None:
+        with log.phase("capture") as detail:
+            runner.graphs.capture()
+            detail["graphs"] = len(runner.graphs.graphs)
+    return dict(log.details)
+
+
+@torch.inference_mode()
+def _exercise(runner: Runner, widths: list[int], exact_rows: int) -> None:
+    """One forward of every shape serving can run (see the module docstring)."""
+    room = runner.engine.max_model_len - 1
+    for n in widths:
+        _prefill(runner, [n, n], room)
+    window = runner.cfg.sliding_window
+    widest = widths[-1]
+    _prefill(runner, [widest] * (window // widest + 1) + widths[::-1], room)
+    if runner.graphs is not None:
+        if not runner.graphs.is_captured:
+            for bs in graph_batch_sizes(runner.engine.max_num_seqs):
+                runner.graphs.forward_padded(bs)
+        return
+    for bs in decode_sizes(runner.engine.max_num_seqs, exact_rows):
+        seqs = [runner.allocate() for _ in range(bs)]
+        try:
+            for _ in range(2):
+                runner.forward(seqs, [[_TOKEN]] * bs)
+        finally:
+            for seq in seqs:
+                runner.free(seq)
+
+
+def _prefill(runner: Runner, chunks: list[int], room: int) -> None:
+    """Prefill one fresh sequence chunk by chunk while the context has room, then free it."""
+    seq = runner.allocate()
+    try:
+        for n in chunks:
+            if seq.num_cached + n > room:
+                break
+            runner.forward([seq], [[_TOKEN] * n])
+    finally:
+        runner.free(seq)
