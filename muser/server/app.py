@@ -11,11 +11,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from muser.server import llama_routes, openai_routes
-from muser.server.context import ServerContext
 from muser.server.errors import ApiError, install_error_handlers
+from muser.server.metrics import Metrics
+from muser.server.startup import Startup
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
           "/detokenize", "/health", "/props", "/slots", "/metrics")
+
+
+def _ready(request: Request) -> None:
+    request.app.state.ctx = request.app.state.startup.ready_ctx()
 
 
 def _user(request: Request) -> None:
@@ -44,30 +49,33 @@ class _RequestCounter:
 
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                scope["app"].state.ctx.metrics.observe_request(route, message["status"])
+                scope["app"].state.metrics.observe_request(route, message["status"])
             await send(message)
 
         await self.app(scope, receive, counted_send)
 
 
-def create_app(ctx: ServerContext) -> FastAPI:
+def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
+    """The app around an engine that `startup` builds in the background (503 until ready)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx.loop.start()
+        startup.start()
         yield
         app.state.draining = True
-        ctx.loop.stop()
+        if startup.ctx is not None:
+            startup.ctx.loop.stop()
 
     app = FastAPI(title="muser", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.ctx = ctx
+    app.state.startup, app.state.metrics, app.state.ctx = startup, metrics, None
     app.state.draining = False
     install_error_handlers(app)
     app.include_router(llama_routes.health_router)
-    app.include_router(openai_routes.router, dependencies=[Depends(_user)])
-    app.include_router(llama_routes.router, dependencies=[Depends(_user)])
-    app.include_router(llama_routes.admin_router, dependencies=[Depends(_admin)])
-    app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=[Depends(_user)])
+    user, admin = [Depends(_ready), Depends(_user)], [Depends(_ready), Depends(_admin)]
+    app.include_router(openai_routes.router, dependencies=user)
+    app.include_router(llama_routes.router, dependencies=user)
+    app.include_router(llama_routes.admin_router, dependencies=admin)
+    app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=user)
     app.add_middleware(_RequestCounter)
     return app
 

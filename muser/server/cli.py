@@ -56,27 +56,49 @@ def _load_kwargs(args: argparse.Namespace) -> dict:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Bind at once, load and warm the engine in the background (503 until ready), serve."""
     import uvicorn
 
-    from muser import LLM
     from muser.server.app import create_app
-    from muser.server.context import ServerContext
-    from muser.server.loop import EngineLoop
+    from muser.server.loop import LoopStats
     from muser.server.metrics import Metrics
+    from muser.server.startup import Startup
 
     keys = _keys(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    holder: list[uvicorn.Server] = []
+
+    def stop(exc: BaseException) -> None:
+        logging.getLogger("muser.server").error("startup failed: %s", exc)
+        holder[0].should_exit = True
+
+    startup = Startup(lambda: _context(args, keys, metrics), stop)
+    metrics = Metrics(lambda: startup.ctx.loop.stats if startup.ctx else LoopStats())
+    config = uvicorn.Config(create_app(startup, metrics), host=args.host, port=args.port,
+                            log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
+                            server_header=False)
+    holder.append(uvicorn.Server(config))
+    holder[0].run()
+    if startup.error is not None:
+        raise startup.error if isinstance(startup.error, MuserError) else MuserError(
+            f"startup failed: {startup.error}")
+    return 0
+
+
+def _context(args: argparse.Namespace, keys, metrics):
+    """Load the model and warm the engine up (phases logged) -> the routes' context."""
+    from muser import LLM
+    from muser.server.context import ServerContext
+    from muser.server.loop import EngineLoop
+    from muser.startup import StartupLog
+
     kwargs = engine_kwargs(args)
     if args.chunk_policy == "fixed":
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
-    llm = LLM(args.model, progress=sys.stderr.isatty(), max_num_seqs=args.max_num_seqs,
+    log = StartupLog(logging.getLogger("muser.startup").info)
+    llm = LLM(args.model, progress=sys.stderr.isatty(), max_num_seqs=args.max_num_seqs, log=log,
               **_load_kwargs(args), **kwargs)
     loop = EngineLoop(llm.engine, args.max_queue)
-    ctx = ServerContext(loop, llm.tokenizer, Metrics(lambda: loop.stats), keys,
-                        args.model_name or Path(str(llm.path)).stem, str(llm.path),
-                        llm.config.max_model_len, args.max_num_seqs, args.max_body_bytes)
-    config = uvicorn.Config(create_app(ctx), host=args.host, port=args.port,
-                            log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
-                            server_header=False)
-    uvicorn.Server(config).run()
-    return 0
+    return ServerContext(loop, llm.tokenizer, metrics, keys,
+                         args.model_name or Path(str(llm.path)).stem, str(llm.path),
+                         llm.config.max_model_len, args.max_num_seqs, args.max_body_bytes)

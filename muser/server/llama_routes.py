@@ -29,6 +29,8 @@ def _ctx(request: Request) -> ServerContext:
 async def health(request: Request) -> JSONResponse:
     if getattr(request.app.state, "draining", False):
         return JSONResponse({"status": "shutting down"}, status_code=503)
+    if request.app.state.startup.ctx is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
