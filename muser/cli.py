@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     from muser.bench import add_bench_parser
 
     add_bench_parser(sub)
+    from muser.tune_cli import add_tune_parser
+
+    add_tune_parser(sub)
     try:
         from muser.server.cli import add_serve_parser
     except ImportError:

@@ -1,0 +1,56 @@
+"""`muser tune`: fill this machine's tuning cache ahead of time, so that `muser serve` and `LLM`
+start from stored picks (each model is loaded and warmed up exactly as serving would be)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from muser.errors import MuserError
+
+
+def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+    from muser.cli import _positive_int, add_engine_args
+
+    p = sub.add_parser("tune", help="measure kernel picks ahead of time (GPU)",
+                       description="Warm up each model as serving would (compile every kernel, "
+                       "time every projection shape, capture the decode graphs) and store the "
+                       "picks in the tuning cache under the cache directory.")
+    add_engine_args(p)
+    p.add_argument("--preset", action="append", default=[], metavar="NAME",
+                   help="tune a named shape with dummy weights, e.g. gemma3-1b (repeatable; "
+                   "default: --model, or --model-config)")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=8,
+                   help="largest decode batch to tune (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print what each phase did as JSON")
+    p.set_defaults(run=tune)
+
+
+def tune(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from muser import LLM
+    from muser.cli import engine_kwargs
+    from muser.startup import StartupLog
+
+    kwargs = engine_kwargs(args)
+    if kwargs.setdefault("device", "cuda") != "cuda":
+        raise MuserError("muser tune measures GPU kernels: it needs --device cuda")
+    models = [("dummy", p) for p in args.preset] or [
+        ("dummy", args.model_config) if args.load_format == "dummy" or not args.model
+        else ("auto", None)]
+    report = {}
+    bar = tqdm(models, desc="tune", unit="model", file=sys.stderr)
+    for load_format, name in bar:
+        label = name or args.model
+        bar.set_postfix_str(label)
+        log = StartupLog(lambda line, label=label: tqdm.write(f"{label}: {line}", sys.stderr))
+        llm = LLM(args.model if load_format == "auto" else None, progress=False,
+                  load_format=load_format, model_config=name, max_num_seqs=args.max_num_seqs,
+                  log=log, **kwargs)
+        report[label] = {"phases_s": log.phases, "details": llm.runner.warmup}
+        del llm
+    if args.json:
+        print(json.dumps(report, indent=1))
+    return 0
