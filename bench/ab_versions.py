@@ -1,7 +1,12 @@
-"""Two versions of muser side by side on one GPU: gemma3-1b prefill and decode, each version in
-its own process, the processes alternating (A B A B ...), so both meet the same host.
+"""Two versions of muser side by side on one machine: prefill and decode, each version in its
+own process, the processes alternating (A B A B ...), so both meet the same host.
 
     python3 bench/ab_versions.py --versions base=bench/ab_base,head=. --rounds 2 --out DIR
+    python3 bench/ab_versions.py --device cpu --lengths 512,2048 --reps 3 --versions ...
+
+On the GPU: gemma3-1b with seeded random bf16 weights; on the CPU: the embedded Gemma 3 270M
+GGUF in float32 (the CPU default), prompts prefilled in 512-row chunks as `--prefill-chunk`
+does, decode steps after a 32-token prompt.
 
 Each entry names a directory holding a `muser` package; an earlier commit's, for example, from
 `mkdir -p bench/ab_base && git archive <commit> muser | tar -x -C bench/ab_base` (left
@@ -75,10 +80,57 @@ print("RESULT " + json.dumps({
 }))
 """
 
+CPU_CHILD = r"""
+import json, statistics, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+from muser import LLM
+
+lengths, reps = [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
+llm = LLM(progress=False, device="cpu", max_num_seqs=1, max_model_len=max(lengths) + 256)
+runner = llm.runner
+ids = [2] + torch.randint(1000, 200_000, (max(lengths),),
+                          generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def prefill(t):
+    seq = runner.allocate()
+    t0 = time.perf_counter()
+    for start in range(0, t, 512):
+        runner.forward([seq], [ids[start:min(t, start + 512)]])
+    runner.free(seq)
+    return time.perf_counter() - t0
+
+
+for t in lengths:
+    prefill(t)
+times = {t: [] for t in lengths}
+for _ in range(reps):
+    for t in lengths:
+        times[t].append(prefill(t))
+seq = runner.allocate()
+logits = runner.forward([seq], [ids[:32]])
+steps = []
+for _ in range(64):
+    token = int(logits[-1].argmax())
+    t0 = time.perf_counter()
+    logits = runner.forward([seq], [[token]])
+    steps.append(time.perf_counter() - t0)
+print("RESULT " + json.dumps({
+    "prefill_ms": {t: statistics.median(v) * 1e3 for t, v in times.items()},
+    "prefill_host_ms": {t: statistics.median(v) * 1e3 for t, v in times.items()},
+    "prefill_samples_ms": {t: [round(x * 1e3, 3) for x in v] for t, v in times.items()},
+    "prefill_tok_s": {t: t / statistics.median(v) for t, v in times.items()},
+    "decode_step_ms": statistics.median(steps[4:]) * 1e3,
+    "decode_tok_s": 1 / statistics.median(steps[4:]),
+}))
+"""
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", required=True, help="name=dir,name=dir")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--lengths", default="512,2048,8192")
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--rounds", type=int, default=2)
@@ -88,7 +140,8 @@ def main() -> int:
     runs = []
     for r in range(args.rounds):
         for name, root in versions.items():
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(root).resolve()),
+            child = CPU_CHILD if args.device == "cpu" else CHILD
+            proc = subprocess.run([sys.executable, "-c", child, str(Path(root).resolve()),
                                    args.lengths, str(args.reps)],
                                   capture_output=True, text=True, check=False)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -102,8 +155,9 @@ def main() -> int:
                   flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ab_versions.json").write_text(json.dumps({"versions": versions, "runs": runs},
-                                                     indent=1))
+    name = "ab_versions.json" if args.device == "cuda" else "ab_versions_cpu.json"
+    (out / name).write_text(json.dumps({"device": args.device, "versions": versions,
+                                        "runs": runs}, indent=1))
     return 0
 
 

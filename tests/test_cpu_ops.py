@@ -1,17 +1,54 @@
-"""The CPU backend's own decode attention (keys read in place) against the reference spec and
-float64, on rings wrapped and not, windows that start mid-ring, scattered and consecutive
-pages, and padding rows."""
+"""The CPU backend's C kernels: each against float64 within an error bound derived next to it,
+and each bitwise the same however its rows are grouped — decode rows in place on rings
+(wrapped or not) and pages, prefill chunks of any width, the staging shadow."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from muser.attention.dense_ref import attention_dense
-from muser.ops import cpu, ref
+from muser.ops import cpu, native, ref
+
+U = 2.0**-24  # float32 unit roundoff
 
 
-def _case(gen: torch.Generator, dtype: torch.dtype):
+def gamma(n: int) -> float:
+    """gamma_n = n u / (1 - n u): the relative bound of n float32 roundings in a row."""
+    return n * U / (1 - n * U)
+
+
+def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                    ) -> torch.Tensor:
+    """Bound on |out - exact| for one query row per head over keys [S, KVH, D] (attention.c).
+
+    Scores: q * scale rounds once per element, then 16-lane sums of D / 16 products and a
+    4-level tree: |ds| <= gamma(D / 16 + 6) * scale * sum |q k| =: ds. exp(s - m) then carries
+    a relative error <= 2 ds + 8u (both arguments, the subtraction, muser_exp's ~1 ulp with
+    margin). The numerator sums e v in S steps (gamma(2S) relative to sum e |v|), the
+    denominator in 16 lanes and a tree (gamma(S)), one division: in all
+    |dout| <= (2 (2 ds + 8u) + gamma(2S) + gamma(S) + u) * sum p |v|."""
+    heads, d = q.shape
+    s, kv_heads = k.shape[0], k.shape[1]
+    kq = k.double()[:, torch.arange(heads) // (heads // kv_heads)]  # [S, H, D]
+    vq = v.double()[:, torch.arange(heads) // (heads // kv_heads)]
+    ds = gamma(d // 16 + 6) * scale * (q.double().abs()[None] * kq.abs()).sum(-1).max(0).values
+    scores = scale * (q.double()[None] * kq).sum(-1)  # [S, H]
+    p = torch.softmax(scores, 0)
+    mass = (p[..., None] * vq.abs()).sum(0)  # [H, D]
+    rel = 2 * (2 * ds + 8 * U) + gamma(2 * s) + gamma(s) + U
+    return rel[:, None] * mass
+
+
+def _float64(q, k, v, scale):
+    pos = torch.arange(k.shape[0])
+    return attention_dense(q[None].double(), k.double(), v.double(), pos[-1:], pos, None,
+                           scale, torch.float64)[0]
+
+
+def _rings(gen: torch.Generator, dtype: torch.dtype):
     cap, heads, kv_heads, d = 40, 6, 2, 64
     k_rows = torch.randn(4 * cap, kv_heads, d, generator=gen).to(dtype)
     v_rows = torch.randn(4 * cap, kv_heads, d, generator=gen).to(dtype)
@@ -35,80 +72,130 @@ def _pages(gen: torch.Generator, dtype: torch.dtype):
     return q, k_rows, v_rows, table, z, lens, z, 16, d**-0.5
 
 
-def test_physical_runs_match_decode_rows():
-    for table, start, length, origin, bs in [([0], 0, 40, 13, 40), ([2], 25, 60, 7, 40),
-                                             ([5, 0, 3], 0, 45, 0, 16), ([1, 2, 3], 3, 40, 0, 16)]:
-        rows = ref.decode_rows(torch.tensor(table), start, length, origin, bs).tolist()
-        runs = cpu.physical_runs(table, start, length, origin, bs)
-        assert [r for a, b in runs for r in range(a, b)] == rows
-
-
-def _float64(q, k_rows, v_rows, table, starts, lens, origins, block_size, scale):
-    out = torch.zeros(q.shape, dtype=torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("make", [_rings, _pages], ids=["rings", "pages"])
+def test_decode_attention_in_place_equals_gathered_keys(dtype, make):
+    """Keys read in place through the block table give the bits of the same keys gathered
+    into logical order, and both are within the error bound of float64."""
+    args = make(torch.Generator().manual_seed(0), dtype)
+    q, k_rows, v_rows, table, starts, lens, origins, block_size, scale = args
+    out = cpu.decode_attention(*args)
     for b in range(q.shape[0]):
         if lens[b] <= starts[b]:
+            assert (out[b] == 0).all()
             continue
         rows = ref.decode_rows(table[b], int(starts[b]), int(lens[b]), int(origins[b]),
                                block_size)
-        pos = torch.arange(len(rows))
-        out[b] = attention_dense(q[b : b + 1].double(), k_rows[rows].double(),
-                                 v_rows[rows].double(), pos[-1:], pos, None, scale,
-                                 torch.float64)[0]
-    return out
+        k, v = k_rows[rows].float(), v_rows[rows].float()
+        gathered = native.attention(q[b : b + 1], k, v, len(rows) - 1, 0, None, scale)[0]
+        assert torch.equal(out[b], gathered)
+        err = (out[b].double() - _float64(q[b], k, v, scale)).abs()
+        assert (err <= attention_bound(q[b], k, v, scale)).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("make", [_case, _pages], ids=["rings", "pages"])
-def test_decode_attention_matches_reference(dtype, make):
-    args = make(torch.Generator().manual_seed(0), dtype)
-    out = cpu.decode_attention(*args)
-    assert (out.double() - _float64(*args)).abs().max() < 1e-5
-    assert torch.allclose(out, ref.decode_attention(*args), atol=1e-6, rtol=0)
-    lens, starts = args[5], args[4]
-    assert (out[lens <= starts] == 0).all()
+@pytest.mark.parametrize("window", [None, 7])
+def test_prefill_rows_equal_decode_rows(window):
+    """A chunk's query rows, computed together in one call, one by one as decode steps, or
+    from a staging shadow at another offset, are bitwise the same."""
+    gen = torch.Generator().manual_seed(1)
+    t, heads, kv_heads, d = 23, 4, 1, 48
+    keys = torch.randn(40, kv_heads, d, generator=gen)
+    values = torch.randn(40, kv_heads, d, generator=gen)
+    q = torch.randn(t, heads, d, generator=gen)
+    q_start = 40 - t  # the chunk's rows are the last t keys
+    chunk = cpu.prefill_attention(q, keys, values, q_start, 0, window, 0.2, None, 0, None)
+    for i in range(t):
+        pos = q_start + i
+        first = 0 if window is None else max(0, pos - window + 1)
+        one = native.attention(q[i : i + 1], keys, values, pos, first, None, 0.2)[0]
+        assert torch.equal(chunk[i], one)
+        shadow = cpu.prefill_attention(q[i : i + 1], keys[first : pos + 1],
+                                       values[first : pos + 1], pos, first, window, 0.2, None,
+                                       0, None)[0]
+        assert torch.equal(chunk[i], shadow)
+        err = (one.double() - _float64(q[i], keys[first:pos + 1], values[first:pos + 1],
+                                       0.2)).abs()
+        assert (err <= attention_bound(q[i], keys[first:pos + 1], values[first:pos + 1],
+                                       0.2)).all()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_native_norms_match_float64(rows):
-    from muser.ops import native
+def norm_bound(y: torch.Tensor, d: int) -> torch.Tensor:
+    """|dy| for y = x * (1 / sqrt(sum(x^2) / d + eps)) * w: the sum of squares (positive terms)
+    in 16 lanes and a tree, gamma(d / 16 + 5) relative; /d, +eps, sqrt, 1/: 4 roundings, the
+    square root halving the sum's error; two products: 2. Relative
+    gamma(d / 16 + 5) / 2 + gamma(6), with margin gamma(d / 16 + 12)."""
+    return gamma(d // 16 + 12) * y.abs()
 
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_norms_within_their_error_bound_and_row_independent(rows):
     gen = torch.Generator().manual_seed(rows)
     res = torch.randn(rows, 640, generator=gen) * 3
     x = torch.randn(rows, 640, generator=gen)
     post, nxt = 1 + 0.1 * torch.randn(640, generator=gen), 1 + 0.1 * torch.randn(640, generator=gen)
     h, y = native.add_rms_norm(res, x, post, nxt, 1e-6)
     h64, y64 = ref.add_rms_norm(res.double(), x.double(), post.double(), nxt.double(), 1e-6)
-    assert (h.double() - h64).abs().max() < 1e-5 and (y.double() - y64).abs().max() < 1e-5
+    normed = ref.rms_norm(x.double(), post.double(), 1e-6)
+    # h = res + normed (normed within its bound, then one addition)
+    assert ((h.double() - h64).abs() <= norm_bound(normed, 640) + U * h64.abs()).all()
+    # y normalizes the computed h: bound y of h itself
+    y_of_h = ref.rms_norm(h.double(), nxt.double(), 1e-6)
+    assert ((y.double() - y_of_h).abs() <= norm_bound(y_of_h, 640)).all()
     strided = torch.randn(rows, 1000, generator=gen)[:, :640]  # rows 1000 apart
     expect = ref.rms_norm(strided.double(), nxt.double(), 1e-6)
-    assert (native.rms_norm(strided, nxt, 1e-6).double() - expect).abs().max() < 1e-5
+    got = native.rms_norm(strided, nxt, 1e-6)
+    assert ((got.double() - expect).abs() <= norm_bound(expect, 640)).all()
+    assert torch.equal(native.rms_norm(strided[-1:], nxt, 1e-6), got[-1:])
+    h1, y1 = native.add_rms_norm(res[-1:], x[-1:], post, nxt, 1e-6)
+    assert torch.equal(h1, h[-1:]) and torch.equal(y1, y[-1:])
 
 
-@pytest.mark.parametrize("rows", [1, 5])
-def test_native_qk_norm_rope_matches_float64(rows):
-    from muser.ops import native
-
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_qk_norm_rope_within_its_error_bound(rows):
     gen = torch.Generator().manual_seed(rows)
     qkv = torch.randn(rows, 6 * 256, generator=gen)
     q = qkv[:, : 4 * 256].view(rows, 4, 256)  # a strided view, as the decoder passes it
     w = 1 + 0.1 * torch.randn(256, generator=gen)
-    cos, sin = ref.rope_cos_sin(torch.arange(100, 100 + rows), 256, 10_000.0)
+    cos, sin = cpu.rope_cos_sin(torch.arange(100, 100 + rows), 256, 10_000.0)
     out = native.qk_norm_rope(q, w, cos, sin, 1e-6)
+    normed = ref.rms_norm(q.double(), w.double(), 1e-6)
     expect = ref.qk_norm_rope(q.double(), w.double(), cos.double(), sin.double(), 1e-6)
-    assert out.is_contiguous() and (out.double() - expect).abs().max() < 1e-5
+    # rotation: each half is x1 c - x2 s of normed values (their bound) and two products and
+    # a difference (3 roundings of magnitudes |x1 c| + |x2 s| <= |x1| + |x2|)
+    half = 128
+    mag = normed[..., :half].abs() + normed[..., half:].abs()
+    bound = (norm_bound(torch.ones(1), 256) + gamma(3)) * torch.cat((mag, mag), -1)
+    assert out.is_contiguous() and ((out.double() - expect).abs() <= bound).all()
+    assert torch.equal(native.qk_norm_rope(q[-1:], w, cos[-1:], sin[-1:], 1e-6), out[-1:])
 
 
-def test_cpu_backend_uses_native_only_for_float32_decode_rows():
-    gen = torch.Generator().manual_seed(0)
-    w = 1 + 0.1 * torch.randn(64, generator=gen)
-    few, many = torch.randn(2, 64, generator=gen), torch.randn(20, 64, generator=gen)
-    from muser.ops import native
+def test_rope_angles_are_libm_of_the_float32_angle():
+    """cos / sin of float(p) * inv_freq (HF's float32 angle): libm's cosf / sinf are within
+    one ulp, |dcos| <= 2^-23; each row depends on its position alone."""
+    positions = torch.tensor([0, 1, 511, 512, 4097, 131071])
+    cos, sin = cpu.rope_cos_sin(positions, 256, 1_000_000.0, 8.0)
+    exponent = torch.arange(0, 256, 2, dtype=torch.int64).float()
+    angles = (positions.float()[:, None] * (1.0 / (1_000_000.0 ** (exponent / 256)) / 8.0))
+    assert (cos.double() - angles.double().cos()).abs().max() <= 2.0**-23
+    assert (sin.double() - angles.double().sin()).abs().max() <= 2.0**-23
+    one = cpu.rope_cos_sin(positions[3:4], 256, 1_000_000.0, 8.0)
+    assert torch.equal(one[0], cos[3:4]) and torch.equal(one[1], sin[3:4])
 
-    assert torch.equal(cpu.rms_norm(few, w, 1e-6), native.rms_norm(few, w, 1e-6))
-    assert torch.equal(cpu.rms_norm(many, w, 1e-6), ref.rms_norm(many, w, 1e-6))
-    half = cpu.rms_norm(few, w, 1e-6, torch.float16)
-    assert half.dtype == torch.float16 and torch.equal(half, ref.rms_norm(few, w, 1e-6,
-                                                                          torch.float16))
+
+def test_geglu_within_its_error_bound():
+    """gelu_tanh(g) u with tanh(a) = 1 - 2 / (exp(2a) + 1): muser_exp's ~1 ulp (4u with
+    margin), +1, /, 1 - : |dtanh| <= 2 (4u + 2u) + u = 13u absolute; then 0.5 g (1 + t) u:
+    |dy| <= 0.5 |g u| 13u + gamma(5) |y| for the argument's and the products' roundings (the
+    argument's relative error moves tanh by at most as much, |tanh'| <= 1, times |g| k0)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 2 * 200, generator=gen) * 3
+    y = native.geglu(x)
+    g, u = x.double().chunk(2, -1)
+    inner = math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)
+    y64 = 0.5 * g * (1 + torch.tanh(inner)) * u
+    bound = 0.5 * (g * u).abs() * (13 * U + gamma(6) * inner.abs()) + gamma(5) * y64.abs()
+    assert ((y.double() - y64).abs() <= bound).all()
+    assert torch.equal(native.geglu(x[5:6]), y[5:6])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -122,20 +209,3 @@ def test_store_kv_of_decode_rows_matches_reference(dtype):
     ref.store_kv(*theirs, k_new, v_new, src, dst)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert ours[0][5].abs().sum() > 0 and (ours[0][1:5] == 0).all()
-
-
-@pytest.mark.parametrize("keys", [1, 37, 600])
-def test_native_decode_attention_matches_float64(keys):
-    """GQA (8 heads over 2 KV heads), keys a strided slice of a larger store."""
-    from muser.ops import native
-
-    gen = torch.Generator().manual_seed(keys)
-    store_k = torch.randn(keys + 10, 2, 64, generator=gen)
-    store_v = torch.randn(keys + 10, 2, 64, generator=gen)
-    k, v = store_k[5 : 5 + keys], store_v[5 : 5 + keys]
-    q = torch.randn(8, 64, generator=gen)
-    out = native.decode_attention(q, k, v, 0.125)
-    pos = torch.arange(keys)
-    expect = attention_dense(q[None].double(), k.double(), v.double(), pos[-1:], pos, None,
-                             0.125, torch.float64)[0]
-    assert (out.double() - expect).abs().max() < 1e-5

@@ -1,5 +1,6 @@
-"""Packed CPU decode weights: GGUF codes that dequantize exactly, and the C kernel that reads
-them (against float64, row by row, through the ops layer and the whole model)."""
+"""Packed CPU weights and the GEMM that reads them: codes that dequantize exactly, one FMA
+chain per output whatever the number of rows (so rows are bitwise independent of the call's
+width), and every format against float64 within the chain's error bound."""
 
 from __future__ import annotations
 
@@ -10,38 +11,46 @@ from gguf import GGMLQuantizationType
 
 from muser.loading.quants import codes, dequantize
 from muser.ops import cpu, native, ref
-from muser.ops.packed import PackedMatrix, cat_rows
+from muser.ops.packed import PackedMatrix, cat_rows, dense
 from tests.test_quants import _random_raw
 
 QT = GGMLQuantizationType
 QUANTIZED = [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+U = 2.0**-24  # float32 unit roundoff
+
+
+def fma_chain_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Error bound of y = sum_k w[m, k] x[r, k] summed by K fused multiply-adds in turn: each
+    step rounds once, so |y - exact| <= gamma_K * sum_k |w x| with gamma_K = K u / (1 - K u)
+    (Higham, Accuracy and Stability, 3.1). W and x are exact float32 inputs; the float64
+    reference adds its own K * 2^-53 relative."""
+    k = x.shape[1]
+    gamma = k * U / (1 - k * U) + k * 2.0**-53
+    return gamma * (x.double().abs() @ w.double().abs().t())
 
 
 def _packed(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> PackedMatrix:
     raw = torch.from_numpy(_random_raw(qtype, rows, cols, seed))
-    w = dequantize(raw, qtype, (rows, cols))
-    return PackedMatrix.from_codes(codes(raw, qtype, (rows, cols)), (rows, cols), w)
+    return PackedMatrix.from_codes(codes(raw, qtype, (rows, cols)), (rows, cols))
 
 
-def _realistic(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> PackedMatrix:
-    """Random codes with scales of one magnitude (the test blocks span 10^-7..10^2, which
-    makes a float32 dot product's relative error meaningless)."""
-    p = _packed(qtype, rows, cols, seed)
-    gen = torch.Generator().manual_seed(seed)
-    p.scales = torch.rand(p.scales.shape, generator=gen) * 0.02 + 0.01
-    if p.mins is not None:
-        p.mins = torch.rand(p.mins.shape, generator=gen) * 0.1
-    p.dense = p.dequantize()
-    return p
+def _check_gemm(x: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
+    y = native.gemm(x, p)
+    w = p.dequantize()
+    err = (y.double() - x.double() @ w.double().t()).abs()
+    assert (err <= fma_chain_bound(x, w)).all()
+    return y
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
 def test_codes_dequantize_exactly(qtype):
-    raw = torch.from_numpy(_random_raw(qtype, 8, 512, seed=3))
-    p = PackedMatrix.from_codes(codes(raw, qtype, (8, 512)), (8, 512),
-                                dequantize(raw, qtype, (8, 512)))
-    assert p.codes.dtype == torch.int8 and p.group in (16, 32)
-    assert torch.equal(p.dequantize().view(torch.int32), p.dense.view(torch.int32))
+    raw = torch.from_numpy(_random_raw(qtype, 40, 512, seed=3))
+    p = PackedMatrix.from_codes(codes(raw, qtype, (40, 512)), (40, 512))
+    assert p.data.dtype == torch.int8 and p.group in (16, 32) and p.shape == (40, 512)
+    expect = dequantize(raw, qtype, (40, 512))
+    assert torch.equal(p.dequantize().view(torch.int32), expect.view(torch.int32))
+    rows = torch.tensor([39, 0, 17, 17])
+    assert torch.equal(p.dequantize(rows), expect[rows])
 
 
 def test_float_tensors_have_no_codes():
@@ -50,73 +59,80 @@ def test_float_tensors_have_no_codes():
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 2, 5, 8])
-def test_qgemv_matches_float64(qtype, rows):
-    p = _realistic(qtype, 300, 512, seed=rows)
-    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(7 + rows))
-    y = native.qgemv(x, p)
-    expect = x.double() @ p.dense.double().t()
-    err = (y.double() - expect).abs().max() / expect.abs().max()
-    assert err < 1e-6, f"relative error {err:.2e}"
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 29])
+def test_gemm_over_codes_within_the_fma_chain_bound(qtype, rows):
+    p = _packed(qtype, 300, 512, seed=rows)  # 300: a partial last panel
+    _check_gemm(torch.randn(rows, 512, generator=torch.Generator().manual_seed(7 + rows)), p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_gemm_over_values_within_the_fma_chain_bound(dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    p = PackedMatrix.from_dense(torch.randn(77, 96, generator=gen).to(dtype))
+    assert p.dtype == dtype and torch.equal(dense(p), p.dequantize().to(dtype))
+    _check_gemm(torch.randn(rows, 96, generator=gen), p)
 
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
-def test_qgemv_rows_are_independent(qtype):
-    """A row's bits do not depend on how many rows share the call (batch independence)."""
-    p = _realistic(qtype, 1000, 256, seed=11)
-    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(5))
-    together = native.qgemv(x, p)
-    for r in range(8):
-        alone = native.qgemv(x[r : r + 1], p)
-        assert torch.equal(alone[0], together[r])
+def test_rows_are_bitwise_independent_of_the_call_width(qtype):
+    """Every width (decode rows, narrow and wide tiles, their remainders) gives each row the
+    same bits: one FMA chain per output, whatever the tiling."""
+    p = _packed(qtype, 200, 256, seed=11)
+    x = torch.randn(70, 256, generator=torch.Generator().manual_seed(5))
+    together = native.gemm(x, p)
+    for a, b in [(0, 1), (69, 70), (3, 11), (0, 15), (0, 16), (20, 57), (1, 70)]:
+        assert torch.equal(native.gemm(x[a:b], p), together[a:b]), (a, b)
+    strided = torch.randn(70, 300, generator=torch.Generator().manual_seed(6))[:, :256]
+    strided[:] = x
+    assert torch.equal(native.gemm(strided, p), together)
+
+
+def test_widened_panels_equal_the_codes():
+    """A wide call widens codes to float32 once; the same values as float32 weights give the
+    same bits."""
+    p = _packed(QT.Q4_K, 64, 256, seed=2)
+    values = PackedMatrix.from_dense(p.dequantize())
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(native.gemm(x, p), native.gemm(x, values))
 
 
 def test_cat_rows_meets_groups_and_offsets():
-    """Fused rows of Q5_0 (groups of 32), Q4_K (offsets) and Q6_K (groups of 16)."""
-    parts = [_realistic(t, 48, 256, seed=i) for i, t in enumerate([QT.Q5_0, QT.Q4_K, QT.Q6_K])]
+    """Fused rows of Q5_0 (groups of 32), Q4_K (offsets) and Q6_K (groups of 16), with row
+    counts that are not multiples of a panel."""
+    parts = [_packed(t, 40 + 8 * i, 256, seed=i) for i, t in enumerate([QT.Q5_0, QT.Q4_K,
+                                                                        QT.Q6_K])]
     fused = cat_rows(parts)
-    assert fused.group == 16 and fused.mins is not None
-    assert torch.equal(fused.dequantize(), torch.cat([p.dense for p in parts]))
+    assert fused.group == 16 and fused.mins is not None and fused.rows == 40 + 48 + 56
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2))
-    expect = x.double() @ fused.dense.double().t()
-    assert (native.qgemv(x, fused).double() - expect).abs().max() < 1e-5 * expect.abs().max()
+    _check_gemm(x, fused)
 
 
-def test_cpu_linear_reads_codes_for_decode_rows_only():
-    p = _realistic(QT.Q8_0, 64, 128, seed=4)
-    gen = torch.Generator().manual_seed(9)
-    decode, chunk = torch.randn(native.MAX_ROWS, 128, generator=gen), torch.randn(9, 128)
-    assert torch.equal(cpu.linear(decode, p), native.qgemv(decode, p))
-    assert torch.equal(cpu.linear(chunk, p), ref.linear(chunk, p.dense))
-    assert torch.equal(ref.linear(decode, p), ref.linear(decode, p.dense))
-
-
-def test_packed_embedding_without_dense_twin():
-    """The tied embedding keeps only codes: lookups dequantize rows exactly, and products of
-    any width read the codes."""
-    p = _realistic(QT.Q8_0, 100, 64, seed=6)
-    full, p.dense = p.dense, None
+def test_embedding_lookup_reads_codes():
+    p = _packed(QT.Q8_0, 100, 64, seed=6)
     ids = torch.tensor([3, 99, 3, 0])
-    assert torch.equal(ref.embed(p, ids), full[ids])
-    x = torch.randn(19, 64, generator=torch.Generator().manual_seed(1))
-    y = cpu.linear(x, p)
-    assert torch.equal(y[8:16], native.qgemv(x[8:16], p))
-    assert (y.double() - x.double() @ full.double().t()).abs().max() < 1e-5
+    assert torch.equal(ref.embed(p, ids), p.dequantize()[ids])
 
 
-def test_loaded_model_keeps_codes_not_a_dense_head(gguf_reader):
-    """Packed: the 262,144 x 640 embedding is held as int8 codes only (~0.19 GB, not 0.67)."""
+def test_cpu_linear_takes_packed_weights_only():
+    with pytest.raises(TypeError, match="packed"):
+        cpu.linear(torch.randn(2, 8), torch.randn(4, 8))
+
+
+def test_loaded_model_is_codes_only(gguf_reader):
+    """The 270M model's weights are the file's codes: <= 0.40 GB held, no dense matrix."""
     from muser.loading.gguf import config_from_gguf, load_weights
 
     cfg = config_from_gguf(gguf_reader)
     packed = load_weights(gguf_reader, cfg, torch.float32, "cpu", pack=True)
-    assert isinstance(packed.embed, PackedMatrix) and packed.embed.dense is None
+    assert isinstance(packed.embed, PackedMatrix) and packed.embed.is_codes
     assert packed.head is packed.embed
-    assert isinstance(packed.layers[0].qkv, PackedMatrix)
-    assert packed.layers[0].qkv.dense is not None  # prefill GEMMs
-    plain = load_weights(gguf_reader, cfg, torch.float32, "cpu")
-    print(f"weights held: packed {packed.nbytes() / 1e9:.2f} GB, dense {plain.nbytes() / 1e9:.2f}")
-    assert packed.nbytes() < 0.8 * plain.nbytes()
+    for layer in packed.layers:
+        for name in ("qkv", "o_proj", "gate_up", "down"):
+            assert getattr(layer, name).is_codes
+    print(f"weights held: {packed.nbytes() / 1e9:.3f} GB")
+    assert packed.nbytes() <= 0.40e9
 
 
 def test_real_model_head_and_layer(gguf_reader):
@@ -126,54 +142,30 @@ def test_real_model_head_and_layer(gguf_reader):
         t = tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape))
         raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
-        p = PackedMatrix.from_codes(codes(raw, t.tensor_type, shape), shape,
-                                    dequantize(raw, t.tensor_type, shape))
-        x = torch.randn(1, shape[1], generator=torch.Generator().manual_seed(0))
-        expect = x.double() @ p.dense.double().t()
-        err = (native.qgemv(x, p).double() - expect).abs().max() / expect.abs().max()
-        assert err < 1e-6, f"{name}: relative error {err:.2e}"
+        p = PackedMatrix.from_codes(codes(raw, t.tensor_type, shape), shape)
+        assert torch.equal(p.dequantize(), dequantize(raw, t.tensor_type, shape))
+        _check_gemm(torch.randn(2, shape[1], generator=torch.Generator().manual_seed(0)), p)
 
 
-def test_missing_compiler_is_a_clear_error_or_a_warning(monkeypatch, tmp_path):
-    from muser.config import EngineConfig
+def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
     from muser.errors import MuserError
-    from muser.llm import _packed
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("MUSER_CACHE_DIR", str(tmp_path))
     native.library.cache_clear()
     try:
         with pytest.raises(MuserError, match="no C compiler"):
-            _packed(EngineConfig(device="cpu", dtype="float32", decode_weights="packed"))
-        with pytest.warns(UserWarning, match="dense float32"):
-            assert not _packed(EngineConfig(device="cpu", dtype="float32"))
-        with pytest.raises(MuserError, match="needs --device cpu and --dtype float32"):
-            _packed(EngineConfig(device="cpu", dtype="float16", decode_weights="packed"))
-        assert not _packed(EngineConfig(device="cpu", dtype="float16"))
+            cpu.prepare_weights(None)
     finally:
         native.library.cache_clear()
 
 
-def test_packed_and_dense_decode_agree(gguf_path):
-    """The whole model: greedy tokens equal, logits within float32 rounding."""
-    from muser import LLM
-    from muser.core import SamplingParams
-
-    outs = {}
-    for mode in ("packed", "dense"):
-        llm = LLM(gguf_path, progress=False, max_num_seqs=1, max_model_len=256,
-                  decode_weights=mode)
-        outs[mode] = llm.generate("The capital of France is", SamplingParams(max_tokens=12))
-    assert outs["packed"].token_ids == outs["dense"].token_ids
-
-
 def test_reference_ops_keep_dense_weights(monkeypatch):
-    """MUSER_OPS=ref runs the torch spec, which reads dense weights: nothing is packed."""
+    """MUSER_OPS=ref runs the torch spec, which reads dense weights: no codes are kept."""
     from muser.config import EngineConfig
-    from muser.errors import MuserError
-    from muser.llm import _packed
+    from muser.llm import _keeps_codes
 
+    assert _keeps_codes(EngineConfig(device="cpu", dtype="float32"))
+    assert not _keeps_codes(EngineConfig(device="cpu", dtype="float16"))
     monkeypatch.setenv("MUSER_OPS", "ref")
-    assert not _packed(EngineConfig(device="cpu", dtype="float32"))
-    with pytest.raises(MuserError, match="MUSER_OPS=ref"):
-        _packed(EngineConfig(device="cpu", dtype="float32", decode_weights="packed"))
+    assert not _keeps_codes(EngineConfig(device="cpu", dtype="float32"))

@@ -52,8 +52,42 @@ def capture_one_chunk(
     return logits, kv
 
 
-def max_diff(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:
-    """Largest |a - b| over every captured position; NaN anywhere counts as infinite."""
+def capture_in_batch(
+    runner: Runner, ids: list[int], chunk: int, positions: set[int],
+    others: list[list[int]], other_rows: list[int],
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Like capture(), but every step also carries rows of other sequences: each of `others`
+    is first prefilled alone, then brings `other_rows[i]` more of its ids per step (1: a
+    decode row) beside this prompt's chunk."""
+    seq, mates = runner.allocate(), [runner.allocate() for _ in others]
+    taken = [len(o) // 2 for o in others]
+    logits, kv = {}, {}
+    try:
+        for mate, o, n in zip(mates, others, taken):
+            runner.forward([mate], [o[:n]])
+        for start in range(0, len(ids), chunk):
+            piece = ids[start:start + chunk]
+            rows = [o[n:n + k] for o, n, k in zip(others, taken, other_rows)]
+            taken = [n + len(r) for n, r in zip(taken, rows)]
+            step = [(s, r) for s, r in zip(mates, rows) if r]
+            wanted = sorted(p for p in positions if start <= p < start + len(piece))
+            offset = sum(len(r) for _, r in step)  # this prompt's rows come last
+            out = runner.forward([s for s, _ in step] + [seq], [r for _, r in step] + [piece],
+                                 logit_rows=[offset + p - start for p in wanted] or [0])
+            for row, p in enumerate(wanted):
+                logits[p] = out[row].clone()
+                kv[p] = torch.stack([kv_rows(runner, seq, layer, p)
+                                     for layer in range(runner.cfg.num_layers)])
+    finally:
+        for s in [seq, *mates]:
+            runner.free(s)
+    return logits, kv
+
+
+def first_difference(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> str | None:
+    """None when every captured position is bitwise equal, else where and by how much not."""
     assert a.keys() == b.keys()
-    diffs = [(a[p] - b[p]).abs().nan_to_num(float("inf")).max() for p in a]
-    return max(float(d) for d in diffs)
+    for p in sorted(a):
+        if not torch.equal(a[p], b[p]):
+            return f"position {p}: max |diff| {float((a[p] - b[p]).abs().max()):.3g}"
+    return None
