@@ -39,7 +39,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"],
                    help="weight/activation dtype of the projections (default: bfloat16 on the "
-                   "GPU, float32 on the CPU; float16 halves CPU weight memory)")
+                   "GPU, float32 on the CPU, where float32 keeps the file's block codes and 16-bit "
+                   "weights hold dequantized values)")
     p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
                    help="KV cache dtype (default: float32 on the CPU, where attention computes "
                    "in float32 anyway; bfloat16 on the GPU)")

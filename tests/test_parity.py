@@ -16,7 +16,7 @@ The top-1 property is checked in the CPU default (float32) and with float16 weig
 KV). With bfloat16 weights it fails at llama.cpp margins of 0.35-0.51 (bos_only, emoji,
 arabic): bfloat16 keeps 8 significand bits of the dequantized weights and moves logits by up
 to ~0.3, enough to flip near-ties of the float32 model that llama.cpp's own error widens past
-0.3. float16 (11 bits) stays within FP16_ATOL of transformers' float32 logits.
+0.3. float16 (11 bits) is held to the same ATOL against transformers' float32 logits.
 
 A table of the measurements for float32 and float16 is printed at the end of the module.
 """
@@ -40,11 +40,11 @@ RECORDS = {n: json.loads((GOLDEN / f"{n}.json").read_text("utf-8")) for n in NAM
 MARGIN = 0.3  # llama.cpp top-1 minus top-2 above which muser's top-1 must agree
 ATOL = 0.05  # max |delta logit| vs transformers at the last prompt position (float32)
 TOP1_DTYPES = ("float32", "float16")  # the CPU default, and float16 weights
-FP16_ATOL = 0.05  # float16 weights, float32 cache vs transformers' float32: measured <= 0.042
+FP16_ATOL = ATOL  # float16 weights (float32 cache) are held to the float32 parity contract
 
 VARIANTS = {  # name -> EngineConfig fields
     "float32": dict(dtype="float32", kv_dtype="float32"),
-    "float16": dict(dtype="float16", kv_dtype="float32"),  # half the weight memory
+    "float16": dict(dtype="float16", kv_dtype="float32"),
 }
 LABELS = {"float32": "f32", "float16": "f16"}
 
