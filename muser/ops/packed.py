@@ -35,6 +35,16 @@ def _to_panels(t: torch.Tensor) -> torch.Tensor:
     return t.view(panels, PANEL, c).transpose(1, 2).contiguous()
 
 
+def _compact(scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+    """float32 scales as float16 when that holds every one exactly (and no offsets follow):
+    half the scale bytes a decode step reads, the same values."""
+    if mins is None:
+        half = scales.to(torch.float16)
+        if torch.equal(half.float(), scales):
+            return half
+    return scales
+
+
 def _panel_rows(t: torch.Tensor, rows: torch.Tensor | None, num_rows: int) -> torch.Tensor:
     """Rows `rows` (or all) of a panelled [P, C, 16] tensor -> [n, C]."""
     if rows is None:
@@ -45,7 +55,8 @@ def _panel_rows(t: torch.Tensor, rows: torch.Tensor | None, num_rows: int) -> to
 @dataclass(slots=True)
 class PackedMatrix:
     data: torch.Tensor  # [panels, K, 16]: int8 codes, or float32 / float16 / bfloat16 values
-    scales: torch.Tensor | None  # codes: float32 [panels, K // group, 16]; values: None
+    scales: torch.Tensor | None  # codes: [panels, K // group, 16] float32, or float16 when
+    # every scale is a float16 value and there are no offsets (Q8_0, Q4_0, Q5_0); values: None
     mins: torch.Tensor | None  # like scales; None: no offsets
     group: int  # codes: columns per scale; values: 0
     rows: int  # M
@@ -55,8 +66,8 @@ class PackedMatrix:
         """Row-major block codes of an [M, K] tensor (K a multiple of its blocks)."""
         m, k = shape
         mins = None if c.mins is None else _to_panels(c.mins.reshape(m, -1))
-        return cls(_to_panels(c.codes.reshape(m, k)), _to_panels(c.scales.reshape(m, -1)),
-                   mins, c.group, m)
+        return cls(_to_panels(c.codes.reshape(m, k)),
+                   _compact(_to_panels(c.scales.reshape(m, -1)), mins), mins, c.group, m)
 
     @classmethod
     def from_dense(cls, w: torch.Tensor) -> PackedMatrix:
@@ -87,7 +98,8 @@ class PackedMatrix:
         data = _panel_rows(self.data, rows, self.rows)
         if not self.is_codes:
             return data.float()
-        scales = _panel_rows(self.scales, rows, self.rows).repeat_interleave(self.group, 1)
+        scales = _panel_rows(self.scales, rows, self.rows).float()
+        scales = scales.repeat_interleave(self.group, 1)
         w = scales * data.float()
         if self.mins is not None:
             w = w - _panel_rows(self.mins, rows, self.rows).repeat_interleave(self.group, 1)
@@ -105,7 +117,7 @@ def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
     group = min(p.group for p in parts)
 
     def rows_of(t: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
-        return _panel_rows(t, None, p.rows).repeat_interleave(p.group // group, dim=1)
+        return _panel_rows(t, None, p.rows).float().repeat_interleave(p.group // group, dim=1)
 
     codes = torch.cat([_panel_rows(p.data, None, p.rows) for p in parts])
     scales = torch.cat([rows_of(p.scales, p) for p in parts])
@@ -114,7 +126,8 @@ def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
         mins = _to_panels(torch.cat([
             rows_of(p.mins, p) if p.mins is not None else torch.zeros_like(rows_of(p.scales, p))
             for p in parts]))
-    return PackedMatrix(_to_panels(codes), _to_panels(scales), mins, group, codes.shape[0])
+    return PackedMatrix(_to_panels(codes), _compact(_to_panels(scales), mins), mins, group,
+                        codes.shape[0])
 
 
 def dense(weight: torch.Tensor | PackedMatrix) -> torch.Tensor:

@@ -32,7 +32,7 @@ SOURCES = [Path(__file__).with_name(name) for name in ("gemm.c", "norms.c", "att
 HEADERS = [Path(__file__).with_name("exp.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # FMT_* in gemm.c
-FMT_CODES = 3
+FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
 
 
 class NativeUnavailable(MuserError):
@@ -122,7 +122,10 @@ def gemm(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
     y = torch.empty(n, m, dtype=torch.float32)
     if n == 0:
         return y
-    fmt = FMT_CODES if w.is_codes else FORMATS[w.data.dtype]
+    if w.is_codes:
+        fmt = FMT_CODES + (w.scales.dtype == torch.float16)
+    else:
+        fmt = FORMATS[w.data.dtype]
     _check(library().muser_gemm(
         x.data_ptr(), n, k, x.stride(0), w.data.data_ptr(), fmt,
         None if w.scales is None else w.scales.data_ptr(),

@@ -11,7 +11,8 @@
  * W is stored in panels of 16 rows, element (m, k) at w[m / 16][k][m % 16]: vectors run across
  * 16 output rows, never along k, so no horizontal sum reorders a dot product. W[m, k] is one of
  *   codes  int8 code * scale - min (mul, then sub: ggml's float32 dequantization), scales and
- *          mins [panels][K / group][16] float32 (mins may be NULL);
+ *          mins [panels][K / group][16] float32 (mins may be NULL); FMT_CODES_H: scales held
+ *          as float16 (Q8_0, Q4_0, Q5_0 scales are float16 values in the file), no mins;
  *   f32 | f16 | bf16  the value itself, widened exactly.
  * Wide calls widen a block of panels into float32 once and run every row tile over it; narrow
  * calls (decode) widen each vector as they go. Both feed the same FMA with the same W[m, k].
@@ -21,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3 };
+enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4 };
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -120,7 +121,8 @@ static inline void vstore(float *p, v16 v, int n) { memcpy(p, v.f, (size_t)n * s
 typedef struct {
     const void *w;
     int fmt;
-    const float *scales, *mins;
+    const void *scales;
+    const float *mins;
     int64_t K, groups, group;
 } Weights;
 
@@ -134,8 +136,12 @@ static inline __attribute__((always_inline)) v16 wvec(const Weights *W, int fmt,
     case FMT_BF16: return vbf16((const uint16_t *)W->w + at);
     case FMT_CODES: {
         const int64_t g = (p * W->groups + k / W->group) * 16;
-        v16 v = vmul(vcodes((const int8_t *)W->w + at), vload(W->scales + g));
+        v16 v = vmul(vcodes((const int8_t *)W->w + at), vload((const float *)W->scales + g));
         return W->mins ? vsub(v, vload(W->mins + g)) : v;
+    }
+    case FMT_CODES_H: {
+        const int64_t g = (p * W->groups + k / W->group) * 16;
+        return vmul(vcodes((const int8_t *)W->w + at), vhalf((const uint16_t *)W->scales + g));
     }
     default: return vload((const float *)W->w + at);
     }
@@ -181,6 +187,7 @@ static void run_tile(const Weights *W, int64_t p0, int mv, const float *x, int64
     const int fmt = W->fmt;
 #define FORMATS(MV)                                               \
     if (fmt == FMT_CODES) { ROWS12(MV, FMT_CODES) }               \
+    else if (fmt == FMT_CODES_H) { ROWS12(MV, FMT_CODES_H) }      \
     else if (fmt == FMT_F16) { ROWS12(MV, FMT_F16) }              \
     else if (fmt == FMT_BF16) { ROWS12(MV, FMT_BF16) }            \
     else { ROWS12(MV, FMT_F32) }
@@ -206,15 +213,17 @@ static void run_rows(const Weights *W, int64_t p0, int mv, const float *x, int64
 }
 
 /* x: [N, K] rows `ldx` apart; w: panels [ceil(M / 16), K, 16] of `fmt` (scales / mins:
- * [panels, K / group, 16] for FMT_CODES); y: [N, M] rows `ldy` apart. Returns 0, or -1 on
- * arguments it does not take, -2 when out of memory. */
+ * [panels, K / group, 16] for the code formats); y: [N, M] rows `ldy` apart. Returns 0, or -1
+ * on arguments it does not take, -2 when out of memory. */
 int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w, int fmt,
-               const float *scales, const float *mins, int64_t group, int64_t M, float *y,
+               const void *scales, const float *mins, int64_t group, int64_t M, float *y,
                int64_t ldy, int threads)
 {
-    if (N < 1 || K < 1 || M < 1 || fmt < 0 || fmt > FMT_CODES) return -1;
-    if (fmt == FMT_CODES && (group < 1 || K % group || !scales)) return -1;
-    const Weights W = {w, fmt, scales, mins, K, fmt == FMT_CODES ? K / group : 0, group};
+    const int codes = fmt == FMT_CODES || fmt == FMT_CODES_H;
+    if (N < 1 || K < 1 || M < 1 || fmt < 0 || fmt > FMT_CODES_H) return -1;
+    if (codes && (group < 1 || K % group || !scales)) return -1;
+    if (fmt == FMT_CODES_H && mins) return -1;
+    const Weights W = {w, fmt, scales, mins, K, codes ? K / group : 0, group};
     const int64_t panels = (M + 15) / 16;
     const int wide = N >= WIDE_ROWS;
     const int per_task = wide ? WIDE_PANELS : NARROW_PANELS;
