@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -86,6 +87,9 @@ class LLM:
         scheduler = Scheduler(self.config.max_num_seqs, self.config.prefill_chunk,
                               self.config.decode_waiting_chunk)
         self.engine = Engine(self.runner, self.tokenizer, scheduler)
+        # NOTE: what startup made (the model's objects, the tokenizer's tables) lives as long as
+        # the engine: frozen, the collector's full passes between tokens no longer walk it
+        gc.freeze()
         self.startup.ready()
 
     def encode(self, prompt: str | list[int]) -> list[int]:

@@ -3,7 +3,8 @@ once, so nothing is compiled, tuned or captured on the request path.
 
     picks ..... stored projection picks (tuning cache, then the shipped table)
     compile ... one pass over every shape in compile-only mode: each kernel, and every
-                candidate of a shape without a pick, compiled on a thread pool
+                candidate of a shape without a pick, compiled (or read from Triton's cache)
+                and loaded onto the device on a thread pool
     tune ...... the same pass run for real: shapes without a pick are timed (and stored)
     capture ... CUDA graphs of every decode batch bucket
 
@@ -63,8 +64,7 @@ def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
         with log.phase("picks") as detail:
             detail.update(tuning.load(runner.device))
         with log.phase("compile") as detail:
-            before = tuning.stats()["compiles"]
-            with tuning.compiling() as mode:
+            with tuning.compiling(runner.device) as mode:
                 _exercise(runner, widths, tuning.EXACT_ROWS)
             detail["kernels"] = len(mode.raw_futures)
             detail["threads"] = mode.executor._max_workers

@@ -10,8 +10,10 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import JITFunction
 
-from muser.ops.triton.launch import _bind, cdiv, next_power_of_2
+from muser.ops.triton import launch as launch_module
+from muser.ops.triton.launch import _bind, cdiv, compile_only, launch, next_power_of_2
 
 native = pytest.importorskip("triton._C.libtriton").native_specialize_impl
 BACKEND = CUDABackend(GPUTarget("cuda", 90, 32))
@@ -50,3 +52,22 @@ def test_host_launch_arithmetic_matches_triton():
         assert next_power_of_2(n) == triton.next_power_of_2(n)
     for a, b in itertools.product(range(0, 300, 7), (1, 3, 16, 64, 128)):
         assert cdiv(a, b) == triton.cdiv(a, b)
+
+
+def test_compile_only_hands_each_key_to_the_jit_once(monkeypatch):
+    def body(x_ptr, n):
+        pass
+
+    kernel = JITFunction(body)
+    warmed = []
+    monkeypatch.setattr(kernel, "warmup", lambda *args, grid, **kw: warmed.append(args))
+    monkeypatch.setattr(launch_module, "_DIRECT", True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    x = torch.zeros(8)
+    token = compile_only.set(True)
+    try:
+        for n in (16, 32, 16, 17, 16, 17):
+            launch(kernel, (1,), x, n)
+    finally:
+        compile_only.reset(token)
+    assert [n for _, n in warmed] == [16, 17]  # 32 specializes as 16 does

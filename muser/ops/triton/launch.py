@@ -18,9 +18,10 @@ specialization, so a cached kernel only ever runs arguments it was compiled for.
 (`triton.knobs.runtime.launch_enter_hook`) are not called on the direct path, and neither is
 the launcher's check that a pointer is a device pointer: the first call of each key made it.
 Inside `compile_only` (muser/ops/triton/tuning.py) a launch compiles its kernel and runs
-nothing. Under TRITON_INTERPRET=1 every call goes through the interpreter. Launch arithmetic uses
-`cdiv` and `next_power_of_2` from here: Triton's are constexpr functions, slow to call from the
-host.
+nothing, once per key: until the compile pass ends, the JIT has no kernel cached for it and would
+redo its whole cache-key work (signature, source hash) on every launch of every layer. Under
+TRITON_INTERPRET=1 every call goes through the interpreter. Launch arithmetic uses `cdiv` and
+`next_power_of_2` from here: Triton's are constexpr functions, slow to call from the host.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from triton.runtime.jit import JITFunction
 
 _DIRECT = os.environ.get("TRITON_INTERPRET") != "1"
 _KERNELS: dict[tuple, object] = {}
+_COMPILED: set[tuple] = set()  # keys already handed to the JIT inside compile_only
 _TENSOR = torch.Tensor
 compile_only: ContextVar[bool] = ContextVar("muser_compile_only", default=False)
 
@@ -79,13 +81,15 @@ def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
     if not _DIRECT or not isinstance(kernel, JITFunction):
         kernel[grid](*args, **kwargs)
         return
-    if compile_only.get():
-        kernel.warmup(*args, grid=grid, **kwargs)
-        return
     device = torch._C._cuda_getDevice()
     values, key = _bind(args, [id(kernel), device])
     key.extend(kwargs.items())
     key = tuple(key)
+    if compile_only.get():
+        if key not in _COMPILED:
+            _COMPILED.add(key)
+            kernel.warmup(*args, grid=grid, **kwargs)
+        return
     entry = _KERNELS.get(key)
     if entry is None:
         _KERNELS[key] = _first_launch(kernel, grid, args, kwargs)

@@ -21,7 +21,10 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch
 
 
-@triton.jit
+# NOTE: lengths, positions and the classifier's offsets in the step's metadata vary from one forward
+# to the next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+@triton.jit(do_not_specialize=["T", "S", "q_start", "k_start", "num_k_tiles"],
+            do_not_specialize_on_alignment=["tiles_ptr", "ranges_ptr"])
 def _flash_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tiles_ptr, ranges_ptr, T, S, q_start, k_start, window,
     scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

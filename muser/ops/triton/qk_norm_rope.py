@@ -49,7 +49,9 @@ def _qk_norm_rope_kernel(
     _store_head(out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF)
 
 
-@triton.jit
+# NOTE: the store rows' offset in the step's metadata vary from one forward to the next; left
+# unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+@triton.jit(do_not_specialize_on_alignment=["dst_ptr"])
 def _qk_pair_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, v_ptr, k_rows, v_rows, dst_ptr,
     H, KVH, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_c, eps,

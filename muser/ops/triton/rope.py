@@ -16,7 +16,9 @@ from muser.ops.triton.pdl import enter, options
 _INV_FREQ: dict[tuple, torch.Tensor] = {}
 
 
-@triton.jit
+# NOTE: the row count and the positions' offset in the step's metadata vary from one forward to the
+# next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+@triton.jit(do_not_specialize=["N"], do_not_specialize_on_alignment=["pos_ptr"])
 def _rope_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF: tl.constexpr,
                  BLOCK_N: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr):
     enter(PDL)

@@ -11,7 +11,9 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 
 
-@triton.jit
+# NOTE: the row count and the rows' offset in the step's metadata vary from one forward to the next;
+# left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+@triton.jit(do_not_specialize=["num_read"], do_not_specialize_on_alignment=["read_ptr"])
 def _stage_gather_kernel(k_rows, v_rows, read_ptr, k_new, v_new, k_out, v_out, num_read,
                          stride_kn, stride_vn, ROW: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)

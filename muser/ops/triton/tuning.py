@@ -1,23 +1,28 @@
 """What the runner's warm-up asks of the Triton backend: stored picks in, every kernel a
-forward needs compiled in parallel, measured picks out, and counters that show whether anything
-was tuned or compiled after it.
+forward needs compiled and loaded in parallel, measured picks out, and counters that show
+whether anything was tuned or compiled after it (each JIT cache miss is named in `misses`).
 
 Compiled kernels land in Triton's persistent cache (TRITON_CACHE_DIR, by default
-~/.triton/cache), so a later process loads them from disk instead of compiling.
+~/.triton/cache), so a later process loads them from disk instead of compiling. Loading a kernel
+(its module onto the device, and its launcher: a C extension Triton builds with the host
+compiler when its cache lacks it) is otherwise done by Triton on the kernel's first launch, one
+at a time; `compiling` does it on the compile threads.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import triton
 from triton.runtime._async_compile import AsyncCompileMode
+from triton.runtime.errors import OutOfResources
 
 from muser.ops.triton import linear, picks
 from muser.ops.triton.gemv import MAX_ROWS
@@ -29,15 +34,17 @@ EXACT_ROWS = MAX_ROWS  # projections of up to this many rows are keyed by their 
 @dataclass(slots=True)
 class JitStats:
     compiles: int = 0  # kernels the JIT compiled or loaded (its in-process cache missed)
+    misses: list[str] = field(default_factory=list)  # "<kernel> <specialization key>" of each
 
 
 JIT = JitStats()
 
 
-def _count_compile(*args, **kwargs) -> None:
+def _count_compile(*, key, fn, **kwargs) -> None:
     """Triton's jit_cache_hook (NOTE: it must return a false value, or Triton skips the
     compile)."""
     JIT.compiles += 1
+    JIT.misses.append(f"{fn.name} {key}")
 
 
 triton.knobs.runtime.jit_cache_hook = _count_compile
@@ -57,18 +64,37 @@ def save(device: torch.device) -> Path | None:
 
 
 @contextmanager
-def compiling(threads: int | None = None) -> Iterator[AsyncCompileMode]:
+def compiling(device: torch.device, threads: int | None = None) -> Iterator[AsyncCompileMode]:
     """Inside, kernel launches (and shapes without a pick: all their candidates) are compiled
-    on a thread pool instead of run; leaving waits for every compile. Outputs computed inside
-    are garbage: run the forward again afterwards."""
+    on a thread pool instead of run; leaving waits for every compile, then loads every compiled
+    kernel on the same pool. Outputs computed inside are garbage: run the forward again
+    afterwards."""
     workers = threads or min(32, os.cpu_count() or 1)
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="muser-compile")
-    with pool, AsyncCompileMode(pool, ignore_errors=True) as mode:
-        token = compile_only.set(True)
-        try:
-            yield mode
-        finally:
-            compile_only.reset(token)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    with ThreadPoolExecutor(workers, thread_name_prefix="muser-compile",
+                            initializer=torch.cuda.set_device, initargs=(index,)) as pool:
+        with AsyncCompileMode(pool, ignore_errors=True) as mode:
+            token = compile_only.set(True)
+            try:
+                yield mode
+            finally:
+                compile_only.reset(token)
+        compiled = [f.kernel for f in mode.future_kernels.values() if f.kernel is not None]
+        list(pool.map(_load, compiled))
+
+
+def _load(kernel) -> None:
+    """Load a compiled kernel as its first launch would. One too large for the device keeps
+    Triton's error for its launch (a candidate the tuner then skips); after any other failure
+    the kernel is left unloaded, for its first launch to load."""
+    try:
+        kernel.run  # noqa: B018  (the property loads the module and the launcher)
+    except OutOfResources:
+        pass
+    except Exception as exc:  # noqa: BLE001
+        kernel.module = kernel.function = kernel._run = None
+        warnings.warn(f"{kernel.name}: not loaded ahead ({exc}); its first launch loads it",
+                      stacklevel=1)
 
 
 def stats() -> dict[str, int]:
