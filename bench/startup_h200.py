@@ -2,8 +2,9 @@
 (empty muser and Triton caches) and again warm (same caches), /health polled from the moment
 the process starts; the first request's TTFT against the steady state at the same prompt length;
 the largest and median inter-token gap at 8 and 32 concurrent streams; then `LLM(...)` in a
-process of its own, warm, with a mixed workload after readiness and the tuning and compile
-counters read before and after it.
+process of its own, warm and then fresh (empty caches again), each with a mixed workload after
+readiness and the tuning and compile counters read before and after it (each JIT cache miss
+after readiness named by kernel and specialization key).
 
     PYTHONPATH=. python bench/startup_h200.py --out $OUT [--tune]
 
@@ -17,6 +18,7 @@ package cannot travel to the device machine); dummy weights read nothing else fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
@@ -119,12 +121,17 @@ def concurrent(url: str, streams: int, prompt_len: int, n: int, seed: int) -> di
         t.start()
     for t in threads:
         t.join()
-    gaps = [b - a for t in out for a, b in itertools.pairwise(t[1:])]
+    gaps = [(b - a, i, j) for i, t in enumerate(out)
+            for j, (a, b) in enumerate(itertools.pairwise(t[1:]))]
+    values = sorted(g for g, _, _ in gaps)
+    worst = max(gaps)
     return {"streams": streams, "prompt_tokens": prompt_len, "new_tokens": n,
             "tokens_seen": [len(t) - 1 for t in out],
-            "gap_median_ms": round(1e3 * statistics.median(gaps), 2),
-            "gap_max_ms": round(1e3 * max(gaps), 2),
-            "max_over_median": round(max(gaps) / statistics.median(gaps), 2),
+            "gap_median_ms": round(1e3 * statistics.median(values), 2),
+            "gap_p99_ms": round(1e3 * values[int(0.99 * (len(values) - 1))], 2),
+            "gap_max_ms": round(1e3 * worst[0], 2),
+            "gap_max_at": {"stream": worst[1], "after_token": worst[2] + 1},
+            "max_over_median": round(worst[0] / statistics.median(values), 2),
             "ttft_median_s": round(statistics.median(t[1] - t[0] for t in out), 4)}
 
 
@@ -142,7 +149,7 @@ def workload(url: str) -> dict:
             "streams_32": concurrent(url, 32, 128, 64, 2)}
 
 
-def serve_runs(shape: str, env: dict, work: Path) -> dict:
+def serve_runs(shape: str, env: dict, work: Path, profile: Path | None) -> dict:
     cache, triton = Path(tempfile.mkdtemp(dir=work)), Path(tempfile.mkdtemp(dir=work))
     env = {**env, "MUSER_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(triton),
            "PYTHONUNBUFFERED": "1"}
@@ -158,28 +165,46 @@ def serve_runs(shape: str, env: dict, work: Path) -> dict:
         out[start] = rec
         print(shape, start, json.dumps(rec)[:600], flush=True)
     out["llm_warm"] = llm_run(shape, env)
+    fresh = {**env, "MUSER_CACHE_DIR": str(Path(tempfile.mkdtemp(dir=work))),
+             "TRITON_CACHE_DIR": str(Path(tempfile.mkdtemp(dir=work)))}
+    out["llm_fresh"] = llm_run(shape, fresh)
+    print(shape, "llm", json.dumps({k: out[k] for k in ("llm_warm", "llm_fresh")})[:900],
+          flush=True)
+    if profile:
+        out["llm_profiled_ready_s"] = llm_run(shape, env, profile).get("ready_s")
     return out
 
 
-def llm_run(shape: str, env: dict) -> dict:
-    """`LLM(...)` warm in a process of its own, with the mixed-workload counter check."""
-    r = subprocess.run([sys.executable, __file__, "--llm-check", shape], env=env,
+def llm_run(shape: str, env: dict, profile: Path | None = None) -> dict:
+    """`LLM(...)` in a process of its own, with the mixed-workload counter check; with
+    `profile`, its construction's main-thread profile is written there."""
+    extra = ["--profile-out", str(profile)] if profile else []
+    r = subprocess.run([sys.executable, __file__, "--llm-check", shape, *extra], env=env,
                        capture_output=True, text=True, timeout=400, check=False)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     return json.loads(lines[-1]) if lines else {"rc": r.returncode, "stderr": r.stderr[-3000:]}
 
 
-def llm_check(shape: str) -> None:
+def llm_check(shape: str, profile: Path | None) -> None:
+    import cProfile
+    import pstats
+
     import torch
 
     from muser import LLM, SamplingParams
     from muser.ops.triton import tuning
 
+    prof = cProfile.Profile()
     t0 = time.perf_counter()
-    llm = LLM(load_format="dummy", model_config=shape, device="cuda", max_num_seqs=32,
-              max_model_len=4096)
+    with prof if profile else contextlib.nullcontext():
+        llm = LLM(load_format="dummy", model_config=shape, device="cuda", max_num_seqs=32,
+                  max_model_len=4096)
     ready = time.perf_counter() - t0
+    if profile:
+        with profile.open("w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(80)
     before, graphs = tuning.stats(), len(llm.runner.graphs.graphs)
+    seen = len(tuning.JIT.misses)
     rng, engine, steps = random.Random(3), llm.engine, 0
     lengths = [1, 2, 3, 5, 8, 9, 15, 17, 31, 33, 64, 65, 100, 127, 129, 300, 511, 513, 700,
                1000, 1500, 2047, 2500, 3000]
@@ -197,7 +222,8 @@ def llm_check(shape: str) -> None:
                       "warmup": llm.runner.warmup, "steps": steps,
                       "after_ready": {"tuned": after["tuned"] - before["tuned"],
                                       "compiles": after["compiles"] - before["compiles"],
-                                      "graphs_captured": len(llm.runner.graphs.graphs) - graphs},
+                                      "graphs_captured": len(llm.runner.graphs.graphs) - graphs,
+                                      "jit_misses": tuning.JIT.misses[seen:]},
                       "gpu": torch.cuda.get_device_name()}))
 
 
@@ -220,9 +246,12 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--tokenizer-gguf", type=Path)
     ap.add_argument("--llm-check")
+    ap.add_argument("--profile", nargs="*", default=[], metavar="SHAPE",
+                    help="after its receipt runs, profile one more warm LLM(...) of SHAPE")
+    ap.add_argument("--profile-out", type=Path)
     args = ap.parse_args()
     if args.llm_check:
-        llm_check(args.llm_check)
+        llm_check(args.llm_check, args.profile_out)
         return
     work = Path(tempfile.mkdtemp())
     env = dict(os.environ)
@@ -235,7 +264,8 @@ def main() -> None:
         env["MUSER_SHIPPED_PICKS"] = str(args.out / "picks_h200.json")
         print("tune", result["tune_from_scratch"], flush=True)
     for shape in args.shapes:
-        result[shape] = serve_runs(shape, env, work)
+        profile = args.out / f"profile_{shape}.txt" if shape in args.profile else None
+        result[shape] = serve_runs(shape, env, work, profile)
         (args.out / "startup_h200.json").write_text(json.dumps(result, indent=1))
     with (args.out / "serve_logs.txt").open("w") as f:
         for log in sorted(work.glob("*.log")):
