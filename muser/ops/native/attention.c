@@ -6,21 +6,22 @@
  * staging shadow give the same bits. For query q at key index `last` seeing keys
  * [first, last] (i = last - d):
  *
- *     s_d = (q * scale) . k_i      16 lanes over head_dim, fixed tree (exp.h)
+ *     s_d = (q * scale) . k_i      FMA chains in 16 lanes over head_dim, fixed tree (exp.h)
  *     m   = max_d s_d              exact in any order
  *     e_d = exp(s_d - m)           muser_exp
- *     out = (sum_d e_d v_i) / sum_d e_d      numerator: d = 0, 1, ... in turn per element;
- *                                            denominator: 16 lanes by d mod 16, fixed tree
+ *     out = (sum_d e_d v_i) / sum_d e_d      numerator: an FMA chain over d = 0, 1, ... per
+ *                                            element; denominator: 16 lanes by d mod 16, tree
  *
- * Keys are located through the cache placement of muser.ops.ref.decode_rows (a block table,
- * block size and physical origin), or are contiguous. GQA: head h reads KV head h / (H / KVH).
+ * The heads that share a KV head are computed together (each key row is read once for all of
+ * them), which changes no head's arithmetic. Keys are located through the cache placement of
+ * muser.ops.ref.decode_rows (a block table, block size and physical origin), or are
+ * contiguous. GQA: head h reads KV head h / (H / KVH).
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "exp.h"
+#include "vec.h"
 
 typedef struct {
     const float *k, *v;
@@ -33,38 +34,126 @@ static inline int64_t key_row(const Keys *K, int64_t i) {
     return K->rows ? K->rows[i - K->base] : i;
 }
 
-/* One query row of one head: keys [first, last] of kv head kvh -> o[D]. */
-static void attend_row(const float *qh, int64_t D, const Keys *K, int64_t kvh, int64_t first,
-                       int64_t last, float scale, float *qs, float *e, float *o)
+static inline float hsum(v16 v) {
+    float lane[16];
+    vstore16(lane, v);
+    return muser_tree16(lane);
+}
+
+#define TILE_ROWS 8 /* query rows that share each key row read (the arithmetic is per row) */
+
+typedef struct { /* one query row of a tile: its visible keys [first, last] */
+    int64_t first, last, n;
+    const float *q; /* [G] rows sq_h apart */
+    float *qs, *e, *o; /* [G, D] scaled queries; [G, n] scores; [G, D] output */
+} Row;
+
+/* e[g * n + (last - i)] = qs_g . k_i for every row of the tile that sees key i. */
+static inline __attribute__((always_inline)) void scores(
+    Row *rows, int nr, int G, int64_t D, const Keys *K, int64_t kvh, int64_t lo, int64_t hi)
 {
-    const int64_t n = last - first + 1;
-    for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-    if (n <= 0) return;
-    for (int64_t i = 0; i < D; i++) qs[i] = qh[i] * scale;
-    float m = -INFINITY;
-    for (int64_t d = 0; d < n; d++) {
-        const float *kr = K->k + key_row(K, last - d) * K->stride_s + kvh * K->stride_h;
+    for (int64_t i = hi; i >= lo; i--) {
+        const float *kr = K->k + key_row(K, i) * K->stride_s + kvh * K->stride_h;
+        for (int r = 0; r < nr; r++) {
+            Row *w = &rows[r];
+            if (i < w->first || i > w->last) continue;
+            v16 acc[8];
+            for (int g = 0; g < G; g++) acc[g] = vzero();
+            for (int64_t x = 0; x < D; x += 16) {
+                const v16 kv = vload(kr + x);
+                for (int g = 0; g < G; g++) acc[g] = vfma(vload(w->qs + g * D + x), kv, acc[g]);
+            }
+            for (int g = 0; g < G; g++) w->e[g * w->n + (w->last - i)] = hsum(acc[g]);
+        }
+    }
+}
+
+/* o[g] = sum_d e[g * n + d] v_{last - d}, in turn over d (keys from hi down), per row. */
+static inline __attribute__((always_inline)) void weighted_values(
+    Row *rows, int nr, int G, int64_t D, const Keys *K, int64_t kvh, int64_t lo, int64_t hi)
+{
+    for (int r = 0; r < nr; r++)
+        for (int64_t x = 0; x < G * D; x++) rows[r].o[x] = 0.0f;
+    for (int64_t i = hi; i >= lo; i--) {
+        const float *vr = K->v + key_row(K, i) * K->stride_s + kvh * K->stride_h;
+        for (int r = 0; r < nr; r++) {
+            Row *w = &rows[r];
+            if (i < w->first || i > w->last) continue;
+            for (int g = 0; g < G; g++) {
+                const v16 p = vsplat(w->e[g * w->n + (w->last - i)]);
+                float *o = w->o + g * D;
+                for (int64_t x = 0; x < D; x += 16) vstore16(o + x, vfma(p, vload(vr + x),
+                                                                         vload(o + x)));
+            }
+        }
+    }
+}
+
+/* Softmax weights of one row's G heads in place (e_d = exp(s_d - m)) -> their sums. */
+static void softmax(Row *w, int G, float *sums)
+{
+    for (int g = 0; g < G; g++) {
+        float *eg = w->e + g * w->n;
+        float m = -INFINITY;
+        for (int64_t d = 0; d < w->n; d++) m = eg[d] > m ? eg[d] : m;
+        for (int64_t d = 0; d < w->n; d++) eg[d] = muser_exp(eg[d] - m);
         float lane[16] = {0};
-        int64_t i = 0;
-        for (; i + 16 <= D; i += 16)
-            for (int l = 0; l < 16; l++) lane[l] += qs[i + l] * kr[i + l];
-        for (int l = 0; i + l < D; l++) lane[l] += qs[i + l] * kr[i + l];
-        e[d] = muser_tree16(lane);
-        m = e[d] > m ? e[d] : m;
+        int64_t d = 0;
+        for (; d + 16 <= w->n; d += 16)
+            for (int l = 0; l < 16; l++) lane[l] += eg[d + l];
+        for (int l = 0; d + l < w->n; l++) lane[l] += eg[d + l];
+        sums[g] = muser_tree16(lane);
     }
-    float lane[16] = {0};
-    int64_t d = 0;
-    for (; d < n; d++) e[d] = muser_exp(e[d] - m);
-    for (d = 0; d + 16 <= n; d += 16)
-        for (int l = 0; l < 16; l++) lane[l] += e[d + l];
-    for (int l = 0; d + l < n; l++) lane[l] += e[d + l];
-    const float sum = muser_tree16(lane);
-    for (d = 0; d < n; d++) {
-        const float *vr = K->v + key_row(K, last - d) * K->stride_s + kvh * K->stride_h;
-        const float p = e[d];
-        for (int64_t i = 0; i < D; i++) o[i] += p * vr[i];
+}
+
+/* A tile of query rows (each with its G heads) over their keys -> each row's o. */
+static inline __attribute__((always_inline)) void attend(
+    Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int64_t kvh,
+    float scale)
+{
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int r = 0; r < nr; r++) {
+        Row *w = &rows[r];
+        for (int g = 0; g < G; g++)
+            for (int64_t x = 0; x < D; x++) w->qs[g * D + x] = w->q[g * sq_h + x] * scale;
+        if (w->n > 0) {
+            lo = w->first < lo ? w->first : lo;
+            hi = w->last > hi ? w->last : hi;
+        }
     }
-    for (int64_t i = 0; i < D; i++) o[i] = o[i] / sum;
+    scores(rows, nr, G, D, K, kvh, lo, hi);
+    float sums[TILE_ROWS][8];
+    for (int r = 0; r < nr; r++) softmax(&rows[r], G, sums[r]);
+    weighted_values(rows, nr, G, D, K, kvh, lo, hi);
+    for (int r = 0; r < nr; r++)
+        for (int g = 0; g < G; g++) {
+            float *o = rows[r].o + g * D;
+            if (rows[r].n <= 0) continue; /* o stays zero: no visible key */
+            const v16 s = vsplat(sums[r][g]);
+            for (int64_t x = 0; x < D; x += 16) vstore16(o + x, vdiv(vload(o + x), s));
+        }
+}
+
+static void attend_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K,
+                       int64_t kvh, float scale)
+{
+    switch (G) { /* constants after inlining: the accumulators stay in registers */
+    case 1: attend(rows, nr, sq_h, 1, D, K, kvh, scale); break;
+    case 2: attend(rows, nr, sq_h, 2, D, K, kvh, scale); break;
+    case 4: attend(rows, nr, sq_h, 4, D, K, kvh, scale); break;
+    case 8: attend(rows, nr, sq_h, 8, D, K, kvh, scale); break;
+    default: { /* one head at a time: the same arithmetic per head */
+        Row one[TILE_ROWS];
+        for (int g = 0; g < G; g++) {
+            for (int r = 0; r < nr; r++) {
+                one[r] = rows[r];
+                one[r].q = rows[r].q + g * sq_h;
+                one[r].o = rows[r].o + g * D;
+            }
+            attend(one, nr, sq_h, 1, D, K, kvh, scale);
+        }
+    }
+    }
 }
 
 /* q: [T, H, D] (rows `sq_t`, heads `sq_h` apart, unit inner stride); k, v: key rows
@@ -72,15 +161,17 @@ static void attend_row(const float *qh, int64_t D, const Keys *K, int64_t kvh, i
  * [max(first_min, last0 + t - window + 1), last0 + t] (window <= 0: no window limit).
  * Key index i lives at row i, or, with a block table [blocks] of `block_size` rows and a
  * physical origin, at table[j / block_size] * block_size + j % block_size for
- * j = (origin + i) mod (block_size * blocks). out: [T, H, D] contiguous.
- * Returns 0, or -2 when out of memory. */
+ * j = (origin + i) mod (block_size * blocks). out: [T, H, D] contiguous. D is a multiple of
+ * 16. Returns 0, -1 on arguments it does not take, or -2 when out of memory. */
 int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_t,
                     int64_t sq_h, const float *k, const float *v, int64_t stride_s,
                     int64_t stride_h, int64_t KVH, const int32_t *table, int64_t blocks,
                     int64_t block_size, int64_t origin, int64_t last0, int64_t first_min,
                     int64_t window, float scale, int threads, float *out)
 {
-    const int64_t group = H / KVH, hi = last0 + T - 1;
+    if (D % 16 || KVH < 1 || H % KVH) return -1;
+    const int G = (int)(H / KVH);
+    const int64_t hi = last0 + T - 1;
     const int64_t lo = window > 0 && last0 - window + 1 > first_min ? last0 - window + 1
                                                                     : first_min;
     const int64_t span = hi - lo + 1 > 0 ? hi - lo + 1 : 0;
@@ -97,23 +188,34 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
         K.rows = rows;
     }
     int failed = 0;
-    const int64_t tasks = T * H;
-    if (tasks * span * D < (1 << 18)) threads = 1;
+    const int64_t tiles = (T + TILE_ROWS - 1) / TILE_ROWS, tasks = tiles * KVH;
+    if (tasks < 2 || T * H * span * D < (1 << 18)) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
-        float *scratch = malloc(((size_t)2 * D + (size_t)span + 1) * sizeof(float));
+        /* per row of a tile: scaled queries and output [G, D] (o is `out` itself), scores */
+        float *scratch = malloc((size_t)TILE_ROWS * ((size_t)G * D + (size_t)G * span + 16)
+                                * sizeof(float));
         if (!scratch) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             if (!scratch) continue;
-            const int64_t t = task / H, h = task % H, last = last0 + t;
-            int64_t first = first_min;
-            if (window > 0 && last - window + 1 > first) first = last - window + 1;
-            attend_row(q + t * sq_t + h * sq_h, D, &K, h / group, first, last, scale, scratch,
-                       scratch + 2 * D, out + (t * H + h) * D);
+            const int64_t t0 = task / KVH * TILE_ROWS, kvh = task % KVH;
+            const int nr = T - t0 < TILE_ROWS ? (int)(T - t0) : TILE_ROWS;
+            Row tile[TILE_ROWS];
+            float *free_at = scratch;
+            for (int r = 0; r < nr; r++) {
+                const int64_t t = t0 + r, last = last0 + t;
+                int64_t first = first_min;
+                if (window > 0 && last - window + 1 > first) first = last - window + 1;
+                tile[r] = (Row){first, last, last - first + 1, q + t * sq_t + kvh * G * sq_h,
+                                free_at, free_at + (size_t)G * D,
+                                out + (t * H + kvh * G) * D};
+                free_at += (size_t)G * D + (size_t)G * (tile[r].n > 0 ? tile[r].n : 0);
+            }
+            attend_any(tile, nr, sq_h, G, D, &K, kvh, scale);
         }
         free(scratch);
     }

@@ -17,99 +17,20 @@
  * Wide calls widen a block of panels into float32 once and run every row tile over it; narrow
  * calls (decode) widen each vector as they go. Both feed the same FMA with the same W[m, k].
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4 };
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-typedef __m512 v16;
-static inline v16 vzero(void) { return _mm512_setzero_ps(); }
-static inline v16 vload(const float *p) { return _mm512_loadu_ps(p); }
-static inline v16 vsplat(float s) { return _mm512_set1_ps(s); }
-static inline v16 vfma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
-static inline v16 vmul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
-static inline v16 vsub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
-static inline v16 vcodes(const int8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-static inline v16 vhalf(const uint16_t *p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-static inline v16 vbf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-static inline void vstore(float *p, v16 v, int n) {
-    if (n == 16) _mm512_storeu_ps(p, v);
-    else _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
-}
+#include "vec.h"
+
+#if VEC_REGS >= 32
 #define NR_WIDE 12 /* rows per tile of a wide call: 2 panels x 12 rows = 24 accumulators */
 #define NR_NARROW 8
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-typedef struct { __m256 lo, hi; } v16;
-static inline v16 vzero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-static inline v16 vload(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-static inline v16 vsplat(float s) { return (v16){_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
-static inline v16 vfma(v16 a, v16 b, v16 c) {
-    return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
-static inline v16 vmul(v16 a, v16 b) { return (v16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-static inline v16 vsub(v16 a, v16 b) { return (v16){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
-static inline __m256 cvt8(const int8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-static inline v16 vcodes(const int8_t *p) { return (v16){cvt8(p), cvt8(p + 8)}; }
-static inline v16 vhalf(const uint16_t *p) {
-    return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
-}
-static inline __m256 bf8(const uint16_t *p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-static inline v16 vbf16(const uint16_t *p) { return (v16){bf8(p), bf8(p + 8)}; }
-static inline void vstore(float *p, v16 v, int n) {
-    float t[16];
-    _mm256_storeu_ps(t, v.lo);
-    _mm256_storeu_ps(t + 8, v.hi);
-    memcpy(p, t, (size_t)n * sizeof(float));
-}
+#elif VEC_REGS >= 8
 #define NR_WIDE 2
 #define NR_NARROW 2
-#else /* portable: one fmaf per lane */
-typedef struct { float f[16]; } v16;
-static inline v16 vzero(void) { v16 v = {{0}}; return v; }
-static inline v16 vload(const float *p) { v16 v; memcpy(v.f, p, sizeof v.f); return v; }
-static inline v16 vsplat(float s) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = s; return v; }
-static inline v16 vfma(v16 a, v16 b, v16 c) {
-    for (int i = 0; i < 16; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]);
-    return c;
-}
-static inline v16 vmul(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] *= b.f[i]; return a; }
-static inline v16 vsub(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] -= b.f[i]; return a; }
-static inline v16 vcodes(const int8_t *p) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = p[i]; return v; }
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    float f = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                     : ldexpf((float)(m | 0x400), (int)e - 25);
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u |= sign;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline v16 vhalf(const uint16_t *p) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = half_to_float(p[i]); return v; }
-static inline v16 vbf16(const uint16_t *p) {
-    v16 v;
-    for (int i = 0; i < 16; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(&v.f[i], &u, 4); }
-    return v;
-}
-static inline void vstore(float *p, v16 v, int n) { memcpy(p, v.f, (size_t)n * sizeof(float)); }
+#else
 #define NR_WIDE 4
 #define NR_NARROW 4
 #endif
