@@ -40,6 +40,25 @@ static inline float hsum(v16 v) {
     return muser_tree16(lane);
 }
 
+/* out[j] = hsum(v[j]) for four vectors at once, by the same additions: each level adds the
+ * same pairs of lanes as muser_tree16 ((i, i + 8), (i, i + 4), (i, i + 2), (i, i + 1)). */
+static inline void hsum4(const v16 *v, float *out) {
+#if defined(__AVX512F__)
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44),
+                                   _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+    const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44),
+                                   _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+    __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(u, w, 0x88), _mm512_shuffle_f32x4(u, w, 0xDD));
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0x4E));
+    x = _mm512_add_ps(x, _mm512_shuffle_ps(x, x, 0xB1));
+    float lane[16];
+    _mm512_storeu_ps(lane, x);
+    for (int j = 0; j < 4; j++) out[j] = lane[4 * j];
+#else
+    for (int j = 0; j < 4; j++) out[j] = hsum(v[j]);
+#endif
+}
+
 #define TILE_ROWS 8 /* query rows that share each key row read (the arithmetic is per row) */
 
 typedef struct { /* one query row of a tile: its visible keys [first, last] */
@@ -63,29 +82,47 @@ static inline __attribute__((always_inline)) void scores(
                 const v16 kv = vload(kr + x);
                 for (int g = 0; g < G; g++) acc[g] = vfma(vload(w->qs + g * D + x), kv, acc[g]);
             }
-            for (int g = 0; g < G; g++) w->e[g * w->n + (w->last - i)] = hsum(acc[g]);
+            const int64_t d = w->last - i;
+            if (G % 4 == 0) {
+                float sc[4];
+                for (int g = 0; g < G; g += 4) {
+                    hsum4(acc + g, sc);
+                    for (int j = 0; j < 4; j++) w->e[(g + j) * w->n + d] = sc[j];
+                }
+            } else {
+                for (int g = 0; g < G; g++) w->e[g * w->n + d] = hsum(acc[g]);
+            }
         }
     }
 }
 
-/* o[g] = sum_d e[g * n + d] v_{last - d}, in turn over d (keys from hi down), per row. */
+#define KEY_BLOCK 128 /* keys whose value rows stay in L2 while every row of a tile reads them */
+
+/* o[g] += sum_d e[g * n + d] v_{last - d} over the row's keys in [i_lo, i_hi], in turn over d
+ * (keys from i_hi down), 16 * DB dims at a time: the G x DB accumulators stay in registers,
+ * loaded from and stored back to o exactly, so a sum split across key blocks is the same
+ * chain. */
 static inline __attribute__((always_inline)) void weighted_values(
-    Row *rows, int nr, int G, int64_t D, const Keys *K, int64_t kvh, int64_t lo, int64_t hi)
+    const Row *w, int G, int DB, int64_t D, const Keys *K, int64_t kvh, int64_t i_lo,
+    int64_t i_hi)
 {
-    for (int r = 0; r < nr; r++)
-        for (int64_t x = 0; x < G * D; x++) rows[r].o[x] = 0.0f;
-    for (int64_t i = hi; i >= lo; i--) {
-        const float *vr = K->v + key_row(K, i) * K->stride_s + kvh * K->stride_h;
-        for (int r = 0; r < nr; r++) {
-            Row *w = &rows[r];
-            if (i < w->first || i > w->last) continue;
+    const int64_t top = w->last < i_hi ? w->last : i_hi;
+    const int64_t bottom = w->first > i_lo ? w->first : i_lo;
+    for (int64_t x0 = 0; x0 < D; x0 += 16 * DB) {
+        v16 acc[8][4];
+        for (int g = 0; g < G; g++)
+            for (int b = 0; b < DB; b++) acc[g][b] = vload(w->o + g * D + x0 + 16 * b);
+        for (int64_t i = top; i >= bottom; i--) {
+            const float *vr = K->v + key_row(K, i) * K->stride_s + kvh * K->stride_h;
+            v16 vv[4];
+            for (int b = 0; b < DB; b++) vv[b] = vload(vr + x0 + 16 * b);
             for (int g = 0; g < G; g++) {
                 const v16 p = vsplat(w->e[g * w->n + (w->last - i)]);
-                float *o = w->o + g * D;
-                for (int64_t x = 0; x < D; x += 16) vstore16(o + x, vfma(p, vload(vr + x),
-                                                                         vload(o + x)));
+                for (int b = 0; b < DB; b++) acc[g][b] = vfma(p, vv[b], acc[g][b]);
             }
         }
+        for (int g = 0; g < G; g++)
+            for (int b = 0; b < DB; b++) vstore16(w->o + g * D + x0 + 16 * b, acc[g][b]);
     }
 }
 
@@ -94,12 +131,17 @@ static void softmax(Row *w, int G, float *sums)
 {
     for (int g = 0; g < G; g++) {
         float *eg = w->e + g * w->n;
-        float m = -INFINITY;
-        for (int64_t d = 0; d < w->n; d++) m = eg[d] > m ? eg[d] : m;
-        for (int64_t d = 0; d < w->n; d++) eg[d] = muser_exp(eg[d] - m);
-        float lane[16] = {0};
+        float top[16]; /* the max in 16 lanes (exact in any order) */
+        for (int l = 0; l < 16; l++) top[l] = -INFINITY;
         int64_t d = 0;
         for (; d + 16 <= w->n; d += 16)
+            for (int l = 0; l < 16; l++) top[l] = eg[d + l] > top[l] ? eg[d + l] : top[l];
+        for (int l = 0; d + l < w->n; l++) top[l] = eg[d + l] > top[l] ? eg[d + l] : top[l];
+        float m = top[0];
+        for (int l = 1; l < 16; l++) m = top[l] > m ? top[l] : m;
+        for (int64_t d = 0; d < w->n; d++) eg[d] = muser_exp(eg[d] - m);
+        float lane[16] = {0};
+        for (d = 0; d + 16 <= w->n; d += 16)
             for (int l = 0; l < 16; l++) lane[l] += eg[d + l];
         for (int l = 0; d + l < w->n; l++) lane[l] += eg[d + l];
         sums[g] = muser_tree16(lane);
@@ -124,14 +166,26 @@ static inline __attribute__((always_inline)) void attend(
     scores(rows, nr, G, D, K, kvh, lo, hi);
     float sums[TILE_ROWS][8];
     for (int r = 0; r < nr; r++) softmax(&rows[r], G, sums[r]);
-    weighted_values(rows, nr, G, D, K, kvh, lo, hi);
     for (int r = 0; r < nr; r++)
+        for (int64_t x = 0; x < G * D; x++) rows[r].o[x] = 0.0f;
+    const int db = D % 64 == 0 && G <= 4 ? 4 : D % 32 == 0 ? 2 : 1;
+    for (int64_t i_hi = hi; i_hi >= lo; i_hi -= KEY_BLOCK) {
+        const int64_t i_lo = i_hi - KEY_BLOCK + 1 > lo ? i_hi - KEY_BLOCK + 1 : lo;
+        for (int r = 0; r < nr; r++) {
+            if (rows[r].n <= 0 || rows[r].last < i_lo || rows[r].first > i_hi) continue;
+            if (db == 4) weighted_values(&rows[r], G, 4, D, K, kvh, i_lo, i_hi);
+            else if (db == 2) weighted_values(&rows[r], G, 2, D, K, kvh, i_lo, i_hi);
+            else weighted_values(&rows[r], G, 1, D, K, kvh, i_lo, i_hi);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        if (rows[r].n <= 0) continue; /* o stays zero: no visible key */
         for (int g = 0; g < G; g++) {
             float *o = rows[r].o + g * D;
-            if (rows[r].n <= 0) continue; /* o stays zero: no visible key */
             const v16 s = vsplat(sums[r][g]);
             for (int64_t x = 0; x < D; x += 16) vstore16(o + x, vdiv(vload(o + x), s));
         }
+    }
 }
 
 static void attend_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K,
