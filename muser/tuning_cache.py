@@ -4,11 +4,13 @@
     {"fingerprint": {"gpu": ..., "driver": ..., "cuda": ..., "torch": ..., "triton": ...},
      "picks": {"<shape key>": <entry>, ...}}
 
-A file is trusted only whole and only for its own fingerprint: one that does not parse, or
-whose fingerprint is not this process's (copied from another machine, or written by other
-versions), is ignored with a warning and overwritten on the next save. What an entry means is
-the caller's business (`muser/ops/triton/picks.py`); saving merges with what is on disk and
-replaces the file atomically, so two processes tuning at once lose nothing but a race.
+The warm-up's kernel list (`muser/ops/triton/kernel_list.py`) is kept the same way under
+<cache dir>/kernels. A file is trusted only whole and only for its own fingerprint: one that
+does not parse, or whose fingerprint is not this process's (copied from another machine, or
+written by other versions), is ignored with a warning and overwritten on the next save. What an
+entry means is the caller's business (`muser/ops/triton/picks.py`, `kernel_list.py`); saving
+merges with what is on disk and replaces the file atomically, so two processes tuning at once
+lose nothing but a race.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ class TuningCache:
         self.path, self.fingerprint = path, fingerprint
 
     @classmethod
-    def at(cls, root: Path, fingerprint: dict[str, str]) -> TuningCache:
-        """The cache file of `fingerprint` under `root`/tuning."""
+    def at(cls, root: Path, fingerprint: dict[str, str], folder: str = "tuning") -> TuningCache:
+        """The cache file of `fingerprint` under `root`/`folder`."""
         digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
         gpu = re.sub(r"[^A-Za-z0-9]+", "-", fingerprint.get("gpu", "device")).strip("-").lower()
-        return cls(root / "tuning" / f"{gpu}-{digest[:12]}.json", fingerprint)
+        return cls(root / folder / f"{gpu}-{digest[:12]}.json", fingerprint)
 
     def load(self) -> dict[str, Any]:
         """Entries stored for this fingerprint; {} when the file is absent, corrupt or foreign."""

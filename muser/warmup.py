@@ -2,16 +2,19 @@
 once, so nothing is compiled, tuned or captured on the request path.
 
     picks ..... stored projection picks (tuning cache, then the shipped table)
-    compile ... one pass over every shape in compile-only mode: each kernel, and every
-                candidate of a shape without a pick, compiled (or read from Triton's cache)
-                and loaded onto the device on a thread pool
-    tune ...... the same pass run for real: shapes without a pick are timed (and stored)
+    compile ... the kernels an earlier warm-up of this configuration listed, taken from
+                Triton's cache (muser/ops/triton/kernel_list.py); without such a list, one
+                pass over every shape in compile-only mode: each kernel, and every candidate
+                of a shape without a pick, compiled (or read from Triton's cache); either way
+                loaded onto the device on a thread pool
+    tune ...... the same pass run for real: shapes without a pick are timed (and stored);
+                when none was, the kernels compiled so far are listed for the next start
     capture ... CUDA graphs of every decode batch bucket
 
 The shapes: prefill chunks of one sequence, 1 .. prefill_chunk rows (each width up to the
-backend's exact-rows limit, then per power-of-two bucket its widest chunk and the one below,
-since kernels specialize on divisibility by 16), each with nothing cached and with a cached
-prefix; one sequence whose ring wraps, then a chunk of every width past the wrap; decode steps
+backend's exact-rows limit, then per power-of-two bucket its widest chunk: the kernels take row
+counts, positions and offsets into the step's metadata unspecialized, so one width stands for
+its bucket), each with nothing cached and with a cached prefix; one sequence whose ring wraps, then a chunk of every width past the wrap; decode steps
 of every batch bucket (graphs) or every batch size up to the exact-rows limit and each bucket's
 widest (eager). Backends without a `tuning` namespace (the CPU's) skip the warm-up.
 """
@@ -36,8 +39,7 @@ def prefill_widths(engine: EngineConfig, exact_rows: int) -> list[int]:
     widths = set(range(1, min(exact_rows, top) + 1))
     bucket = 2 * exact_rows
     while bucket // 2 < top:
-        widest = min(bucket, top)
-        widths |= {widest, widest - 1}
+        widths.add(min(bucket, top))
         bucket *= 2
     return sorted(widths)
 
@@ -63,11 +65,14 @@ def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
     if on_gpu:
         with log.phase("picks") as detail:
             detail.update(tuning.load(runner.device))
+        kernels = tuning.listed(runner.device, repr((runner.cfg, runner.engine)))
+        since = len(tuning.JIT.compiled)
         with log.phase("compile") as detail:
-            with tuning.compiling(runner.device) as mode:
-                _exercise(runner, widths, tuning.EXACT_ROWS)
-            detail["kernels"] = len(mode.raw_futures)
-            detail["threads"] = mode.executor._max_workers
+            detail["listed"] = tuning.load_listed(kernels, runner.device)
+            if not detail["listed"]:
+                with tuning.compiling(runner.device) as mode:
+                    _exercise(runner, widths, tuning.EXACT_ROWS)
+                detail["kernels"] = len(mode.raw_futures)
     with log.phase("tune") as detail:
         before = tuning.stats()
         _exercise(runner, widths, tuning.EXACT_ROWS)
@@ -78,6 +83,8 @@ def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
             path = tuning.save(runner.device)
             if path is not None:
                 detail["saved"] = str(path)
+            elif (added := tuning.save_listed(kernels, runner.device, since)):
+                detail["listed"] = added
     if runner.graphs is not None:
         with log.phase("capture") as detail:
             runner.graphs.capture()

@@ -47,3 +47,9 @@ def test_a_foreign_file_is_ignored_with_a_warning(tmp_path: Path) -> None:
     cache.path.write_text(json.dumps({"fingerprint": foreign, "picks": {"a": ENTRY}}))
     with pytest.warns(UserWarning, match="written for"):
         assert cache.load() == {}
+
+
+def test_a_folder_of_its_own(tmp_path: Path) -> None:
+    kernels = TuningCache.at(tmp_path, HERE, "kernels")
+    assert kernels.path.parent == tmp_path / "kernels"
+    assert kernels.path.name == TuningCache.at(tmp_path, HERE).path.name

@@ -4,6 +4,8 @@ whose load fails there is left as Triton leaves an unloaded one, for its first l
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from triton.runtime.errors import OutOfResources
 
@@ -44,9 +46,10 @@ def test_a_kernel_too_large_keeps_its_error() -> None:
     assert kernel._run == "launcher"
 
 
-def test_jit_misses_are_named() -> None:
+def test_jit_misses_are_named_and_kept_for_the_kernel_list() -> None:
     before = len(tuning.JIT.misses)
-    fn = type("Info", (), {"name": "_k"})
-    assert not tuning._count_compile(key="spec", fn=fn, repr="", compile={},
-                                     is_manual_warmup=False, already_compiled=False)
-    assert tuning.JIT.misses[before:] == ["_k spec"]
+    fn = SimpleNamespace(name="_k", jit_function="jit")
+    assert not tuning._count_compile(key="key", fn=fn, repr="", compile={
+        "specialization_data": "{}"}, is_manual_warmup=False, already_compiled=False)
+    assert tuning.JIT.misses[before:] == ["_k key"]
+    assert tuning.JIT.compiled[before:] == [("jit", "key", "{}")]

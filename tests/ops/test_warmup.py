@@ -90,7 +90,6 @@ def test_nothing_is_tuned_after_the_warm_up() -> None:
 
 def test_prefill_widths_cover_every_bucket() -> None:
     widths = prefill_widths(EngineConfig(prefill_chunk=512), 8)
-    assert widths == [1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511,
-                      512]
+    assert widths == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512]
     assert prefill_widths(EngineConfig(prefill_chunk=100, max_model_len=4096), 8)[-3:] == [
-        64, 99, 100]
+        32, 64, 100]

@@ -24,9 +24,10 @@ import triton
 from triton.runtime._async_compile import AsyncCompileMode
 from triton.runtime.errors import OutOfResources
 
-from muser.ops.triton import linear, picks
+from muser.ops.triton import kernel_list, linear, picks
 from muser.ops.triton.gemv import MAX_ROWS
 from muser.ops.triton.launch import compile_only
+from muser.tuning_cache import TuningCache
 
 EXACT_ROWS = MAX_ROWS  # projections of up to this many rows are keyed by their exact count
 
@@ -35,16 +36,18 @@ EXACT_ROWS = MAX_ROWS  # projections of up to this many rows are keyed by their 
 class JitStats:
     compiles: int = 0  # kernels the JIT compiled or loaded (its in-process cache missed)
     misses: list[str] = field(default_factory=list)  # "<kernel> <specialization key>" of each
+    compiled: list[kernel_list.Compiled] = field(default_factory=list)  # what each miss was
 
 
 JIT = JitStats()
 
 
-def _count_compile(*, key, fn, **kwargs) -> None:
+def _count_compile(*, key, fn, compile, **kwargs) -> None:
     """Triton's jit_cache_hook (NOTE: it must return a false value, or Triton skips the
     compile)."""
     JIT.compiles += 1
     JIT.misses.append(f"{fn.name} {key}")
+    JIT.compiled.append((fn.jit_function, key, compile["specialization_data"]))
 
 
 triton.knobs.runtime.jit_cache_hook = _count_compile
@@ -69,10 +72,7 @@ def compiling(device: torch.device, threads: int | None = None) -> Iterator[Asyn
     on a thread pool instead of run; leaving waits for every compile, then loads every compiled
     kernel on the same pool. Outputs computed inside are garbage: run the forward again
     afterwards."""
-    workers = threads or min(32, os.cpu_count() or 1)
-    index = torch.cuda.current_device() if device.index is None else device.index
-    with ThreadPoolExecutor(workers, thread_name_prefix="muser-compile",
-                            initializer=torch.cuda.set_device, initargs=(index,)) as pool:
+    with _pool(device, threads) as pool:
         with AsyncCompileMode(pool, ignore_errors=True) as mode:
             token = compile_only.set(True)
             try:
@@ -81,6 +81,37 @@ def compiling(device: torch.device, threads: int | None = None) -> Iterator[Asyn
                 compile_only.reset(token)
         compiled = [f.kernel for f in mode.future_kernels.values() if f.kernel is not None]
         list(pool.map(_load, compiled))
+
+
+def listed(device: torch.device, config: str) -> TuningCache:
+    """The kernel list of this machine, `config` and the picks taken (`kernel_list.py`)."""
+    runs = sorted((key, choice["runs"]) for key, choice in linear.choices().items())
+    return kernel_list.store(device, f"{config} {runs}")
+
+
+def load_listed(kernels: TuningCache, device: torch.device, threads: int | None = None) -> int:
+    """File the listed kernels in the JIT's cache and load them on a thread pool -> how many
+    (0: no list, or nothing in it is still in Triton's cache)."""
+    found = kernel_list.load(kernels, _index(device))
+    with _pool(device, threads) as pool:
+        list(pool.map(_load, found))
+    return len(found)
+
+
+def save_listed(kernels: TuningCache, device: torch.device, since: int) -> int:
+    """List the kernels compiled since JIT.compiled[since] -> how many were added."""
+    return kernel_list.save(kernels, JIT.compiled[since:], _index(device))
+
+
+def _index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _pool(device: torch.device, threads: int | None) -> ThreadPoolExecutor:
+    """Threads on `device` (one per core, at most 32)."""
+    return ThreadPoolExecutor(threads or min(32, os.cpu_count() or 1),
+                              thread_name_prefix="muser-compile",
+                              initializer=torch.cuda.set_device, initargs=(_index(device),))
 
 
 def _load(kernel) -> None:
