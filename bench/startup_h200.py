@@ -6,7 +6,7 @@ process of its own, warm and then fresh (empty caches again), each with a mixed 
 readiness and the tuning and compile counters read before and after it (each JIT cache miss
 after readiness named by kernel and specialization key).
 
-    PYTHONPATH=. python bench/startup_h200.py --out $OUT [--tune]
+    PYTHONPATH=. python bench/startup_h200.py --out $OUT [--tune] [--repeats N] [--profile SHAPE]
 
 --tune first runs `muser tune` for both presets into an empty cache with no shipped picks (the
 from-scratch cost) and writes the table it produced to $OUT/picks_h200.json; the receipt then
