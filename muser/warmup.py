@@ -14,9 +14,10 @@ once, so nothing is compiled, tuned or captured on the request path.
 The shapes: prefill chunks of one sequence, 1 .. prefill_chunk rows (each width up to the
 backend's exact-rows limit, then per power-of-two bucket its widest chunk: the kernels take row
 counts, positions and offsets into the step's metadata unspecialized, so one width stands for
-its bucket), each with nothing cached and with a cached prefix; one sequence whose ring wraps, then a chunk of every width past the wrap; decode steps
-of every batch bucket (graphs) or every batch size up to the exact-rows limit and each bucket's
-widest (eager). Backends without a `tuning` namespace (the CPU's) skip the warm-up.
+its bucket), each with nothing cached and with a cached prefix; one sequence whose ring wraps,
+then a chunk of every width past the wrap; decode steps of every batch bucket (graphs) or every
+batch size up to the exact-rows limit and each bucket's widest (eager). Backends without a
+`tuning` namespace (the CPU's) skip the warm-up.
 """
 
 from __future__ import annotations

@@ -89,11 +89,11 @@ def listed(device: torch.device, config: str) -> TuningCache:
     return kernel_list.store(device, f"{config} {runs}")
 
 
-def load_listed(kernels: TuningCache, device: torch.device, threads: int | None = None) -> int:
+def load_listed(kernels: TuningCache, device: torch.device) -> int:
     """File the listed kernels in the JIT's cache and load them on a thread pool -> how many
     (0: no list, or nothing in it is still in Triton's cache)."""
     found = kernel_list.load(kernels, _index(device))
-    with _pool(device, threads) as pool:
+    with _pool(device, None) as pool:
         list(pool.map(_load, found))
     return len(found)
 
