@@ -11,35 +11,15 @@ import torch
 
 from muser.attention.dense_ref import attention_dense
 from muser.ops import cpu, native, ref
-
-U = 2.0**-24  # float32 unit roundoff
-
-
-def gamma(n: int) -> float:
-    """gamma_n = n u / (1 - n u): the relative bound of n float32 roundings in a row."""
-    return n * U / (1 - n * U)
+from tests.error_bounds import U, attention_bound, gamma
 
 
-def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-                    ) -> torch.Tensor:
-    """Bound on |out - exact| for one query row per head over keys [S, KVH, D] (attention.c).
 
-    Scores: q * scale rounds once per element, then 16-lane sums of D / 16 products and a
-    4-level tree: |ds| <= gamma(D / 16 + 6) * scale * sum |q k| =: ds. exp(s - m) then carries
-    a relative error <= 2 ds + 8u (both arguments, the subtraction, muser_exp's ~1 ulp with
-    margin). The numerator sums e v in S steps (gamma(2S) relative to sum e |v|), the
-    denominator in 16 lanes and a tree (gamma(S)), one division: in all
-    |dout| <= (2 (2 ds + 8u) + gamma(2S) + gamma(S) + u) * sum p |v|."""
-    heads, d = q.shape
-    s, kv_heads = k.shape[0], k.shape[1]
-    kq = k.double()[:, torch.arange(heads) // (heads // kv_heads)]  # [S, H, D]
-    vq = v.double()[:, torch.arange(heads) // (heads // kv_heads)]
-    ds = gamma(d // 16 + 6) * scale * (q.double().abs()[None] * kq.abs()).sum(-1).max(0).values
-    scores = scale * (q.double()[None] * kq).sum(-1)  # [S, H]
-    p = torch.softmax(scores, 0)
-    mass = (p[..., None] * vq.abs()).sum(0)  # [H, D]
-    rel = 2 * (2 * ds + 8 * U) + gamma(2 * s) + gamma(s) + U
-    return rel[:, None] * mass
+def _bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """attention_bound of one query row per head over all of k (attention.c: the scaling, then
+    16-lane FMA chains of D / 16 steps and a 4-level tree: D / 16 + 5 roundings)."""
+    visible = torch.ones(1, k.shape[0], dtype=torch.bool)
+    return attention_bound(q[None], k, v, scale, visible, q.shape[-1] // 16 + 5)[0]
 
 
 def _float64(q, k, v, scale):
@@ -90,7 +70,7 @@ def test_decode_attention_in_place_equals_gathered_keys(dtype, make):
         gathered = native.attention(q[b : b + 1], k, v, len(rows) - 1, 0, None, scale)[0]
         assert torch.equal(out[b], gathered)
         err = (out[b].double() - _float64(q[b], k, v, scale)).abs()
-        assert (err <= attention_bound(q[b], k, v, scale)).all()
+        assert (err <= _bound(q[b], k, v, scale)).all()
 
 
 @pytest.mark.parametrize("window", [None, 7])
@@ -115,8 +95,7 @@ def test_prefill_rows_equal_decode_rows(window):
         assert torch.equal(chunk[i], shadow)
         err = (one.double() - _float64(q[i], keys[first:pos + 1], values[first:pos + 1],
                                        0.2)).abs()
-        assert (err <= attention_bound(q[i], keys[first:pos + 1], values[first:pos + 1],
-                                       0.2)).all()
+        assert (err <= _bound(q[i], keys[first:pos + 1], values[first:pos + 1], 0.2)).all()
 
 
 def norm_bound(y: torch.Tensor, d: int) -> torch.Tensor:

@@ -12,21 +12,11 @@ from gguf import GGMLQuantizationType
 from muser.loading.quants import codes, dequantize
 from muser.ops import cpu, native, ref
 from muser.ops.packed import PackedMatrix, cat_rows, dense
+from tests.error_bounds import fma_chain_bound
 from tests.test_quants import _random_raw
 
 QT = GGMLQuantizationType
 QUANTIZED = [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
-U = 2.0**-24  # float32 unit roundoff
-
-
-def fma_chain_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Error bound of y = sum_k w[m, k] x[r, k] summed by K fused multiply-adds in turn: each
-    step rounds once, so |y - exact| <= gamma_K * sum_k |w x| with gamma_K = K u / (1 - K u)
-    (Higham, Accuracy and Stability, 3.1). W and x are exact float32 inputs; the float64
-    reference adds its own K * 2^-53 relative."""
-    k = x.shape[1]
-    gamma = k * U / (1 - k * U) + k * 2.0**-53
-    return gamma * (x.double().abs() @ w.double().abs().t())
 
 
 def _packed(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> PackedMatrix:

@@ -19,21 +19,24 @@ CFG = ModelConfig(
 )
 
 
-def _runner(max_model_len: int = 512, tile: int = 8) -> Runner:
-    engine = EngineConfig(device="cpu", dtype="float32", kv_dtype="float32", max_num_seqs=2,
+def _runner(max_model_len: int = 512, tile: int = 8, dtype: str = "float32") -> Runner:
+    engine = EngineConfig(device="cpu", dtype=dtype, kv_dtype="float32", max_num_seqs=2,
                           max_model_len=max_model_len, page_size=8)
-    runner = Runner(CFG, engine, random_weights(CFG, torch.float32, "cpu", seed=0))
+    runner = Runner(CFG, engine, random_weights(CFG, getattr(torch, dtype), "cpu", seed=0))
     runner.tile = tile  # small tiles so every route appears at this size
     return runner
 
 
 def _ids(n: int) -> list[int]:
-    return torch.randint(0, CFG.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, CFG.vocab_size, (n,), generator=gen).tolist()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("chunk", [1, 5, 13, 16])
-def test_chunk_widths_agree_through_ring_wraps(chunk: int) -> None:
-    runner, ids = _runner(), _ids(5 * W + 3)
+def test_chunk_widths_agree_through_ring_wraps(chunk: int, dtype: str) -> None:
+    """bfloat16 weights too: the same kernels over bfloat16 values (widened exactly)."""
+    runner, ids = _runner(dtype=dtype), _ids(5 * W + 3)
     positions = {1, W - 1, W, W + 1, 2 * W - 1, 2 * W, 2 * W + 1, 3 * W, 4 * W + 1, 5 * W + 2}
     one = capture_one_chunk(runner, ids, positions)  # chunks up to 5 windows long
     other = capture(runner, ids, chunk, positions)

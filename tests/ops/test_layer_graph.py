@@ -29,9 +29,11 @@ def _to(weights: ModelWeights, device: str) -> ModelWeights:
 def _run(ops_module, chunks: list[int], decode_steps: int, device: str) -> torch.Tensor:
     engine = EngineConfig(device=device, dtype="float32", kv_dtype="float32", max_num_seqs=2,
                           max_model_len=64, page_size=16, enforce_eager=True)
-    runner = Runner(CFG, engine, _to(random_weights(CFG, torch.float32, "cpu", seed=3), device))
-    if ops_module is not None:
+    weights = _to(random_weights(CFG, torch.float32, "cpu", seed=3), device)
+    runner = Runner(CFG, engine, weights)
+    if ops_module is not None:  # the weights as this backend reads them
         runner.model.ops = ops_module
+        runner.model.weights = ops_module.prepare_weights(weights)
     ids = torch.randint(0, CFG.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
     seq, logits, pos = runner.allocate(), [], 0
     for n in chunks:
