@@ -40,8 +40,25 @@ if not HAS_CUDA:
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 ATTN_DTYPES = [torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
-# |out - ref| <= atol * scale + rtol * |ref|, ref in float64
-TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+MAX_SUM = 4096  # the longest float32 accumulation in these tests (terms of magnitude <= scale)
+ROUNDINGS = 8  # roundings in the kernel's dtype on one path: the output store, and up to three
+# intermediates stored in it (normed activations, attention weights, GeGLU products), each at
+# most doubled by the product that follows
+
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of |out - ref| <= atol * scale + rtol * |ref|, ref in float64 on the same
+    dtype-rounded inputs. Each rounding in dtype is within u of the value rounded: the output
+    (rtol), or an intermediate whose magnitude the caller bounds by `scale` (atol); a float32
+    sum of up to MAX_SUM terms is within gamma_MAX_SUM(u32) of the sum of their magnitudes,
+    which the caller also bounds by `scale`."""
+    u, u32 = UNIT_ROUNDOFF[dtype], UNIT_ROUNDOFF[torch.float32]
+    gamma = MAX_SUM * u32 / (1 - MAX_SUM * u32)
+    return ROUNDINGS * u + gamma, ROUNDINGS * u
+
+
+TOL = {dtype: _tolerance(dtype) for dtype in UNIT_ROUNDOFF}
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
