@@ -44,11 +44,17 @@ def capture(
 def capture_one_chunk(
     runner: Runner, ids: list[int], positions: set[int]
 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """For each position p, prefill ids[:p + 1] as one chunk and capture row p."""
+    """Each position p from a one-chunk prefill of a prefix of ids that ends within a window
+    after p (the ring still holds row p): prefixes ending at multiples of the window."""
+    window = runner.cfg.sliding_window
     logits, kv = {}, {}
-    for p in sorted(positions):
-        one = capture(runner, ids[:p + 1], p + 1, {p})
-        logits[p], kv[p] = one[0][p], one[1][p]
+    ends: dict[int, set[int]] = {}
+    for p in positions:
+        ends.setdefault(min(len(ids), (p // window + 1) * window), set()).add(p)
+    for end, wanted in ends.items():
+        one = capture(runner, ids[:end], end, wanted)
+        logits.update(one[0])
+        kv.update(one[1])
     return logits, kv
 
 
