@@ -69,7 +69,8 @@ static inline __attribute__((always_inline)) v16 wvec(const Weights *W, int fmt,
 }
 
 /* Rows x[0 .. NR) against panels p0 .. p0 + MV; every loop bound but K is a constant after
- * inlining, so the accumulators stay in registers. */
+ * inlining, so the accumulators stay in registers. x[r, k] is x[r * ldx + k], or, with
+ * ldx == 0, x[k * NR_WIDE + r] (a row tile packed by pack_rows). */
 static inline __attribute__((always_inline)) void tile(
     const Weights *W, int fmt, int64_t p0, int MV, const float *x, int64_t ldx, int NR,
     float *y, int64_t ldy, int64_t M)
@@ -81,7 +82,7 @@ static inline __attribute__((always_inline)) void tile(
         v16 w[4];
         for (int i = 0; i < MV; i++) w[i] = wvec(W, fmt, p0 + i, k);
         for (int r = 0; r < NR; r++) {
-            const v16 xr = vsplat(x[r * ldx + k]);
+            const v16 xr = vsplat(ldx ? x[r * ldx + k] : x[k * NR_WIDE + r]);
             for (int i = 0; i < MV; i++) acc[i][r] = vfma(w[i], xr, acc[i][r]);
         }
     }
@@ -118,18 +119,36 @@ static void run_tile(const Weights *W, int64_t p0, int mv, const float *x, int64
 #undef FORMATS
 }
 
-/* Every row tile of x over panels [p0, p0 + mv), `tile_rows` rows at a time. */
+/* Every row tile of x over panels [p0, p0 + mv), `tile_rows` rows at a time (ldx == 0: x is
+ * packed by pack_rows, tiles of NR_WIDE rows). */
 static void run_rows(const Weights *W, int64_t p0, int mv, const float *x, int64_t N,
                      int64_t ldx, int tile_rows, float *y, int64_t ldy, int64_t M)
 {
     for (int64_t r = 0; r < N; r += tile_rows) {
         const int nr = N - r < tile_rows ? (int)(N - r) : tile_rows;
+        const float *xt = ldx ? x + r * ldx : x + r * W->K;
         if (mv == 4 || mv == 2 || mv == 1) {
-            run_tile(W, p0, mv, x + r * ldx, ldx, nr, y + r * ldy, ldy, M);
+            run_tile(W, p0, mv, xt, ldx, nr, y + r * ldy, ldy, M);
         } else {
             for (int i = 0; i < mv; i++)
-                run_tile(W, p0 + i, 1, x + r * ldx, ldx, nr, y + r * ldy, ldy, M);
+                run_tile(W, p0 + i, 1, xt, ldx, nr, y + r * ldy, ldy, M);
         }
+    }
+}
+
+/* xp[t][k][r] = x[t * NR_WIDE + r, k] for row tile t (rows past N are zero): each k of a tile
+ * is one contiguous run of NR_WIDE values, which the tile broadcasts from one base. */
+static void pack_rows(const float *x, int64_t N, int64_t K, int64_t ldx, float *xp)
+{
+    const int64_t tiles = (N + NR_WIDE - 1) / NR_WIDE;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        float *dst = xp + t * K * NR_WIDE;
+        for (int64_t k = 0; k < K; k++)
+            for (int r = 0; r < NR_WIDE; r++) {
+                const int64_t row = t * NR_WIDE + r;
+                dst[k * NR_WIDE + r] = row < N ? x[row * ldx + k] : 0.0f;
+            }
     }
 }
 
@@ -141,7 +160,8 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
                int64_t ldy, int threads)
 {
     const int codes = fmt == FMT_CODES || fmt == FMT_CODES_H;
-    if (N < 1 || K < 1 || M < 1 || fmt < 0 || fmt > FMT_CODES_H) return -1;
+    if (N < 1 || K < 1 || M < 1 || ldx < K || ldy < M) return -1;
+    if (fmt < 0 || fmt > FMT_CODES_H) return -1;
     if (codes && (group < 1 || K % group || !scales)) return -1;
     if (fmt == FMT_CODES_H && mins) return -1;
     const Weights W = {w, fmt, scales, mins, K, codes ? K / group : 0, group};
@@ -151,8 +171,12 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
     const int64_t tasks = (panels + per_task - 1) / per_task;
     int failed = 0;
     if (threads > tasks) threads = (int)tasks;
+    const int64_t row_tiles = (N + NR_WIDE - 1) / NR_WIDE;
+    float *xp = wide ? malloc((size_t)row_tiles * K * NR_WIDE * sizeof(float)) : NULL;
+    if (wide && !xp) return -2;
 #pragma omp parallel num_threads(threads)
     {
+        if (wide) pack_rows(x, N, K, ldx, xp); /* ends with the loop's barrier */
         /* a wide call widens its panels into float32 once per task (not for f32 weights) */
         float *buf = NULL;
         if (wide && fmt != FMT_F32) {
@@ -169,7 +193,7 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
             if (!wide) {
                 run_rows(&W, p0, mv, x, N, ldx, NR_NARROW, y, ldy, M);
             } else if (fmt == FMT_F32) {
-                run_rows(&W, p0, mv, x, N, ldx, NR_WIDE, y, ldy, M);
+                run_rows(&W, p0, mv, xp, N, 0, NR_WIDE, y, ldy, M);
             } else if (buf) {
                 for (int i = 0; i < mv; i++)
                     for (int64_t k = 0; k < K; k++) {
@@ -178,10 +202,11 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
                     }
                 const Weights F = {buf, FMT_F32, NULL, NULL, K, 0, 0};
                 /* panels of buf are numbered from 0; shift y so its columns line up */
-                run_rows(&F, 0, mv, x, N, ldx, NR_WIDE, y + p0 * 16, ldy, M - p0 * 16);
+                run_rows(&F, 0, mv, xp, N, 0, NR_WIDE, y + p0 * 16, ldy, M - p0 * 16);
             }
         }
         free(buf);
     }
+    free(xp);
     return failed ? -2 : 0;
 }
