@@ -75,7 +75,7 @@ static inline __attribute__((always_inline)) void tile(
     const Weights *W, int fmt, int64_t p0, int MV, const float *x, int64_t ldx, int NR,
     float *y, int64_t ldy, int64_t M)
 {
-    v16 acc[4][NR_WIDE > NR_NARROW ? NR_WIDE : NR_NARROW];
+    v16 acc[4][12]; /* the widest case of ROWS12; a build uses at most NR_WIDE */
     for (int i = 0; i < MV; i++)
         for (int r = 0; r < NR; r++) acc[i][r] = vzero();
     for (int64_t k = 0; k < W->K; k++) {

@@ -37,14 +37,22 @@ static inline void vstore(float *p, v16 v, int n) {
 #include <immintrin.h>
 typedef struct { __m256 lo, hi; } v16;
 static inline v16 vzero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-static inline v16 vload(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline v16 vload(const float *p) {
+    return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+}
 static inline v16 vsplat(float s) { return (v16){_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
 static inline v16 vfma(v16 a, v16 b, v16 c) {
     return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
-static inline v16 vmul(v16 a, v16 b) { return (v16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-static inline v16 vsub(v16 a, v16 b) { return (v16){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
-static inline v16 vdiv(v16 a, v16 b) { return (v16){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+static inline v16 vmul(v16 a, v16 b) {
+    return (v16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)};
+}
+static inline v16 vsub(v16 a, v16 b) {
+    return (v16){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)};
+}
+static inline v16 vdiv(v16 a, v16 b) {
+    return (v16){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)};
+}
 static inline __m256 cvt8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -77,7 +85,11 @@ static inline v16 vfma(v16 a, v16 b, v16 c) {
 static inline v16 vmul(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] *= b.f[i]; return a; }
 static inline v16 vsub(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] -= b.f[i]; return a; }
 static inline v16 vdiv(v16 a, v16 b) { for (int i = 0; i < 16; i++) a.f[i] /= b.f[i]; return a; }
-static inline v16 vcodes(const int8_t *p) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = p[i]; return v; }
+static inline v16 vcodes(const int8_t *p) {
+    v16 v;
+    for (int i = 0; i < 16; i++) v.f[i] = p[i];
+    return v;
+}
 static inline float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     float f = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
@@ -88,7 +100,11 @@ static inline float half_to_float(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
-static inline v16 vhalf(const uint16_t *p) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = half_to_float(p[i]); return v; }
+static inline v16 vhalf(const uint16_t *p) {
+    v16 v;
+    for (int i = 0; i < 16; i++) v.f[i] = half_to_float(p[i]);
+    return v;
+}
 static inline v16 vbf16(const uint16_t *p) {
     v16 v;
     for (int i = 0; i < 16; i++) { uint32_t u = (uint32_t)p[i] << 16; memcpy(&v.f[i], &u, 4); }
