@@ -11,7 +11,16 @@ from muser.ops import ref
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
 from muser.graph.weights import LayerWeights, ModelWeights, random_weights
 from muser.runner import Runner
-from opcheck import DEVICE
+from opcheck import DEVICE, TOL
+
+# Both graphs run float32; each op on a logit's path (per layer: norm, QKV, QK-norm + RoPE,
+# attention, O + add-norm, gate_up + GeGLU, down + add-norm; then the embedding, final norm and
+# head) is within TOL[float32] of the exact result on either side, so the two differ by at most
+# twice that per op. Every residual add is followed by an RMSNorm and the random projections
+# are scaled by 1 / sqrt(fan-in), so an op passes its input's error on at about unit gain
+# (activations of magnitude ~1): the differences add up over the path.
+OPS_ON_PATH = 7 * 2 + 2
+GRAPH_ATOL, GRAPH_RTOL = (2 * OPS_ON_PATH * t for t in TOL[torch.float32])
 
 CFG = ModelConfig(
     architecture="gemma3", vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -50,4 +59,4 @@ def test_graph_triton_equals_reference(chunks):
     expect = _run(ref, chunks, 3, "cpu")
     got = _run(triton_ops, chunks, 3, DEVICE)
     assert got.shape == expect.shape
-    torch.testing.assert_close(got.cpu(), expect.cpu(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got.cpu(), expect.cpu(), atol=GRAPH_ATOL, rtol=GRAPH_RTOL)
