@@ -37,7 +37,7 @@ def embed(table: torch.Tensor | PackedMatrix, ids: torch.Tensor) -> torch.Tensor
 
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:
     """x: [N, K] float32, weight: [M, K] -> [N, M] float32; the product runs in weight.dtype
-    (a packed weight's dense twin)."""
+    (a packed weight is dequantized first)."""
     weight = dense(weight)
     x = x.to(weight.dtype)
     if x.shape[0] == 1 and x.device.type == "cpu":
