@@ -1,5 +1,5 @@
-"""Op dispatch, chosen once per device: Triton kernels on CUDA; on the CPU the torch reference
-(`ref`) with decode projections over packed codes (`cpu`)."""
+"""Op dispatch, chosen once per device: Triton kernels on CUDA; on the CPU muser's C kernels at
+every width (`cpu`); MUSER_OPS=ref forces the torch reference (`ref`) anywhere."""
 
 from __future__ import annotations
 
