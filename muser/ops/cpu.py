@@ -9,6 +9,7 @@ cache stores). Each op has its spec in `muser.ops.ref`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -83,13 +84,18 @@ def linear_add_rms_norm(
     return add_rms_norm(residual, linear(x, weight), post_weight, next_weight, eps, dtype)
 
 
+@functools.cache
+def _inv_freq(head_dim: int, theta: float, scaling: float) -> torch.Tensor:
+    """HF's inv_freq arithmetic (ref.rope_cos_sin), once per layer kind."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float()
+    return 1.0 / (theta ** (exponent / head_dim)) / scaling
+
+
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ref.rope_cos_sin (HF's inv_freq arithmetic), each position's row computed on its own."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float()
-    inv_freq = 1.0 / (theta ** (exponent / head_dim)) / scaling
-    return native.rope_cos_sin(positions, inv_freq)
+    """ref.rope_cos_sin, each position's row computed on its own."""
+    return native.rope_cos_sin(positions, _inv_freq(head_dim, theta, scaling))
 
 
 def qk_norm_rope(
