@@ -11,6 +11,7 @@ import torch
 
 from muser.attention.dense_ref import attention_dense
 from muser.ops import cpu, native, ref
+from muser.ops.packed import PackedMatrix
 from tests.error_bounds import U, attention_bound, gamma
 
 
@@ -188,3 +189,37 @@ def test_store_kv_of_decode_rows_matches_reference(dtype):
     ref.store_kv(*theirs, k_new, v_new, src, dst)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert ours[0][5].abs().sum() > 0 and (ours[0][1:5] == 0).all()
+
+
+@pytest.mark.parametrize("march", ["x86-64", "haswell"], ids=["portable", "avx2"])
+def test_other_builds_compute_the_same_bits(march, tmp_path, monkeypatch):
+    """The portable (one fmaf per lane) and AVX2 builds of the kernels give the bits of this
+    machine's build: every step is one correctly rounded IEEE operation per lane."""
+    import ctypes
+    import os
+    import platform
+    import subprocess
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 variants")
+    main = native.library()
+    flags = [f for f in native.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
+    target = tmp_path / "variant.so"
+    subprocess.run([os.environ.get("CC", "cc"), *flags, "-o", str(target), *map(str, native.SOURCES), "-lm"],
+                   check=True, capture_output=True)
+    variant = ctypes.CDLL(str(target))
+    for name in ("muser_gemm", "muser_attention", "muser_rms_norm", "muser_geglu"):
+        getattr(variant, name).argtypes = getattr(main, name).argtypes
+        getattr(variant, name).restype = getattr(main, name).restype
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 256, generator=gen)
+    q, k = torch.randn(9, 4, 64, generator=gen), torch.randn(50, 1, 64, generator=gen)
+    w = PackedMatrix.from_dense(torch.randn(70, 256, generator=gen))
+
+    def outputs() -> list[torch.Tensor]:
+        return [native.gemm(x, w), native.gemm(x[:3], w), native.rms_norm(x, x[0], 1e-6),
+                native.geglu(x), native.attention(q, k, k, 41, 0, 16, 0.1)]
+
+    ours = outputs()
+    monkeypatch.setattr(native, "library", lambda: variant)
+    assert all(torch.equal(a, b) for a, b in zip(ours, outputs()))
