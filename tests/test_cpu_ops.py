@@ -205,7 +205,8 @@ def test_other_builds_compute_the_same_bits(march, tmp_path, monkeypatch):
     main = native.library()
     flags = [f for f in native.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
     target = tmp_path / "variant.so"
-    subprocess.run([os.environ.get("CC", "cc"), *flags, "-o", str(target), *map(str, native.SOURCES), "-lm"],
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, *flags, "-o", str(target), *map(str, native.SOURCES), "-lm"],
                    check=True, capture_output=True)
     variant = ctypes.CDLL(str(target))
     for name in ("muser_gemm", "muser_attention", "muser_rms_norm", "muser_geglu"):
