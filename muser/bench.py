@@ -46,6 +46,18 @@ def _median_rate(
     return statistics.median(rates), rates
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _prompt(vocab: int, length: int) -> list[int]:
     """A deterministic prompt: BOS then ordinary-token ids."""
     return [2] + [1000 + (i * 7919) % (vocab // 2) for i in range(length - 1)]
@@ -138,7 +150,7 @@ def _bench(args: argparse.Namespace) -> int:
         results.append(cell)
     bar.close()
     receipt = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(),
                     "threads": threads, "device": llm.config.device},
         "versions": {"torch": torch.__version__,
                      "llama_cpp": getattr(sides.get("llama.cpp"), "version", None)},
