@@ -95,16 +95,6 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
-def available() -> bool:
-    """Whether the kernels build and load here (callers that must have them use library())."""
-    try:
-        library()
-    except NativeUnavailable:
-        return False
-    return True
-
-
 def _check(rc: int, what: str) -> None:
     if rc == -2:
         raise MemoryError(f"{what}: the CPU kernel could not allocate its scratch memory")
