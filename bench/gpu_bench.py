@@ -496,7 +496,7 @@ def correctness_1b(gen: torch.Generator) -> dict:
                              "max_abs": (la[0] - la[1]).abs().max().item()}
     say(f"  graph replay vs eager decode (8 steps): {res['graph_vs_eager']}")
     del eager
-    # Greedy: 64 tokens on the GPU vs the CPU backend (bf16 reference ops).
+    # Greedy: 64 tokens on the GPU vs the CPU backend (its C kernels over the same bf16 values).
     prompt = ids[:16]
     gpu_tokens = greedy(runner, prompt, 64)
     t0 = time.perf_counter()
