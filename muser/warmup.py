@@ -34,25 +34,25 @@ from muser.startup import StartupLog
 _TOKEN = 2  # any id of the vocabulary: the warm-up's outputs are never read
 
 
+def _covering(limit: int, exact_rows: int) -> list[int]:
+    """Sizes whose shapes cover every size 1 .. limit: each size up to exact_rows, then
+    doubling buckets (the last one `limit`)."""
+    sizes = set(range(1, min(exact_rows, limit) + 1))
+    bucket = 2 * exact_rows
+    while bucket // 2 < limit:
+        sizes.add(min(bucket, limit))
+        bucket *= 2
+    return sorted(sizes)
+
+
 def prefill_widths(engine: EngineConfig, exact_rows: int) -> list[int]:
     """Chunk widths whose shapes cover every chunk of 1 .. prefill_chunk rows."""
-    top = min(engine.prefill_chunk, engine.max_model_len - 1)
-    widths = set(range(1, min(exact_rows, top) + 1))
-    bucket = 2 * exact_rows
-    while bucket // 2 < top:
-        widths.add(min(bucket, top))
-        bucket *= 2
-    return sorted(widths)
+    return _covering(min(engine.prefill_chunk, engine.max_model_len - 1), exact_rows)
 
 
 def decode_sizes(max_num_seqs: int, exact_rows: int) -> list[int]:
     """Eager decode batch sizes whose shapes cover every batch of 1 .. max_num_seqs rows."""
-    sizes = set(range(1, min(exact_rows, max_num_seqs) + 1))
-    bucket = 2 * exact_rows
-    while bucket // 2 < max_num_seqs:
-        sizes.add(min(bucket, max_num_seqs))
-        bucket *= 2
-    return sorted(sizes)
+    return _covering(max_num_seqs, exact_rows)
 
 
 def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
