@@ -1,58 +1,212 @@
-"""Token sampling: repetition penalty, top-k, top-p, min-p, temperature, seeded draws."""
+"""Token choice for a whole step, on the device: repetition penalty, top-k, top-p, min-p,
+temperature and seeded draws, vectorized over rows with per-row parameters.
+
+The logits [B, vocab] never leave the device. The host uploads small per-row tables (parameters,
+recent ids), and the B chosen ids come back in one device->host copy.
+
+Per row, in this order (the order of the per-request sampler this replaced):
+1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
+   are divided by the penalty when positive, multiplied by it otherwise. Greedy rows get it too.
+2. temperature 0 is greedy: torch.argmax of the row, the first index on ties.
+3. filters at temperature 1: top-k keeps the k best logits (torch.topk's k); top-p keeps the
+   shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
+   to its last; min-p keeps the tokens whose probability is at least min_p times the top token's.
+4. one draw from softmax(logits / temperature) over the survivors.
+A row with a top-k list hashes B x k noise words; a row without one hashes the whole vocabulary,
+cheap on a GPU, tens of milliseconds per row on a small CPU.
+
+Noise. A draw touches no torch.Generator. Token t of a row gets the uniform
+    u = ((h >>> 12) + 1/2) / 2**52  in (0, 1),   h = mix(mix(mix(seed) + draw * G) + t * G)
+with >>> a logical shift and arithmetic mod 2**64, where mix is splitmix64's finalizer (a
+bijection of 64-bit words) and G its odd increment: two nested splitmix64 streams, one step per
+draw, one per token id. It is integer math, so a given (seed, draw, token) has the same u on CPU
+and CUDA, whatever else shares the batch. (The float steps after it may round differently on the
+two in the last bit, which could only matter for two scores equal to ~1e-16.)
+
+Gumbel-max. E_t = -log u_t are independent Exp(1), so E_t / p_t ~ Exp(rate p_t), and the least
+of independent exponentials is the one of rate p_t with probability p_t / sum(p). Hence
+    argmin_t E_t / p_t  =  argmax_t (log p_t - log E_t)
+is an exact draw from p, and p need not be normalized: log p_t = logit_t / temperature + const.
+"""
 
 from __future__ import annotations
 
+import secrets
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from muser.core import SamplingParams
 
 
-class Sampler:
-    """Samples one token per sequence; seeded requests draw from their own generator."""
+@dataclass(slots=True)
+class SamplingRow:
+    """What the engine hands over for each sequence that needs a token this step."""
 
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-        self.generator = torch.Generator()
-        self.generator.manual_seed(params.seed if params.seed is not None else
-                                   torch.seed() & 0x7FFF_FFFF)
-
-    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
-        """logits: [vocab] float32 -> token id."""
-        p = self.params
-        logits = logits.float().cpu()
-        if p.repeat_penalty != 1.0 and p.repeat_last_n and history:
-            logits = apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
-        if p.is_greedy:
-            return int(torch.argmax(logits))
-        return self._draw(filter_logits(logits, p.top_k, p.top_p, p.min_p), p.temperature)
-
-    def _draw(self, candidates: tuple[torch.Tensor, torch.Tensor], temperature: float) -> int:
-        ids, values = candidates
-        probs = torch.softmax(values / temperature, dim=-1)
-        return int(ids[torch.multinomial(probs, 1, generator=self.generator)])
+    params: SamplingParams
+    seed: int  # request_seed(params), drawn once per request
+    draw: int  # how many tokens the request has drawn before (0 for the first)
+    history: list[int]  # prompt + output ids so far; only the last repeat_last_n are read
 
 
-def apply_repeat_penalty(logits: torch.Tensor, recent: list[int], penalty: float) -> torch.Tensor:
-    """llama.cpp's rule: divide positive logits of recent tokens by `penalty`, multiply others."""
-    logits = logits.clone()
-    ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
-    seen = logits[ids]
-    logits[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits
+def request_seed(params: SamplingParams) -> int:
+    """params.seed, else a fresh random 31-bit seed."""
+    return params.seed if params.seed is not None else secrets.randbits(31)
 
 
-def filter_logits(
-    logits: torch.Tensor, top_k: int, top_p: float, min_p: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (candidate ids, their logits) sorted by logit, after top-k, top-p and min-p."""
-    k = top_k if 0 < top_k < logits.numel() else logits.numel()
-    values, ids = torch.topk(logits, k)
-    if top_p < 1.0:
-        cumulative = torch.softmax(values, dim=-1).cumsum(-1)
-        keep = int(torch.searchsorted(cumulative, torch.tensor([top_p]))) + 1
-        values, ids = values[:keep], ids[:keep]
-    if min_p > 0.0:
-        probs = torch.softmax(values, dim=-1)
-        keep = probs >= min_p * probs[0]
-        values, ids = values[keep], ids[keep]
-    return ids, values
+class Candidates(NamedTuple):
+    """Each row's candidate tokens [B, W]: a best-first top-k list, or the vocabulary in id order;
+    pads hold -inf. keep marks the survivors of top-k, top-p and min-p."""
+
+    values: torch.Tensor  # [B, W] float32 logits
+    ids: torch.Tensor  # [B, W] int64 token ids
+    keep: torch.Tensor  # [B, W] bool
+
+
+class BatchSampler:
+    """Chooses one token per row of a step's logits; see the module docstring for the rules."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+        """logits [B, vocab] float32 on the device (row b belongs to rows[b]) -> B token ids,
+        with one device->host copy."""
+        logits = self.penalize(logits, rows)
+        greedy = [row.params.is_greedy for row in rows]
+        if all(greedy):
+            return logits.argmax(-1).tolist()
+        tokens = self.sample(logits, rows)
+        if any(greedy):
+            tokens = torch.where(self._upload(greedy, torch.bool), logits.argmax(-1), tokens)
+        return tokens.tolist()
+
+    def penalize(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """[B, vocab] -> the logits with each row's repetition penalty (the same tensor when no
+        row has one)."""
+        recent = [row.history[-row.params.repeat_last_n:] if _penalizes(row.params) else []
+                  for row in rows]
+        width = max(map(len, recent))
+        if width == 0:
+            return logits
+        num_rows, vocab = logits.shape
+        # NOTE: pads point at an extra column `vocab`, cut off below; a mask (not a scatter of
+        # values) so that an id seen twice is penalized once.
+        ids = self._upload([r + [vocab] * (width - len(r)) for r in recent], torch.int64)
+        seen = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=logits.device)
+        seen = seen.scatter_(1, ids, True)[:, :vocab]
+        penalty = self._upload([[row.params.repeat_penalty] for row in rows], torch.float32)
+        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+        return torch.where(seen, penalized, logits)
+
+    def filter(self, logits: torch.Tensor, rows: list[SamplingRow]) -> Candidates:
+        """[B, vocab] -> each row's candidates and which of them survive its filters."""
+        values, ids = self._lists(logits, [_cut(row.params, logits.shape[1]) for row in rows])
+        limits = self._upload([[row.params.top_p, row.params.min_p] for row in rows],
+                              torch.float64)
+        top_p, min_p = limits[:, :1], limits[:, 1:]
+        relative = torch.exp(values - values.amax(-1, keepdim=True))  # p / p_top; pads -> 0
+        keep = (relative >= min_p) & (values > float("-inf"))
+        if any(row.params.top_p < 1 and not row.params.is_greedy for row in rows):
+            # NOTE: cut at a value, not a position, so equal logits stay or go together and the
+            # survivors do not depend on how a sort ordered them.
+            mass = relative.double().cumsum(-1)
+            before = F.pad(mass[:, :-1], (1, 0))
+            num_kept = (before < top_p * mass[:, -1:]).sum(-1, keepdim=True).clamp_(min=1)
+            floor = values.gather(1, num_kept - 1).masked_fill(top_p >= 1, float("-inf"))
+            keep &= values >= floor
+        return Candidates(values, ids, keep)
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """[B, vocab] -> [B] int64 drawn token ids on the device (greedy rows: meaningless)."""
+        values, ids, keep = self.filter(logits, rows)
+        counters = self._upload([[_int64(row.seed), row.draw] for row in rows], torch.int64)
+        temperature = self._upload([[row.params.temperature or 1.0] for row in rows],
+                                   torch.float64)
+        noise = gumbel_noise(counters[:, 0], counters[:, 1], ids)
+        scores = torch.where(keep, values.double() / temperature + noise, float("-inf"))
+        return ids.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)
+
+    def _lists(self, logits: torch.Tensor, cuts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> values, ids [B, W]: row b holds torch.topk(row, cuts[b]) (cut 0: the vocabulary in id
+        order; cut -1, a greedy row: whatever the others hold, or pads)."""
+        num_rows, vocab = logits.shape
+        wanted = {cut for cut in cuts if cut >= 0} or {0}
+
+        def listing(cut: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if cut == 0:
+                return logits, torch.arange(vocab, device=logits.device).expand(num_rows, vocab)
+            return tuple(torch.topk(logits, cut))
+
+        if len(wanted) == 1:
+            return listing(wanted.pop())
+        # NOTE: one torch.topk per distinct k, so a row's list is topk(row, its own k) whatever
+        # else shares the batch (under ties, a wider k could pick other equal logits).
+        width = vocab if 0 in wanted else max(wanted)
+        code = self._upload(cuts, torch.int64)[:, None]
+        values = logits.new_full((num_rows, width), float("-inf"))
+        ids = torch.zeros(num_rows, width, dtype=torch.int64, device=logits.device)
+        for cut in wanted:
+            v, i = listing(cut)
+            pad = width - v.shape[1]
+            values = torch.where(code == cut, F.pad(v, (0, pad), value=float("-inf")), values)
+            ids = torch.where(code == cut, F.pad(i, (0, pad)), ids)
+        return values, ids
+
+    def _upload(self, table: list, dtype: torch.dtype) -> torch.Tensor:
+        host = torch.tensor(table, dtype=dtype)
+        if self.device.type == "cuda":
+            # NOTE: pinned + non_blocking: the copy queues behind the forward pass instead of
+            # waiting for it; the caching host allocator keeps the buffer until it is done.
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
+
+
+def _penalizes(p: SamplingParams) -> bool:
+    return p.repeat_penalty != 1.0 and p.repeat_last_n > 0
+
+
+def _cut(p: SamplingParams, vocab: int) -> int:
+    """The length of a row's best-first candidate list: top_k, the whole vocabulary when only
+    top-p needs a sort, 0 for no sort at all (the vocabulary in id order), -1 for greedy."""
+    if p.is_greedy:
+        return -1
+    if 0 < p.top_k < vocab:
+        return p.top_k
+    return vocab if p.top_p < 1 else 0
+
+
+_GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64's constants, as signed int64
+_MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MUL2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _int64(x: int) -> int:
+    """Any Python int -> the int64 with the same low 64 bits."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 words (torch's >> is arithmetic: mask the sign copies)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer on int64 words; torch's int64 products wrap mod 2**64 like its."""
+    x = (x ^ _shr(x, 30)) * _MUL1
+    x = (x ^ _shr(x, 27)) * _MUL2
+    return x ^ _shr(x, 31)
+
+
+def uniform(seeds: torch.Tensor, draws: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """seeds, draws [B] int64, ids [B, W] int64 -> [B, W] float64 in (0, 1), a pure function
+    of (seed, draw, token id)."""
+    key = _mix(_mix(seeds) + draws * _GAMMA)[:, None]
+    return (_shr(_mix(key + ids * _GAMMA), 12).double() + 0.5) * 2.0**-52
+
+
+def gumbel_noise(seeds: torch.Tensor, draws: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Same shapes as uniform -> [B, W] float64 standard Gumbel noise -log(-log u)."""
+    return -torch.log(-torch.log(uniform(seeds, draws, ids)))

@@ -1,38 +1,178 @@
-"""Sampling filters, repetition penalty, seeds and stop strings."""
+"""The batched sampler against per-row references, its seeded noise, and stop strings."""
 
 from __future__ import annotations
+
+import math
+import random
 
 import pytest
 import torch
 
 from muser.core import SamplingParams
-from muser.sampler import Sampler, apply_repeat_penalty, filter_logits
+from muser.sampler import BatchSampler, SamplingRow, request_seed, uniform
 from muser.stopping import StopMatcher
+
+CPU = BatchSampler(torch.device("cpu"))
+
+
+def _rows(params: list[SamplingParams], seed: int = 7, draw: int = 0,
+          history: list[int] | None = None) -> list[SamplingRow]:
+    return [SamplingRow(p, seed + b, draw, history or []) for b, p in enumerate(params)]
+
+
+def _logits(num_rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def _mixed_params(count: int, seed: int = 0) -> list[SamplingParams]:
+    """Per-row parameters that cover every filter, on and off, and greedy rows."""
+    rng = random.Random(seed)
+    return [SamplingParams(temperature=rng.choice([0.0, 0.5, 1.0, 1.7]),
+                           top_k=rng.choice([0, 1, 5, 40, 499, 600]),
+                           top_p=rng.choice([1.0, 0.95, 0.6]),
+                           min_p=rng.choice([0.0, 0.05, 0.3]),
+                           repeat_penalty=rng.choice([1.0, 1.3]))
+            for _ in range(count)]
+
+
+def _reference_survivors(row: torch.Tensor, p: SamplingParams) -> list[int]:
+    """The filters of the per-request sampler, one row at a time, in float64."""
+    values, ids = torch.sort(row.double(), descending=True)
+    k = p.top_k if 0 < p.top_k < row.numel() else row.numel()
+    values, ids = values[:k], ids[:k]
+    if p.top_p < 1.0:
+        cumulative = torch.softmax(values, -1).cumsum(-1)
+        keep = int((cumulative < p.top_p).sum()) + 1
+        values, ids = values[:keep], ids[:keep]
+    probs = torch.softmax(values, -1)
+    return sorted(ids[probs >= p.min_p * probs[0]].tolist())
+
+
+def _reference_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    out = logits.clone()
+    for b, row in enumerate(rows):
+        p = row.params
+        if p.repeat_penalty == 1.0 or p.repeat_last_n == 0:
+            continue
+        for t in set(row.history[-p.repeat_last_n:]):
+            x = out[b, t]
+            out[b, t] = x / p.repeat_penalty if x > 0 else x * p.repeat_penalty
+    return out
+
+
+def test_greedy_is_torch_argmax_first_index_on_ties() -> None:
+    ties = torch.randint(0, 4, (16, 1000), generator=torch.Generator().manual_seed(3)).float()
+    logits = torch.cat([ties, _logits(16, 1000), torch.tensor([[1.0, 3.0, 3.0] + [0.0] * 997])])
+    tokens = CPU(logits, _rows([SamplingParams()] * len(logits)))
+    assert tokens == [int(torch.argmax(row)) for row in logits]
+    assert tokens[-1] == 1
+
+
+def test_repeat_penalty_matches_a_per_row_loop() -> None:
+    rng = random.Random(1)
+    logits = _logits(10, 300)
+    rows = [SamplingRow(SamplingParams(repeat_penalty=rng.choice([1.0, 0.8, 1.1, 2.0]),
+                                       repeat_last_n=rng.choice([0, 1, 3, 64])),
+                        0, 0, [rng.randrange(300) for _ in range(rng.randrange(0, 100))])
+            for _ in range(10)]
+    assert torch.equal(CPU.penalize(logits, rows), _reference_penalty(logits, rows))
+    assert CPU(logits, rows) == _reference_penalty(logits, rows).argmax(-1).tolist()
+    llama = SamplingRow(SamplingParams(repeat_penalty=2.0), 0, 0, [0, 1, 1])
+    assert CPU.penalize(torch.tensor([[2.0, -2.0, 1.0]]), [llama]).tolist() == [[1.0, -4.0, 1.0]]
 
 
 def test_filters_keep_what_they_promise() -> None:
-    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04]))
-    ids, _ = filter_logits(logits, top_k=3, top_p=1.0, min_p=0.0)
-    assert ids.tolist() == [0, 1, 2]
-    ids, _ = filter_logits(logits, top_k=0, top_p=0.7, min_p=0.0)
-    assert ids.tolist() == [0, 1]  # 0.5 < 0.7 <= 0.75
-    ids, _ = filter_logits(logits, top_k=0, top_p=1.0, min_p=0.2)
-    assert ids.tolist() == [0, 1, 2]  # 0.15 >= 0.2 * 0.5 > 0.06
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04])).expand(3, 5)
+    params = [SamplingParams(temperature=1, top_k=3), SamplingParams(temperature=1, top_p=0.7),
+              SamplingParams(temperature=1, min_p=0.2)]
+    _, ids, keep = CPU.filter(logits, _rows(params))
+    survivors = [sorted(ids[b][keep[b]].tolist()) for b in range(3)]
+    assert survivors == [[0, 1, 2], [0, 1], [0, 1, 2]]  # 0.5 < 0.7 <= 0.75; 0.15 >= 0.2 * 0.5
 
 
-def test_repeat_penalty_follows_llama_cpp() -> None:
-    logits = torch.tensor([2.0, -2.0, 1.0])
-    out = apply_repeat_penalty(logits, [0, 1, 1], 2.0)
-    assert out.tolist() == [1.0, -4.0, 1.0]
+def test_filters_match_a_per_row_reference_with_mixed_params() -> None:
+    logits = _logits(24, 500, seed=2)
+    params = _mixed_params(24, seed=2)
+    _, ids, keep = CPU.filter(logits, _rows(params))
+    for b, p in enumerate(params):
+        if not p.is_greedy:
+            assert sorted(ids[b][keep[b]].tolist()) == _reference_survivors(logits[b], p), p
 
 
-def test_greedy_and_seeded_sampling() -> None:
-    logits = torch.randn(1000, generator=torch.Generator().manual_seed(1))
-    assert Sampler(SamplingParams())(logits, []) == int(logits.argmax())
-    params = SamplingParams(temperature=1.5, seed=7)
-    assert len({Sampler(params)(logits, []) for _ in range(5)}) == 1
-    sampler = Sampler(params)
-    assert len({sampler(logits, []) for _ in range(50)}) > 5  # it really samples
+def test_seeded_tokens_do_not_depend_on_the_rest_of_the_batch() -> None:
+    logits = _logits(8, 2000, seed=4)
+    rows = [SamplingRow(p, 100 + b, b, list(range(0, 2000, 7)))
+            for b, p in enumerate(_mixed_params(8, seed=5))]
+    together = CPU(logits, rows)
+    assert together == BatchSampler(torch.device("cpu"))(logits, rows)
+    for b in range(8):
+        assert CPU(logits[b:b + 1], rows[b:b + 1]) == [together[b]], b
+
+
+def test_noise_is_nested_splitmix64() -> None:
+    mask = (1 << 64) - 1
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    gamma = 0x9E3779B97F4A7C15
+    assert mix(gamma) == 0xE220A8397B1DCDAF  # splitmix64's first output from state 0
+    seeds, draws = [0, 7, -1, (1 << 63) - 1], [0, 1, 12345, 3]
+    ids = [[0, 1, 262143], [5, 6, 7], [0, 99, 100000], [1, 2, 3]]
+    got = uniform(torch.tensor(seeds), torch.tensor(draws), torch.tensor(ids))
+    for b, (seed, draw) in enumerate(zip(seeds, draws)):
+        key = mix((mix(seed & mask) + draw * gamma) & mask)
+        want = [((mix((key + t * gamma) & mask) >> 12) + 0.5) / 2**52 for t in ids[b]]
+        assert got[b].tolist() == want
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=9, top_p=0.95, min_p=0.02),  # best-first lists
+    SamplingParams(temperature=1.3, min_p=0.03),  # the vocabulary in id order
+])
+def test_draws_follow_the_filtered_softmax(params: SamplingParams) -> None:
+    """N draws of one row with distinct draw counters. Each survivor's count is within a
+    Bernstein bound of N p at a false-failure probability of 1e-6 in all; others never occur."""
+    n, delta = 30_000, 1e-6
+    row = _logits(1, 12, seed=6)[0]
+    survivors = _reference_survivors(row, params)
+    p = torch.zeros(12, dtype=torch.float64)
+    p[survivors] = torch.softmax(row[survivors].double() / params.temperature, -1)
+    rows = [SamplingRow(params, 11, draw, []) for draw in range(n)]
+    counts = torch.bincount(torch.tensor(CPU(row.expand(n, 12), rows)), minlength=12).double()
+    assert counts[p == 0].sum() == 0
+    log_term = math.log(2 * len(survivors) / delta)
+    variance = n * p * (1 - p)
+    bound = log_term / 3 + torch.sqrt(log_term**2 / 9 + 2 * log_term * variance)
+    assert ((counts - n * p).abs() <= bound).all(), (counts, n * p, bound)
+
+
+def test_draw_counters_and_seeds_change_the_token() -> None:
+    logits = torch.zeros(1, 1000)
+    params = SamplingParams(temperature=1.0)
+    by_draw = {CPU(logits, [SamplingRow(params, 5, draw, [])])[0] for draw in range(50)}
+    by_seed = {CPU(logits, [SamplingRow(params, seed, 0, [])])[0] for seed in range(50)}
+    assert len(by_draw) > 40 and len(by_seed) > 40  # 50 uniform picks of 1000: ~49 distinct
+
+
+def test_request_seed() -> None:
+    assert request_seed(SamplingParams(seed=123)) == 123
+    seeds = {request_seed(SamplingParams()) for _ in range(4)}
+    assert len(seeds) > 1 and all(0 <= s < 2**31 for s in seeds)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_chooses_the_cpu_tokens() -> None:
+    logits = _logits(32, 5000, seed=8)
+    rows = [SamplingRow(p, 3 * b, b, list(range(b, 5000, 11)))
+            for b, p in enumerate(_mixed_params(32, seed=8))]
+    gpu = BatchSampler(torch.device("cuda"))
+    assert gpu(logits.cuda(), rows) == CPU(logits, rows)
+    for b in range(32):
+        assert gpu(logits[b:b + 1].cuda(), rows[b:b + 1]) == CPU(logits[b:b + 1], rows[b:b + 1])
 
 
 @pytest.mark.parametrize("kwargs", [
