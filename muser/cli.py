@@ -32,6 +32,13 @@ def _unit_interval(text: str) -> float:
     return value
 
 
+def _utilization(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every subcommand that loads a model (1:1 with EngineConfig)."""
     p.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded Gemma 3 "
@@ -48,6 +55,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="rows per prefill chunk (default: %(default)s)")
     p.add_argument("--max-model-len", type=_positive_int, default=32768,
                    help="context length in tokens, capped by the model's (default: %(default)s)")
+    p.add_argument("--gpu-memory-utilization", type=_utilization, default=0.90, metavar="F",
+                   help="share of the GPU's memory for weights, KV cache and step workspace; "
+                   "the KV pages take what is left of it (default: %(default)s)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads (default: all cores)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
@@ -58,7 +68,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
-                  num_threads=args.threads)
+                  gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

@@ -78,5 +78,11 @@ class EngineConfig:
     enforce_eager: bool = False  # GPU: no CUDA graphs for decode
     max_model_len: int = 32768
     page_size: int = 256  # rows per KV page of full-attention layers
-    num_pages: int | None = None  # None: sized from max_num_seqs * max_model_len
+    num_pages: int | None = None  # None: from free GPU memory (CPU: max_num_seqs * max_model_len)
+    gpu_memory_utilization: float = 0.90  # share of the GPU's memory weights, KV and steps use
     num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")

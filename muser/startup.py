@@ -31,6 +31,11 @@ class StartupLog:
             self.emit(f"startup: {name} {self.phases[name]:.1f} s" + (f" ({extra})" if extra
                                                                       else ""))
 
+    def note(self, line: str) -> None:
+        """Report one line that is not a phase (e.g. what memory holds)."""
+        if self.emit:
+            self.emit(f"startup: {line}")
+
     def ready(self) -> float:
         """Report the total since the log was made -> seconds."""
         total = round(time.perf_counter() - self.started, 3)

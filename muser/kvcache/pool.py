@@ -24,17 +24,34 @@ class KVPool:
         self.ring_capacity = ring_capacity
         self.page_size = page_size
         self.dtype = dtype
-        row = (cfg.num_kv_heads, cfg.head_dim)
+        self._row = (cfg.num_kv_heads, cfg.head_dim)
         sliding, full = cfg.layers_of("sliding"), cfg.layers_of("global")
         self._index = {layer_id: i for i, layer_id in enumerate(sliding)}
         self._index |= {layer_id: i for i, layer_id in enumerate(full)}
         self._kinds = cfg.layer_kinds
-        ring_shape = (len(sliding), 2, num_slots, ring_capacity, *row)
-        page_shape = (len(full), 2, num_pages, page_size, *row)
+        self._num_full = len(full)
+        ring_shape = (len(sliding), 2, num_slots, ring_capacity, *self._row)
         self.rings = torch.zeros(ring_shape, dtype=dtype, device=device)
-        self.pages = torch.zeros(page_shape, dtype=dtype, device=device)
+        self.allocate_pages(num_pages)
+
+    def allocate_pages(self, num_pages: int) -> None:
+        """(Re)make the full layers' pages, zeroed, releasing the old ones first.
+        NOTE: CUDA graphs keep the addresses they were captured with: capture after this."""
+        self.pages = self._rows = None
+        shape = (self._num_full, 2, num_pages, self.page_size, *self._row)
+        self.pages = torch.zeros(shape, dtype=self.dtype, device=self.rings.device)
         self._rows = [tuple(t.flatten(0, 1) for t in self.layer(i))
-                      for i in range(cfg.num_layers)]
+                      for i in range(len(self._kinds))]
+
+    @property
+    def num_pages(self) -> int:
+        return self.pages.shape[2]
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page: K and V of page_size rows in every full layer."""
+        rows = 2 * self._num_full * self.page_size * self._row[0] * self._row[1]
+        return rows * self.rings.element_size()
 
     def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) of one layer: [num_slots, capacity, kv_heads, head_dim] for sliding layers,
@@ -49,4 +66,4 @@ class KVPool:
         return self._rows[layer_id]
 
     def nbytes(self) -> dict[str, int]:
-        return {"kv_sliding": self.rings.nbytes, "kv_global": self.pages.nbytes}
+        return {"kv_sliding": self.rings.nbytes, "kv_pages": self.pages.nbytes}

@@ -41,7 +41,19 @@ async def props(request: Request) -> dict[str, Any]:
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": defaults},
             "total_slots": ctx.max_num_seqs, "model_alias": ctx.model_name,
             "model_path": ctx.model_path, "chat_template": ctx.tokenizer.chat_template or "",
-            "build_info": "muser"}
+            "build_info": "muser", "memory": _memory(ctx)}
+
+
+def _memory(ctx: ServerContext) -> dict[str, Any]:
+    """Bytes per category (muser.memory) and the KV page pool."""
+    stats = ctx.loop.stats
+    m = stats.memory
+    if m is None:
+        return {}
+    return {"bytes": m.categories(), "total_bytes": m.total,
+            "workspace_basis": m.workspace_basis,
+            "kv_pages": {"total": m.num_pages, "free": stats.num_free_pages,
+                         "page_size": m.page_size}}
 
 
 @router.post("/tokenize")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine, SlotInfo
+from muser.memory import MemoryReport
 from muser.scheduler import QueueFull
 
 log = logging.getLogger("muser.server")
@@ -26,6 +27,7 @@ class LoopStats:
     slots: tuple[SlotInfo, ...] = ()
     num_free_seqs: int = 0
     num_free_pages: int = 0
+    memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
 
 
 class EngineLoop:
@@ -118,4 +120,4 @@ class EngineLoop:
         sched, runner = self.engine.scheduler, self.engine.runner
         self.stats = LoopStats(sched.queue_depth(), dict(sched.stats.steps),
                                dict(sched.stats.rows), tuple(self.engine.slots()),
-                               len(runner.free_slots), runner.pages.num_free)
+                               len(runner.free_slots), runner.pages.num_free, runner.memory)

@@ -1,4 +1,5 @@
-"""Prometheus metrics: per-route requests and errors, TTFT/TPOT, tokens, per-work-class queues."""
+"""Prometheus metrics: per-route requests and errors, TTFT/TPOT, tokens, per-work-class queues,
+KV pages and memory by category."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("muser_free_sequence_slots", "Free sequence slots",
                                 s.num_free_seqs)
         yield GaugeMetricFamily("muser_free_kv_pages", "Free KV pages", s.num_free_pages)
+        if s.memory is None:
+            return
+        yield GaugeMetricFamily("muser_kv_pages", "KV pages in the pool", s.memory.num_pages)
+        held = GaugeMetricFamily("muser_memory_bytes", "Bytes held on the device, per category "
+                                 "(workspace: measured on the GPU, estimated on the CPU)",
+                                 labels=["category"])
+        for category, nbytes in s.memory.categories().items():
+            held.add_metric([category], nbytes)
+        yield held
 
 
 class Metrics:
