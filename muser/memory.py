@@ -55,7 +55,7 @@ class MemoryReport:
 
 def format_bytes(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
+        if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
 
@@ -75,9 +75,9 @@ def size_pages(free: int, total: int, utilization: float, workspace: int, page_b
             f"not enough GPU memory for the KV cache: one sequence of the full context needs "
             f"{min_pages} pages ({format_bytes(need)}), but {utilization:.2f} x "
             f"{format_bytes(total)} less {format_bytes(in_use)} in use and "
-            f"{format_bytes(workspace)} of workspace leaves {format_bytes(max(budget, 0))}: "
-            f"{format_bytes(need - max(budget, 0))} missing; raise --gpu-memory-utilization, "
-            f"or lower --max-model-len")
+            f"{format_bytes(workspace)} of workspace leaves {format_bytes(budget)}: "
+            f"{format_bytes(need - budget)} missing; raise --gpu-memory-utilization, or lower "
+            f"--max-model-len")
     return min(fits, max_pages)
 
 

@@ -49,7 +49,7 @@ def test_too_little_memory_for_one_sequence_says_how_much_is_missing() -> None:
     # 0.5 * 10 GiB - 4 GiB in use - 0.5 GiB workspace = 0.5 GiB; one sequence needs 1 GiB
     with pytest.raises(MuserError, match=r"1.0 GiB.*512.0 MiB missing"):
         size_pages(6 * GiB, 10 * GiB, 0.5, GiB // 2, 64 * MiB, min_pages=16, max_pages=64)
-    with pytest.raises(MuserError, match="1.0 GiB missing"):  # in use beyond the share
+    with pytest.raises(MuserError, match="leaves -4.0 GiB: 5.0 GiB missing"):  # in use > share
         size_pages(GiB, 10 * GiB, 0.5, 0, 64 * MiB, min_pages=16, max_pages=64)
 
 
