@@ -65,16 +65,26 @@ def default_dtypes(device: str) -> tuple[str, str]:
     return ("bfloat16", "bfloat16") if device != "cpu" else ("float32", "float32")
 
 
+# Batching defaults per backend (EngineConfig fields left None). CPU: the DESIGN's 64-row cap
+# while decodes run and one 512-row chunk per step. GPU: see bench/GPU_NOTES.md, "Serving".
+BATCHING = {
+    "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64},
+    "cuda": {"max_num_seqs": 32, "max_batched_tokens": 2048, "decode_waiting_chunk": 256},
+}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Engine knobs; CLI flags map 1:1 onto these fields."""
+    """Engine knobs; CLI flags map 1:1 onto these fields. Batching fields left None take the
+    backend's defaults (BATCHING)."""
 
     device: str = "cpu"
     dtype: str = "bfloat16"  # weights and activations fed to projections; see default_dtypes
     kv_dtype: str = "bfloat16"
-    prefill_chunk: int = 512  # rows per prefill chunk
-    decode_waiting_chunk: int = 64  # chunk width while a decode waits
-    max_num_seqs: int = 8
+    prefill_chunk: int = 512  # most rows of one sequence per step
+    decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
+    max_num_seqs: int | None = None  # sequences in flight (decode batch)
+    max_batched_tokens: int | None = None  # most rows per step (decode + prefill)
     enforce_eager: bool = False  # GPU: no CUDA graphs for decode
     max_model_len: int = 32768
     page_size: int = 256  # rows per KV page of full-attention layers
@@ -83,6 +93,13 @@ class EngineConfig:
     num_threads: int | None = None
 
     def __post_init__(self) -> None:
+        defaults = BATCHING["cpu" if self.device == "cpu" else "cuda"]
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold one "
+                             f"decode row of every sequence (max_num_seqs = {self.max_num_seqs})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")

@@ -71,12 +71,24 @@ class Request:
         return len(self.prompt_ids)
 
     @property
-    def num_prefill_left(self) -> int:
-        return max(0, self.num_prompt - self.num_cached)
+    def num_pending(self) -> int:
+        """Rows to compute before the next token: the prompt's uncached rest while prefilling,
+        the last token while decoding, prompt + outputs when recomputed after a preemption."""
+        return self.num_prompt + len(self.output_ids) - self.num_cached
 
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def next_rows(self, n: int) -> list[int]:
+        """The ids of the next `n` rows to compute (all_ids[num_cached:][:n], without joining
+        prompt and outputs when the rows lie in one of them)."""
+        start, prompt = self.num_cached, self.num_prompt
+        if start + n <= prompt:
+            return self.prompt_ids[start:start + n]
+        if start >= prompt:
+            return self.output_ids[start - prompt:start - prompt + n]
+        return self.all_ids[start:start + n]
 
 
 @dataclass(frozen=True, slots=True)

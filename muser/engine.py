@@ -1,4 +1,8 @@
-"""The engine: requests in, step outputs out. Drives scheduler -> runner -> sampler -> text."""
+"""The engine: requests in, step outputs out. Drives scheduler -> runner -> sampler -> text.
+
+One step: the scheduler's batch (decode rows first, then prefill rows; preempted sequences'
+KV dropped first) -> one runner forward -> the tokens of every sequence whose rows are all
+computed, chosen together on the device (one copy to the host) -> text, stops, finishes."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ from typing import NamedTuple
 from muser.core import Request, SamplingParams, Status, StepOutput
 from muser.errors import MuserError
 from muser.runner import Runner, SeqState
-from muser.sampler import Sampler
-from muser.scheduler import Batch, Scheduler
+from muser.sampler import BatchSampler, SamplingRow, request_seed
+from muser.scheduler import Scheduler
 from muser.stopping import StopMatcher
 from muser.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -26,7 +30,7 @@ class _Live:
 
     req: Request
     seq: SeqState | None
-    sampler: Sampler
+    seed: int
     detok: IncrementalDecoder
     stops: StopMatcher
 
@@ -45,6 +49,7 @@ class Engine:
         self.runner, self.tokenizer, self.scheduler = runner, tokenizer, scheduler
         self.max_model_len = runner.engine.max_model_len
         self.live: dict[int, _Live] = {}
+        self.sampler = BatchSampler(runner.device)
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
         """Validate a prompt -> a new Request (touches no engine state, so any thread may call it).
@@ -59,7 +64,7 @@ class Engine:
     def add(self, req: Request) -> None:
         """Queue a request made by make_request; raises scheduler.QueueFull."""
         self.scheduler.add(req)
-        self.live[req.uid] = _Live(req, None, Sampler(req.sampling),
+        self.live[req.uid] = _Live(req, None, request_seed(req.sampling),
                                    IncrementalDecoder(self.tokenizer),
                                    StopMatcher(req.sampling.stop))
 
@@ -87,22 +92,39 @@ class Engine:
         return self.scheduler.has_work
 
     def step(self) -> list[StepOutput]:
-        """Run one scheduled batch (a decode pass or one prefill chunk)."""
-        batch = self.scheduler.schedule()
+        """Run one scheduled step (decode rows and/or prefill chunks) -> its outputs."""
+        batch = self.scheduler.schedule(self.runner.pages.num_free)
         if batch is None:
             return []
+        for req in batch.preempted:
+            live = self.live[req.uid]
+            self.runner.free(live.seq)
+            live.seq = None
         lives = [self.live[r.uid] for r in batch.reqs]
         for live in lives:
             if live.seq is None:
                 live.seq = self.runner.allocate()
-        inputs = self._inputs(batch)
-        logits = self.runner.forward([live.seq for live in lives], inputs)
-        outputs = []
-        for live, ids, row in zip(lives, inputs, logits):
+        inputs = [r.next_rows(n) for r, n in zip(batch.reqs, batch.num_tokens)]
+        done, rows, flat = [], [], 0
+        for live, ids in zip(lives, inputs):
+            flat += len(ids)
             live.req.num_cached += len(ids)
-            if live.req.num_prefill_left == 0:
-                outputs.append(self._emit(live, live.sampler(row, live.req.all_ids)))
-        return outputs
+            if live.req.num_pending == 0:  # every row computed: the next token is due
+                done.append(live)
+                rows.append(flat - 1)
+        # NOTE: a step that completes no sequence still asks for one row (never read)
+        logits = self.runner.forward([live.seq for live in lives], inputs,
+                                     logit_rows=rows or [flat - 1])
+        if not done:
+            return []
+        tokens = self.sampler(logits, [self._row(live) for live in done])
+        return [self._emit(live, token) for live, token in zip(done, tokens)]
+
+    @staticmethod
+    def _row(live: _Live) -> SamplingRow:
+        req, p = live.req, live.req.sampling
+        history = req.all_ids if p.repeat_penalty != 1.0 and p.repeat_last_n else []
+        return SamplingRow(p, live.seed, len(req.output_ids), history)
 
     def run(self, req: Request) -> Iterator[StepOutput]:
         """Drive the engine until `req` finishes, yielding its outputs as they are produced.
@@ -114,12 +136,6 @@ class Engine:
                         yield out
         finally:
             self.abort(req.uid)
-
-    def _inputs(self, batch: Batch) -> list[list[int]]:
-        if batch.is_prefill:
-            req, n = batch.reqs[0], batch.num_tokens[0]
-            return [req.prompt_ids[req.num_cached:req.num_cached + n]]
-        return [[r.output_ids[-1]] for r in batch.reqs]
 
     def _emit(self, live: _Live, token: int) -> StepOutput:
         req, p = live.req, live.req.sampling

@@ -84,8 +84,9 @@ class LLM:
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
         self.runner = Runner(self.model_config, self.config, loaded.weights, self.startup)
-        scheduler = Scheduler(self.config.max_num_seqs, self.config.prefill_chunk,
-                              self.config.decode_waiting_chunk)
+        c = self.config
+        scheduler = Scheduler(c.max_num_seqs, c.prefill_chunk, c.decode_waiting_chunk,
+                              max_batched_tokens=c.max_batched_tokens, page_size=c.page_size)
         self.engine = Engine(self.runner, self.tokenizer, scheduler)
         # NOTE: what startup made (the model's objects, the tokenizer's tables) lives as long as
         # the engine: frozen, the collector's full passes between tokens no longer walk it

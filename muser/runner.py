@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from muser import ops
+from muser import memory, ops
 from muser.attention.decode_meta import prepare_plan
 from muser.attention.plan import SeqInput, plan_step
 from muser.config import EngineConfig, ModelConfig
@@ -42,11 +42,19 @@ class Runner:
         self.tile = 128 if self.device.type == "cpu" else 64
         pages_per_seq = -(-engine.max_model_len // engine.page_size)
         num_pages = engine.num_pages or engine.max_num_seqs * pages_per_seq
+        if self.device.type == "cuda" and engine.num_pages is None:
+            # NOTE: enough for any warm-up step (one full-length sequence, or fresh sequences
+            # of max_batched_tokens rows, a partial page each); sized after it (_size_pages)
+            per_step = -(-engine.max_batched_tokens // engine.page_size) + engine.max_num_seqs
+            num_pages = min(max(pages_per_seq, per_step), num_pages)
         self.pool = KVPool(
             cfg, engine.max_num_seqs, cfg.sliding_window, num_pages, engine.page_size,
             getattr(torch, engine.kv_dtype), self.device,
         )
         self.pages = PageAllocator(num_pages)
+        # NOTE: on a GPU the eager decode group's block table is as wide as a graph's, so its
+        # kernel shapes depend on the batch size only (each seen by the warm-up)
+        self._decode_table_width = pages_per_seq if self.device.type == "cuda" else None
         self.free_slots = list(range(engine.max_num_seqs - 1, -1, -1))
         backend = ops.backend(self.device)
         self.model = Decoder(cfg, backend.prepare_weights(weights), self.pool, backend)
@@ -55,10 +63,55 @@ class Runner:
         if self.device.type == "cuda" and not engine.enforce_eager:
             self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, cfg.sliding_window,
                                        engine.page_size, pages_per_seq, self.device)
-        if self.device.type == "cuda":
-            from muser.warmup import prepare
+        log = log or StartupLog()
+        workspace = self._warm_up(log) if self.device.type == "cuda" else None
+        self.memory = self._memory_report(workspace)
+        log.note(self.memory.pretty())
 
-            self.warmup = prepare(self, log)
+    def _warm_up(self, log: StartupLog) -> int | None:
+        """Exercise every shape (`muser/warmup.py`) measuring the peak, size the KV pages from
+        the memory left unless num_pages is given, then capture graphs over the final pages
+        -> workspace bytes (activation peak + graph pool), None when the backend has no
+        warm-up."""
+        from muser.warmup import capture, exercise
+
+        ran, peak = memory.peak_bytes(lambda: exercise(self, log), self.device)
+        if self.engine.num_pages is None:
+            self._size_pages(peak if ran else self._estimated_workspace(), log)
+        graph_pool = memory.kept_bytes(lambda: capture(self, log), self.device)
+        self.warmup = dict(log.details)
+        return peak + graph_pool if ran else None
+
+    def _size_pages(self, workspace: int, log: StartupLog) -> None:
+        """Reallocate the KV pages to what utilization x the GPU's memory holds beside what
+        is in use and `workspace` (muser.memory.size_pages)."""
+        e = self.engine
+        per_seq = -(-e.max_model_len // e.page_size)
+        self.pool.allocate_pages(0)
+        free, total = memory.device_memory(self.device)
+        num_pages = memory.size_pages(free, total, e.gpu_memory_utilization, workspace,
+                                      self.pool.page_nbytes, per_seq, e.max_num_seqs * per_seq)
+        self.pool.allocate_pages(num_pages)
+        self.pages = PageAllocator(num_pages)
+        fmt = memory.format_bytes
+        log.note(f"kv pages: {num_pages} sized to {e.gpu_memory_utilization:.2f} x {fmt(total)} "
+                 f"less {fmt(total - free)} in use and {fmt(workspace)} of workspace (at most "
+                 f"{e.max_num_seqs * per_seq})")
+
+    def _estimated_workspace(self) -> int:
+        """The widest step's activations (muser.memory.estimate_workspace)."""
+        e = self.engine
+        rows = min(max(e.prefill_chunk, e.max_batched_tokens), e.max_model_len)
+        return memory.estimate_workspace(self.cfg, rows, e.max_model_len, e.max_num_seqs)
+
+    def _memory_report(self, workspace: int | None) -> memory.MemoryReport:
+        """What each category holds; workspace None: the widest step's estimate."""
+        basis = "measured" if workspace is not None else "estimated"
+        kv = self.pool.nbytes()
+        return memory.MemoryReport(
+            self.model.weights.nbytes(), kv["kv_sliding"], kv["kv_pages"],
+            self._estimated_workspace() if workspace is None else workspace, basis,
+            self.pool.num_pages, self.engine.page_size)
 
     def allocate(self) -> SeqState:
         """A fresh sequence with an empty ring in a free slot."""
@@ -77,7 +130,11 @@ class Runner:
         logit_rows: list[int] | None = None,
     ) -> torch.Tensor:
         """Append `token_ids[i]` to `seqs[i]` -> logits of each sequence's last row [B, vocab],
-        of every new row [N, vocab] when `all_logits`, or of the given flat rows."""
+        of every new row [N, vocab] when `all_logits`, or of the given flat rows.
+
+        One step may mix one-row sequences (decode) and chunks (prefill): the leading one-row
+        sequences attend as one batched decode, each chunk by its own route. A step of one-row
+        sequences only replays a CUDA graph when graphs are captured."""
         for seq, ids in zip(seqs, token_ids):
             self._reserve_pages(seq, seq.num_cached + len(ids))
         inputs = [
@@ -91,8 +148,10 @@ class Runner:
             for seq, ring in zip(seqs, rings):
                 seq.num_cached += 1
                 seq.ring = ring
-            return logits if logit_rows is None else logits[logit_rows]
-        plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile)
+            if logit_rows is None or logit_rows == list(range(len(flat))):
+                return logits
+            return logits[logit_rows]
+        plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile, batch_decode=True)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
         last_rows = torch.cumsum(lengths, 0) - 1
@@ -102,7 +161,7 @@ class Runner:
             rows = torch.arange(len(flat)) if all_logits else last_rows
         plan, (ids_dev, positions_dev, rows_dev) = prepare_plan(
             plan, self.cfg, inputs, flat, self.engine.page_size, self.device,
-            [torch.tensor(flat), torch.tensor(positions), rows])
+            [torch.tensor(flat), torch.tensor(positions), rows], self._decode_table_width)
         logits = self.model.forward(ids_dev, positions_dev, plan, rows_dev)
         for seq, ids, ring in zip(seqs, token_ids, plan.next_rings):
             seq.num_cached += len(ids)

@@ -1,12 +1,18 @@
 """Decode-first continuous batching over host integers (no tensors here).
 
-Each call to `schedule()` returns the next unit of work, of one of two work classes:
+Each call to `schedule()` returns one forward step under a token budget:
 
-    decode-ready rows exist and the last batch was a prefill chunk (or nothing to prefill)
-        -> DECODE: one pass over every decode-ready row
-    a prompt is being prefilled
-        -> PREFILL: its next chunk of `prefill_chunk` rows, or `decode_waiting_chunk` rows while
-           any decode is waiting (adaptive), so a long prompt never stalls running streams
+    1. every decode-ready row (one row per sequence), always, first in the step
+    2. then prefill rows of one or more prompts, oldest first, each at most `prefill_chunk`
+       rows, all together at most
+           `decode_waiting_chunk` while any row decodes (adaptive policy: a long prompt
+                                  never stalls running streams), and
+           `max_batched_tokens` minus the decode rows in any case
+
+KV pages are counted here too: a row that starts a new page takes one from `free_pages`.
+When the decode rows need more pages than are free, the newest running sequence is preempted
+(its KV dropped; it waits at the head of the queue and is recomputed from its prompt and
+outputs when pages free up). A prompt whose chunk finds no free page waits.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from muser.core import Request, Status
 
 WORK_CLASSES = ("decode", "prefill")
+STEP_KINDS = ("decode", "prefill", "mixed")
 
 
 class QueueFull(RuntimeError):
@@ -25,21 +32,31 @@ class QueueFull(RuntimeError):
 
 @dataclass(slots=True)
 class Batch:
-    is_prefill: bool
+    """One step: `reqs[:num_decode]` bring one decode row each, the rest prefill rows."""
+
     reqs: list[Request]
-    num_tokens: list[int]  # new rows per request, filled by the scheduler
+    num_tokens: list[int]  # new rows per request
+    num_decode: int
+    preempted: list[Request] = field(default_factory=list)  # KV to drop before the step
 
     @property
-    def work_class(self) -> str:
-        return "prefill" if self.is_prefill else "decode"
+    def kind(self) -> str:
+        if self.num_decode == len(self.reqs):
+            return "decode"
+        return "mixed" if self.num_decode else "prefill"
+
+    @property
+    def num_prefill_rows(self) -> int:
+        return sum(self.num_tokens[self.num_decode:])
 
 
 @dataclass(slots=True)
 class SchedulerStats:
-    """Counters for metrics: steps and rows scheduled per work class since start."""
+    """Counters for metrics since start: steps per kind, rows per work class, preemptions."""
 
-    steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WORK_CLASSES, 0))
+    steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
     rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WORK_CLASSES, 0))
+    preemptions: int = 0
 
 
 class Scheduler:
@@ -50,16 +67,25 @@ class Scheduler:
         decode_waiting_chunk: int = 64,
         adaptive: bool = True,
         max_waiting: int | None = None,
+        max_batched_tokens: int | None = None,
+        page_size: int | None = None,
     ) -> None:
+        """max_batched_tokens: rows per step (default: max_num_seqs + prefill_chunk); it must
+        hold every decode row. page_size: rows per KV page, for page accounting (None: pages
+        are not counted)."""
         self.max_num_seqs = max_num_seqs
         self.prefill_chunk = prefill_chunk
         self.decode_waiting_chunk = decode_waiting_chunk
         self.adaptive = adaptive
         self.max_waiting = max_waiting
+        self.max_batched_tokens = max_batched_tokens or max_num_seqs + prefill_chunk
+        if self.max_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold a decode "
+                             f"row of every sequence (max_num_seqs = {max_num_seqs})")
+        self.page_size = page_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
-        self._last_was_prefill = False
 
     def add(self, req: Request) -> None:
         if self.is_full:
@@ -96,20 +122,39 @@ class Scheduler:
         return {"decode": len(self.decode_ready),
                 "prefill": len(self.waiting) + len(self.prefilling)}
 
-    def schedule(self) -> Batch | None:
+    def schedule(self, free_pages: int | None = None) -> Batch | None:
+        """The next step, or None when nothing is running or waiting. free_pages: KV pages
+        free now (counted only with a page_size)."""
         self._admit()
-        decodes, prefills = self.decode_ready, self.prefilling
-        if decodes and (self._last_was_prefill or not prefills):
-            batch = Batch(False, decodes, [1] * len(decodes))
-        elif prefills:
-            req = prefills[0]
-            width = self.decode_waiting_chunk if self.adaptive and decodes else self.prefill_chunk
-            batch = Batch(True, [req], [min(width, req.num_prefill_left)])
-        else:
+        pages = _Pages(self.page_size, free_pages)
+        preempted: list[Request] = []
+        while True:
+            decodes = self.decode_ready
+            if decodes and not pages.take_all(decodes):
+                self._preempt_newest(pages, preempted)
+                continue
+            reqs, rows = list(decodes), [1] * len(decodes)
+            room = self.max_batched_tokens - len(decodes)
+            if decodes and self.adaptive:
+                room = min(room, self.decode_waiting_chunk)
+            for req in self.prefilling:
+                if room <= 0:
+                    break
+                n = pages.fit(req, min(req.num_pending, self.prefill_chunk, room))
+                if n:
+                    reqs.append(req)
+                    rows.append(n)
+                    room -= n
+            if reqs or not self.running:
+                break
+            # NOTE: prompts hold every page and none can go on: the newest gives its pages back
+            self._preempt_newest(pages, preempted)
+        if not reqs:
             return None
-        self._last_was_prefill = batch.is_prefill
-        self.stats.steps[batch.work_class] += 1
-        self.stats.rows[batch.work_class] += sum(batch.num_tokens)
+        batch = Batch(reqs, rows, len(decodes), preempted)
+        self.stats.steps[batch.kind] += 1
+        self.stats.rows["decode"] += batch.num_decode
+        self.stats.rows["prefill"] += batch.num_prefill_rows
         return batch
 
     def finish(self, req: Request) -> None:
@@ -122,3 +167,55 @@ class Scheduler:
             req = self.waiting.popleft()
             req.status = Status.PREFILL
             self.running.append(req)
+
+    def _preempt_newest(self, pages: _Pages, preempted: list[Request]) -> None:
+        """Drop the KV of the newest running sequence that holds pages (never the oldest
+        one: the pool holds one full sequence, so the oldest always goes on); it waits first in
+        line, to be recomputed."""
+        holders = [r for r in self.running[1:] if r.num_cached]
+        if not holders:
+            raise RuntimeError("the KV page pool cannot hold the oldest sequence")
+        req = holders[-1]
+        preempted.append(req)
+        pages.release(req)
+        self.running.remove(req)
+        req.num_cached = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.stats.preemptions += 1
+
+
+class _Pages:
+    """Free KV pages within one schedule() call (unbounded without a page size)."""
+
+    def __init__(self, page_size: int | None, free: int | None) -> None:
+        self.page_size = page_size
+        self.free = free if page_size is not None and free is not None else None
+
+    def needed(self, req: Request, rows: int) -> int:
+        ps = self.page_size
+        return -(-(req.num_cached + rows) // ps) - -(-req.num_cached // ps)
+
+    def take_all(self, reqs: list[Request]) -> bool:
+        """Take a page for every decode row that starts one -> False (nothing taken) if the
+        free pages do not cover them all."""
+        if self.free is None:
+            return True
+        want = sum(self.needed(r, 1) for r in reqs)
+        if want > self.free:
+            return False
+        self.free -= want
+        return True
+
+    def fit(self, req: Request, rows: int) -> int:
+        """The most rows (<= rows) of `req` whose pages are free; those pages are taken."""
+        if self.free is None:
+            return rows
+        room = (-(-req.num_cached // self.page_size) + self.free) * self.page_size
+        rows = max(0, min(rows, room - req.num_cached))
+        self.free -= self.needed(req, rows)
+        return rows
+
+    def release(self, req: Request) -> None:
+        if self.free is not None:
+            self.free += -(-req.num_cached // self.page_size)

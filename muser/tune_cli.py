@@ -21,8 +21,9 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", action="append", default=[], metavar="NAME",
                    help="tune a named shape with dummy weights, e.g. gemma3-1b (repeatable; "
                    "default: --model, or --model-config)")
-    p.add_argument("--max-num-seqs", type=_positive_int, default=8,
-                   help="largest decode batch to tune (default: %(default)s)")
+    p.add_argument("--max-num-seqs", type=_positive_int,
+                   help="largest decode batch to tune, as `muser serve --max-num-seqs` "
+                   "(default: the GPU's serving default, 32)")
     p.add_argument("--json", action="store_true", help="print what each phase did as JSON")
     p.set_defaults(run=tune)
 

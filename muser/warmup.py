@@ -9,14 +9,18 @@ once, so nothing is compiled, tuned or captured on the request path.
                 loaded onto the device on a thread pool
     tune ...... the same pass run for real: shapes without a pick are timed (and stored);
                 when none was, the kernels compiled so far are listed for the next start
-    capture ... CUDA graphs of every decode batch bucket
+    capture ... CUDA graphs of every decode batch bucket (`capture`, apart from the phases
+                before it (`exercise`): the runner sizes its KV pages in between, from the
+                peak the exercise measured, and graphs hold the pages' addresses)
 
 The shapes: prefill chunks of one sequence, 1 .. prefill_chunk rows (each width up to the
 backend's exact-rows limit, then per power-of-two bucket its widest chunk: the kernels take row
 counts, positions and offsets into the step's metadata unspecialized, so one width stands for
 its bucket), each with nothing cached and with a cached prefix; one sequence whose ring wraps,
-then a chunk of every width past the wrap; decode steps of every batch bucket (graphs) or every
-batch size up to the exact-rows limit and each bucket's widest (eager). Backends without a
+then a chunk of every width past the wrap; steps of several prompts' chunks up to
+max_batched_tokens rows; mixed steps (a batch of decode rows of every size bucket beside a
+chunk); decode steps of every batch bucket (graphs) or every batch size up to the exact-rows
+limit and each bucket's widest (eager). Backends without a
 `tuning` namespace (the CPU's) skip the warm-up.
 """
 
@@ -50,6 +54,12 @@ def prefill_widths(engine: EngineConfig, exact_rows: int) -> list[int]:
     return _covering(min(engine.prefill_chunk, engine.max_model_len - 1), exact_rows)
 
 
+def step_widths(engine: EngineConfig, exact_rows: int) -> list[int]:
+    """Step widths (every sequence's rows together) whose projection shapes cover every
+    step of 1 .. max_batched_tokens rows."""
+    return _covering(engine.max_batched_tokens, exact_rows)
+
+
 def decode_sizes(max_num_seqs: int, exact_rows: int) -> list[int]:
     """Eager decode batch sizes whose shapes cover every batch of 1 .. max_num_seqs rows."""
     return _covering(max_num_seqs, exact_rows)
@@ -58,9 +68,17 @@ def decode_sizes(max_num_seqs: int, exact_rows: int) -> list[int]:
 def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
     """Warm the runner up (phases reported to `log`) -> what each phase did."""
     log = log or StartupLog()
+    exercise(runner, log)
+    capture(runner, log)
+    return dict(log.details)
+
+
+def exercise(runner: Runner, log: StartupLog) -> bool:
+    """The picks, compile and tune phases: every shape run once (the runner measures its
+    workspace here, and may size its KV pages after) -> False when the backend has no warm-up."""
     tuning = getattr(runner.model.ops, "tuning", None)
     if tuning is None:
-        return {}
+        return False
     on_gpu = runner.device.type == "cuda"
     widths = prefill_widths(runner.engine, tuning.EXACT_ROWS)
     if on_gpu:
@@ -86,11 +104,17 @@ def prepare(runner: Runner, log: StartupLog | None = None) -> dict[str, Any]:
                 detail["saved"] = str(path)
             elif (added := tuning.save_listed(kernels, runner.device, since)):
                 detail["listed"] = added
-    if runner.graphs is not None:
-        with log.phase("capture") as detail:
-            runner.graphs.capture()
-            detail["graphs"] = len(runner.graphs.graphs)
-    return dict(log.details)
+    return True
+
+
+def capture(runner: Runner, log: StartupLog) -> None:
+    """The capture phase: CUDA graphs of every decode bucket, over the KV tensors as they are
+    now (allocate them first). Backends without a warm-up capture nothing."""
+    if runner.graphs is None or getattr(runner.model.ops, "tuning", None) is None:
+        return
+    with log.phase("capture") as detail:
+        runner.graphs.capture()
+        detail["graphs"] = len(runner.graphs.graphs)
 
 
 @torch.inference_mode()
@@ -102,19 +126,32 @@ def _exercise(runner: Runner, widths: list[int], exact_rows: int) -> None:
     window = runner.cfg.sliding_window
     widest = widths[-1]
     _prefill(runner, [widest] * (window // widest + 1) + widths[::-1], room)
+    engine = runner.engine
+    for n in step_widths(engine, exact_rows):
+        if n > widest:  # several prompts' chunks in one step
+            _together(runner, [widest] * (n // widest) + [n % widest] * (n % widest > 0))
+    cap = min(engine.decode_waiting_chunk, widest, room)
+    for bs in decode_sizes(engine.max_num_seqs - 1, exact_rows):  # mixed: + one chunk
+        _together(runner, [1] * bs + [min(cap, engine.max_batched_tokens - bs)])
     if runner.graphs is not None:
         if not runner.graphs.is_captured:
             for bs in graph_batch_sizes(runner.engine.max_num_seqs):
                 runner.graphs.forward_padded(bs)
         return
     for bs in decode_sizes(runner.engine.max_num_seqs, exact_rows):
-        seqs = [runner.allocate() for _ in range(bs)]
-        try:
-            for _ in range(2):
-                runner.forward(seqs, [[_TOKEN]] * bs)
-        finally:
-            for seq in seqs:
-                runner.free(seq)
+        _together(runner, [1] * bs, repeat=2)
+
+
+def _together(runner: Runner, rows: list[int], repeat: int = 1) -> None:
+    """`repeat` steps of fresh sequences side by side, rows[i] new rows for sequence i (as
+    many as the runner has slots for), then free them."""
+    seqs = [runner.allocate() for _ in rows[:len(runner.free_slots)]]
+    try:
+        for _ in range(repeat):
+            runner.forward(seqs, [[_TOKEN] * n for n in rows[:len(seqs)]])
+    finally:
+        for seq in seqs:
+            runner.free(seq)
 
 
 def _prefill(runner: Runner, chunks: list[int], room: int) -> None:

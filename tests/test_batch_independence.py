@@ -17,20 +17,19 @@ ARRIVAL_STEPS = (0, 0, 2, 3, 5, 6, 8, 9)
 
 
 class _Recorder:
-    """Wraps a request's sampler to keep every logits row it is handed."""
+    """Wraps the engine's sampler to keep the logits of its last call (row i: the step's
+    output i)."""
 
-    def __init__(self, sampler, rows: list[torch.Tensor]) -> None:
-        self.sampler, self.rows = sampler, rows
+    def __init__(self, sampler) -> None:
+        self.sampler, self.last = sampler, None
 
-    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
-        self.rows.append(logits.float().cpu().clone())
-        return self.sampler(logits, history)
+    def __call__(self, logits: torch.Tensor, rows: list) -> list[int]:
+        self.last = logits.float().cpu().clone()
+        return self.sampler(logits, rows)
 
 
-def _add(engine: Engine, ids: list[int], rows: list[torch.Tensor]) -> int:
-    req = engine.add_request(ids, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-    engine.live[req.uid].sampler = _Recorder(engine.live[req.uid].sampler, rows)
-    return req.uid
+def _add(engine: Engine, ids: list[int]) -> int:
+    return engine.add_request(ids, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)).uid
 
 
 def _run(engine: Engine, prompts: list[list[int]], arrivals: tuple[int, ...]
@@ -40,14 +39,17 @@ def _run(engine: Engine, prompts: list[list[int]], arrivals: tuple[int, ...]
     tokens: list[list[int]] = [[] for _ in prompts]
     rows: list[list[torch.Tensor]] = [[] for _ in prompts]
     index, step, widest, most_live = {}, 0, 0, 0
+    if not isinstance(engine.sampler, _Recorder):
+        engine.sampler = _Recorder(engine.sampler)
     while len(index) < len(prompts) or engine.has_work:
         for i in range(len(prompts)):
             if arrivals[i] == step:
-                index[_add(engine, prompts[i], rows[i])] = i
+                index[_add(engine, prompts[i])] = i
         widest = max(widest, len(engine.scheduler.decode_ready))
         most_live = max(most_live, len(engine.live))
-        for out in engine.step():
+        for k, out in enumerate(engine.step()):
             tokens[index[out.uid]].append(out.token_id)
+            rows[index[out.uid]].append(engine.sampler.last[k])
         step += 1
     return tokens, rows, widest, most_live
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.attention.plan import SeqInput, StepPlan, is_decode_step
+from muser.attention.plan import SeqInput, StepPlan
 from muser.attention.tiles import classify_tiles
 from muser.config import ModelConfig
 from muser.kvcache.ring import RingState
@@ -166,35 +166,41 @@ def _decode_ring(ring: RingState) -> tuple[RingState, int]:
 
 
 def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_ids: list[int],
-                 page_size: int, device: torch.device,
-                 inputs: list[torch.Tensor] = ()) -> tuple[StepPlan, list[torch.Tensor]]:
-    """Add batched decode metadata when every sequence brings one row; on CUDA also move each
-    sequence's prefill plan to the device, with its tile classifier and tile ranges. `inputs`
-    (host int tensors: the step's ids, positions...) travel with the metadata -> (plan, their
-    device copies)."""
-    if is_decode_step(plan.kinds["sliding"]):
-        max_pages = max(len(s.page_ids) for s in seqs)
-        layout = DecodeLayout(len(seqs), seqs[0].ring.capacity, page_size, max_pages)
-        host = torch.empty(layout.size, dtype=torch.int32)
-        layout.pack(host, cfg, seqs, token_ids)
-        meta, *inputs = upload([host, *inputs], device)
-        plan.decode = layout.metas(meta, len(seqs))
-        return plan, inputs
-    if torch.device(device).type != "cuda":
-        return plan, upload(inputs, device)
-    from muser.ops.triton.prefill_attention import classifier_ranges
+                 page_size: int, device: torch.device, inputs: list[torch.Tensor] = (),
+                 max_pages: int | None = None) -> tuple[StepPlan, list[torch.Tensor]]:
+    """Add the batched decode metadata of the plan's decode group; on CUDA also move each
+    chunk's plan to the device, with its tile classifier and tile ranges. `inputs` (host int
+    tensors: the step's ids, positions...) travel with the metadata, in one copy -> (plan,
+    their device copies). max_pages: the decode block table's width (default: the group's
+    most pages; a fixed width keeps the decode kernel's shapes fixed)."""
+    num_decode, cuda = plan.num_decode, torch.device(device).type == "cuda"
+    host = list(inputs)
+    if num_decode:
+        group = seqs[:num_decode]
+        width = max_pages or max(len(s.page_ids) for s in group)
+        layout = DecodeLayout(num_decode, group[0].ring.capacity, page_size, width)
+        packed = torch.empty(layout.size, dtype=torch.int32)
+        layout.pack(packed, cfg, group, token_ids[:num_decode])
+        host.append(packed)
+    if cuda:
+        from muser.ops.triton.prefill_attention import classifier_ranges
 
-    tile, host = plan.tile, list(inputs) + list(plan.stores.values())
-    for kind, plans in plan.kinds.items():
-        window = cfg.sliding_window if kind == "sliding" else None
-        for p in plans:
-            num_q = p.rows.stop - p.rows.start
-            num_k = len(p.read_rows) + (num_q if p.staging else 0)
-            tiles = p.tiles if p.tiles is not None else classify_tiles(
-                p.q_start, num_q, p.k_start, num_k, window, tile, tile)
-            host += [p.read_rows, p.write_src, p.write_dst, tiles, classifier_ranges(tiles)]
+        tile = plan.tile
+        host += list(plan.stores.values())
+        for kind, plans in plan.kinds.items():
+            window = cfg.sliding_window if kind == "sliding" else None
+            for p in plans:
+                num_q = p.rows.stop - p.rows.start
+                num_k = len(p.read_rows) + (num_q if p.staging else 0)
+                tiles = p.tiles if p.tiles is not None else classify_tiles(
+                    p.q_start, num_q, p.k_start, num_k, window, tile, tile)
+                host += [p.read_rows, p.write_src, p.write_dst, tiles, classifier_ranges(tiles)]
     moved = iter(upload(host, device))
     inputs = [next(moved) for _ in inputs]
+    if num_decode:
+        plan.decode = layout.metas(next(moved), num_decode)
+    if not cuda:
+        return plan, inputs
     plan.stores = {kind: next(moved) for kind in plan.stores}
     for plans in plan.kinds.values():
         for i, p in enumerate(plans):

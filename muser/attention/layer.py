@@ -1,7 +1,7 @@
 """Attention for one layer through the ops layer (torch references on the CPU, Triton on CUDA).
 
-    decode (every sequence one row) .. ops.decode_attention over all sequences at once,
-                                        storing the new rows first (ring-aware;
+    decode rows (the step's leading ... ops.decode_attention over all of them at once,
+    one-row sequences)                  storing the new rows first (ring-aware;
                                         graph-capturable)
     prefill chunk, in place ........... rows already stored (by ops.qk_norm_rope_pair),
                                         ops.stage_gather (the key range),
@@ -38,17 +38,20 @@ def attend(
     decode: DecodeMeta | None = None,
 ) -> torch.Tensor:
     """q: [N, H, D], k/v: [N, KVH, D] new rows; k/v_rows: a layer's flat physical rows
-    [R, KVH, D] -> [N, H, D].
+    [R, KVH, D] -> [N, H, D]. `decode`: the metadata of the step's decode group (its leading
+    one-row sequences), attended in one batched call; `plans`: the sequences after it.
 
     The rows of plans written in place must already be stored (store first: the step's
     `stores`, by ops.qk_norm_rope_pair); a STAGING plan's rows are committed here, after the
     shadow was attended. Decode stores its rows itself."""
-    if decode is not None:
-        return ops.decode_attention(q, k_rows, v_rows, decode.block_table, decode.starts,
-                                    decode.lens, decode.origins, decode.block_size, scale,
-                                    new=(k, v, decode.src, decode.write_dst))
     outs = []
-    whole = len(plans) == 1  # one sequence: its rows are all of them
+    if decode is not None:
+        num = decode.src.shape[0]
+        outs.append(ops.decode_attention(q if num == q.shape[0] else q[:num], k_rows, v_rows,
+                                         decode.block_table, decode.starts, decode.lens,
+                                         decode.origins, decode.block_size, scale,
+                                         new=(k, v, decode.src, decode.write_dst)))
+    whole = not outs and len(plans) == 1  # one sequence: its rows are all of them
     for p in plans:
         kn, vn = (k, v) if whole else (k[p.rows], v[p.rows])
         if p.k_start == p.q_start and kn.dtype == vn.dtype == k_rows.dtype:

@@ -48,31 +48,38 @@ class StepPlan:
     # kind -> [N] flat cache row of each new row stored before attention (plans written in
     # place; -1: stored after attention, a STAGING plan's rows); empty on a decode step
     stores: dict[str, torch.Tensor]
-    decode: dict | None = None  # kind -> DecodeMeta when every sequence brings one row
+    # rows of the leading one-row sequences attended as one batch (no per-sequence plans)
+    num_decode: int = 0
+    decode: dict | None = None  # kind -> DecodeMeta of those num_decode rows
 
 
 def plan_step(
-    cfg: ModelConfig, seqs: list[SeqInput], page_size: int, tile: int, force_f32: bool = False
+    cfg: ModelConfig, seqs: list[SeqInput], page_size: int, tile: int, force_f32: bool = False,
+    batch_decode: bool = False,
 ) -> StepPlan:
-    """Routes, tiles and row indices for every (sequence, kind) of one forward step."""
+    """Routes, tiles and row indices for every (sequence, kind) of one forward step.
+
+    batch_decode: the leading one-row sequences form the step's decode group (`num_decode`):
+    they attend in one batched call from the decode metadata (attention/decode_meta.py), so
+    they get no per-sequence plan; `kinds` holds the plans of the sequences after them. (The
+    scheduler puts decode rows first, so in a serving step every one-row sequence is in it.)"""
+    num_decode = 0
+    while batch_decode and not force_f32 and num_decode < len(seqs) and (
+            seqs[num_decode].num_rows == 1):
+        num_decode += 1
     kinds: dict[str, list[SeqPlan]] = {"sliding": [], "global": []}
-    next_rings = []
-    offset = 0
-    for seq in seqs:
+    next_rings = [seq.ring.advance(1) for seq in seqs[:num_decode]]
+    offset = num_decode
+    for seq in seqs[num_decode:]:
         rows = slice(offset, offset + seq.num_rows)
         offset += seq.num_rows
         sliding = _plan_sliding(cfg, seq, rows, tile, force_f32)
         kinds["sliding"].append(sliding[0])
         next_rings.append(sliding[1])
         kinds["global"].append(_plan_global(seq, rows, page_size, tile, force_f32))
-    stores = {} if is_decode_step(kinds["sliding"]) else {
+    stores = {} if num_decode == len(seqs) else {
         kind: _stores(plans, offset) for kind, plans in kinds.items()}
-    return StepPlan(kinds, next_rings, cfg.sliding_window, tile, stores)
-
-
-def is_decode_step(plans: list[SeqPlan]) -> bool:
-    """Every sequence brings one row: the batched decode path, which stores its own rows."""
-    return bool(plans) and all(p.route == Route.DECODE for p in plans)
+    return StepPlan(kinds, next_rings, cfg.sliding_window, tile, stores, num_decode)
 
 
 def _stores(plans: list[SeqPlan], num_rows: int) -> torch.Tensor:

@@ -62,7 +62,7 @@ class Decoder:
         q, k, v = qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
         cos, sin = rope[kind]
         k_rows, v_rows = self.pool.rows(layer_id)
-        store = None if plan.decode else (k_rows, v_rows, v, plan.stores[kind])
+        store = (k_rows, v_rows, v, plan.stores[kind]) if plan.stores else None
         q, k = ops.qk_norm_rope_pair(q, k, w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps,
                                      k_rows.dtype, store)
         a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),

@@ -23,12 +23,22 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-file", metavar="F", help="file with one API key per line")
     p.add_argument("--admin-key", action="append", default=[], metavar="KEY",
                    help="key for admin routes (/slots); also works as an API key")
-    p.add_argument("--max-num-seqs", type=_positive_int, default=8,
-                   help="sequences decoded together (default: %(default)s)")
+    p.add_argument("--max-num-seqs", type=_positive_int,
+                   help="sequences in flight, decoded together (default: 32 on the GPU, 8 on "
+                   "the CPU)")
+    p.add_argument("--max-batched-tokens", type=_positive_int,
+                   help="most rows one step computes, decode rows first, then prefill rows of "
+                   "one or more prompts; at least --max-num-seqs (default: 2048 on the GPU, "
+                   "512 on the CPU)")
+    p.add_argument("--decode-waiting-chunk", type=_positive_int,
+                   help="most prefill rows in a step while any sequence decodes: running "
+                   "streams' TPOT vs new prompts' TTFT (default: 256 on the GPU, 64 on the "
+                   "CPU; bench/GPU_NOTES.md)")
     p.add_argument("--max-queue", type=_positive_int, default=64,
                    help="requests waiting beyond --max-num-seqs before 429 (default: %(default)s)")
     p.add_argument("--chunk-policy", choices=["adaptive", "fixed"], default="adaptive",
-                   help="adaptive: prefill chunks shrink to 64 rows while decodes wait "
+                   help="adaptive: prefill rows are capped at --decode-waiting-chunk while "
+                   "decodes run; fixed: full --prefill-chunk chunks regardless "
                    "(default: %(default)s)")
     p.add_argument("--model-name", help="name clients use (default: the model file's stem)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=4 << 20,
@@ -93,12 +103,13 @@ def _context(args: argparse.Namespace, keys, metrics):
     from muser.startup import StartupLog
 
     kwargs = engine_kwargs(args)
+    kwargs.update(max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
+                  decode_waiting_chunk=args.decode_waiting_chunk)
     if args.chunk_policy == "fixed":
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
     log = StartupLog(logging.getLogger("muser.startup").info)
-    llm = LLM(args.model, progress=sys.stderr.isatty(), max_num_seqs=args.max_num_seqs, log=log,
-              **_load_kwargs(args), **kwargs)
+    llm = LLM(args.model, progress=sys.stderr.isatty(), log=log, **_load_kwargs(args), **kwargs)
     loop = EngineLoop(llm.engine, args.max_queue)
     return ServerContext(loop, llm.tokenizer, metrics, keys,
                          args.model_name or Path(str(llm.path)).stem, str(llm.path),
-                         llm.config.max_model_len, args.max_num_seqs, args.max_body_bytes)
+                         llm.config.max_model_len, llm.config.max_num_seqs, args.max_body_bytes)

@@ -41,8 +41,10 @@ def _runner() -> Runner:
     return runner
 
 
-def _serve(runner: Runner, prompts: list[int], max_tokens: list[int]) -> list[tuple[bool, int]]:
-    """Greedy requests admitted one every other step -> (is_prefill, rows) of every step."""
+def _serve(runner: Runner, prompts: list[int], max_tokens: list[int]
+           ) -> list[tuple[str, int, int]]:
+    """Greedy requests admitted one every other step -> (kind, decode rows, rows) of every
+    step."""
     sched = Scheduler(ENGINE.max_num_seqs, ENGINE.prefill_chunk, ENGINE.decode_waiting_chunk)
     pending = [Request([(7 * i + j) % CFG.vocab_size for j in range(n)],
                        SamplingParams(max_tokens=m)) for i, (n, m) in enumerate(
@@ -57,13 +59,13 @@ def _serve(runner: Runner, prompts: list[int], max_tokens: list[int]) -> list[tu
         for req in batch.reqs:
             if req.uid not in seqs:
                 seqs[req.uid] = runner.allocate()
-        inputs = ([req.prompt_ids[req.num_cached:req.num_cached + batch.num_tokens[0]]]
-                  if batch.is_prefill else [[r.output_ids[-1]] for r in batch.reqs])
+        inputs = [r.all_ids[r.num_cached:r.num_cached + n]
+                  for r, n in zip(batch.reqs, batch.num_tokens)]
         logits = runner.forward([seqs[r.uid] for r in batch.reqs], inputs)
-        steps.append((batch.is_prefill, sum(batch.num_tokens)))
+        steps.append((batch.kind, batch.num_decode, sum(batch.num_tokens)))
         for req, ids, row in zip(batch.reqs, inputs, logits):
             req.num_cached += len(ids)
-            if req.num_prefill_left:
+            if req.num_pending:
                 continue
             req.status = Status.DECODE
             req.output_ids.append(int(row.argmax()))
@@ -83,9 +85,10 @@ def test_nothing_is_tuned_after_the_warm_up() -> None:
     steps = _serve(runner, prompts=[1, 3, 9, 20, 37, 5, 12, 13], max_tokens=[3, 6, 2, 5, 4, 3, 2, 4])
     assert linear.STATS.tuned == warmed
     assert set(linear._CHOICE) == keys
-    widths = {rows for prefill, rows in steps if prefill}
-    decodes = {rows for prefill, rows in steps if not prefill}
-    assert len(widths) >= 5 and decodes >= {1, 2}  # the workload was mixed
+    widths = {rows for kind, _, rows in steps if kind != "decode"}
+    decodes = {num_decode for _, num_decode, _ in steps}
+    kinds = {kind for kind, _, _ in steps}
+    assert len(widths) >= 5 and decodes >= {1, 2} and kinds == {"decode", "prefill", "mixed"}
 
 
 def test_prefill_widths_cover_every_bucket() -> None:

@@ -52,6 +52,7 @@ _UNSET = object()
 _L2_DEFEAT_BYTES = 192 << 20
 _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
+GRAPH_ROWS = 64  # decode batches of up to this many rows replay CUDA graphs
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -234,11 +235,14 @@ def _graph_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 4) -> float
 def _pick_gemm(
     x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
 ) -> tuple[GemmConfig | None, dict[str, float]]:
+    """Timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode batches replay
+    CUDA graphs), eagerly beyond (prefill and mixed steps launch eagerly)."""
     copies = _copies(weight)
     best, best_ms, timed = None, math.inf, {}
+    timer = _graph_ms if x.shape[0] <= GRAPH_ROWS else _eager_ms
     for config in _candidates(x, weight, geglu_out, norm):
         try:
-            ms = _eager_ms(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
+            ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)
