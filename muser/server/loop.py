@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine, SlotInfo
 from muser.memory import MemoryReport
-from muser.scheduler import QueueFull
+from muser.scheduler import STEP_KINDS, QueueFull
 
 log = logging.getLogger("muser.server")
 
@@ -22,12 +22,13 @@ class LoopStats:
     """A consistent snapshot taken by the loop thread after every step."""
 
     queue_depth: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
-    steps: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
+    steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
     rows: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
     slots: tuple[SlotInfo, ...] = ()
     num_free_seqs: int = 0
     num_free_pages: int = 0
     memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
+    preemptions: int = 0
 
 
 class EngineLoop:
@@ -120,4 +121,5 @@ class EngineLoop:
         sched, runner = self.engine.scheduler, self.engine.runner
         self.stats = LoopStats(sched.queue_depth(), dict(sched.stats.steps),
                                dict(sched.stats.rows), tuple(self.engine.slots()),
-                               len(runner.free_slots), runner.pages.num_free, runner.memory)
+                               len(runner.free_slots), runner.pages.num_free, runner.memory,
+                               sched.stats.preemptions)

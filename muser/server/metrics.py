@@ -24,15 +24,18 @@ class _EngineCollector(Collector):
         s = self.stats()
         depth = GaugeMetricFamily("muser_queue_depth", "Requests waiting, per work class",
                                   labels=["work_class"])
-        steps = CounterMetricFamily("muser_steps", "Engine steps, per work class",
-                                    labels=["work_class"])
+        steps = CounterMetricFamily("muser_steps", "Engine steps, per kind: decode rows only, "
+                                    "prefill rows only, or mixed", labels=["kind"])
         rows = CounterMetricFamily("muser_scheduled_rows", "Rows run, per work class",
                                    labels=["work_class"])
         for work_class in ("decode", "prefill"):
             depth.add_metric([work_class], s.queue_depth[work_class])
-            steps.add_metric([work_class], s.steps[work_class])
             rows.add_metric([work_class], s.rows[work_class])
+        for kind, count in s.steps.items():
+            steps.add_metric([kind], count)
         yield from (depth, steps, rows)
+        yield CounterMetricFamily("muser_preemptions", "Sequences whose KV was dropped for "
+                                  "pages (recomputed later)", s.preemptions)
         yield GaugeMetricFamily("muser_live_requests", "Requests in the engine", len(s.slots))
         yield GaugeMetricFamily("muser_free_sequence_slots", "Free sequence slots",
                                 s.num_free_seqs)

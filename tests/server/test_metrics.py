@@ -17,8 +17,11 @@ def test_metrics_cover_latency_queues_tokens_and_routes(server: Server) -> None:
         count = [s for s in families[name].samples if s.name == name + "_count"]
         assert count[0].value >= 1
     depth = {s.labels["work_class"] for s in families["muser_queue_depth"].samples}
-    steps = {s.labels["work_class"]: s.value for s in families["muser_steps"].samples}
-    assert depth == {"decode", "prefill"} and steps["decode"] >= 2 and steps["prefill"] >= 1
+    steps = {s.labels["kind"]: s.value for s in families["muser_steps"].samples
+             if s.name == "muser_steps_total"}
+    assert depth == {"decode", "prefill"} and set(steps) == {"decode", "prefill", "mixed"}
+    assert steps["decode"] >= 2 and steps["prefill"] >= 1
+    assert families["muser_preemptions"].samples[0].value == 0
     assert families["muser_prompt_tokens"].samples[0].value >= 2
     assert families["muser_generation_tokens"].samples[0].value >= 3
     requests = {(s.labels["route"], s.labels["code"]) for s in families["muser_requests"].samples
