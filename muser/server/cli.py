@@ -10,6 +10,8 @@ from pathlib import Path
 from muser.cli import _positive_int, add_engine_args, engine_kwargs
 from muser.errors import MuserError
 
+SWITCH_INTERVAL_S = 0.0005
+
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the model over HTTP (OpenAI and llama.cpp routes)",
@@ -75,6 +77,10 @@ def serve(args: argparse.Namespace) -> int:
     from muser.server.startup import Startup
 
     keys = _keys(args)
+    # NOTE: the engine thread and the event loop share the GIL. A thread waiting for it waits
+    # up to the switch interval (5 ms by default) before forcing a handoff: a stall of the
+    # engine between kernel launches whenever the event loop is busy streaming tokens.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     holder: list[uvicorn.Server] = []
 

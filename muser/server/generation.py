@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -16,6 +18,40 @@ from muser.server.loop import EngineLoop
 from muser.server.metrics import Metrics
 
 _DISCONNECT_POLL_S = 0.25
+
+
+class Mailbox:
+    """Outputs handed from the engine thread to one asyncio loop: the first output after a
+    drain wakes the loop, the rest of the step's outputs ride along (one wake-up per step, not
+    one per stream and token)."""
+
+    def __init__(self, aloop: asyncio.AbstractEventLoop) -> None:
+        self.aloop = aloop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue, StepOutput]] = []
+
+    def post(self, queue: asyncio.Queue, out: StepOutput) -> None:
+        with self._lock:
+            self._pending.append((queue, out))
+            wake = len(self._pending) == 1
+        if wake:
+            self.aloop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+        for queue, out in items:
+            queue.put_nowait(out)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def mailbox(aloop: asyncio.AbstractEventLoop) -> Mailbox:
+    box = _MAILBOXES.get(aloop)
+    if box is None:
+        box = _MAILBOXES[aloop] = Mailbox(aloop)
+    return box
 
 
 @dataclass(slots=True)
@@ -35,11 +71,10 @@ class Generation:
         self.finish_reason: str | None = None
         self.last: StepOutput | None = None
         self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
-        aloop = asyncio.get_running_loop()
+        box = mailbox(asyncio.get_running_loop())
         self._start = self._last = time.perf_counter()
         self._first: float | None = None
-        self.uid = loop.submit(prompt_ids, sampling,
-                               lambda out: aloop.call_soon_threadsafe(self._queue.put_nowait, out))
+        self.uid = loop.submit(prompt_ids, sampling, lambda out: box.post(self._queue, out))
         metrics.tokens_in.inc(self.num_prompt)
 
     async def outputs(self) -> AsyncIterator[StepOutput]:
