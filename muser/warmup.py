@@ -19,8 +19,10 @@ counts, positions and offsets into the step's metadata unspecialized, so one wid
 its bucket), each with nothing cached and with a cached prefix; one sequence whose ring wraps,
 then a chunk of every width past the wrap; steps of several prompts' chunks up to
 max_batched_tokens rows; mixed steps (a batch of decode rows of every size bucket beside a
-chunk); decode steps of every batch bucket (graphs) or every batch size up to the exact-rows
-limit and each bucket's widest (eager). Backends without a
+chunk); a short workload made by the scheduler itself (requests arriving one per step, so the
+decode group takes every size beside chunks with cached prefixes); decode steps of every batch
+bucket (graphs) or every batch size up to the exact-rows limit and each bucket's widest
+(eager). Backends without a
 `tuning` namespace (the CPU's) skip the warm-up.
 """
 
@@ -133,6 +135,7 @@ def _exercise(runner: Runner, widths: list[int], exact_rows: int) -> None:
     cap = min(engine.decode_waiting_chunk, widest, room)
     for bs in decode_sizes(engine.max_num_seqs - 1, exact_rows):  # mixed: + one chunk
         _together(runner, [1] * bs + [min(cap, engine.max_batched_tokens - bs)])
+    _scheduled(runner)
     if runner.graphs is not None:
         if not runner.graphs.is_captured:
             for bs in graph_batch_sizes(runner.engine.max_num_seqs):
@@ -140,6 +143,47 @@ def _exercise(runner: Runner, widths: list[int], exact_rows: int) -> None:
         return
     for bs in decode_sizes(runner.engine.max_num_seqs, exact_rows):
         _together(runner, [1] * bs, repeat=2)
+
+
+def _scheduled(runner: Runner) -> None:
+    """The steps the scheduler itself makes: max_num_seqs requests arriving one per step
+    (prompts of 1 .. ~600 rows, the first one wrapping the ring), each decoding until the last
+    has arrived, so every decode-group size meets chunks with cached prefixes beside it."""
+    from muser.core import Request, SamplingParams, Status
+    from muser.scheduler import Scheduler
+
+    e, window = runner.engine, runner.cfg.sliding_window
+    n = min(e.max_num_seqs, len(runner.free_slots))
+    room = e.max_model_len - 2 * n - 2
+    lengths = [min(room, window + 37)] + [min(room, (97 * i) % 600 + 1) for i in range(1, n)]
+    pending = [Request([_TOKEN] * m, SamplingParams(max_tokens=n - i + 1))
+               for i, m in enumerate(lengths)]
+    sched = Scheduler(n, e.prefill_chunk, e.decode_waiting_chunk,
+                      max_batched_tokens=e.max_batched_tokens, page_size=e.page_size)
+    seqs = {}
+    try:
+        while pending or sched.has_work:
+            if pending:
+                sched.add(pending.pop(0))
+            batch = sched.schedule(runner.pages.num_free)  # NOTE: the warm-up's small pool
+            for req in batch.preempted:
+                runner.free(seqs.pop(req.uid))
+            for req in batch.reqs:
+                if req.uid not in seqs:
+                    seqs[req.uid] = runner.allocate()
+            runner.forward([seqs[r.uid] for r in batch.reqs],
+                           [[_TOKEN] * m for m in batch.num_tokens])
+            for req, m in zip(batch.reqs, batch.num_tokens):
+                req.num_cached += m
+                if req.num_pending == 0:
+                    req.status = Status.DECODE
+                    req.output_ids.append(_TOKEN)
+                    if len(req.output_ids) >= req.sampling.max_tokens:
+                        sched.finish(req)
+                        runner.free(seqs.pop(req.uid))
+    finally:
+        for seq in seqs.values():
+            runner.free(seq)
 
 
 def _together(runner: Runner, rows: list[int], repeat: int = 1) -> None:
