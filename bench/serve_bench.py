@@ -510,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         llm_phases(args, publish)
     if "hf" in args.phases:
         hf_phase(args, publish)
-    publish({})
+    if args.phases or not receipt:  # NOTE: a plot-only run keeps where the receipt was made
+        publish({})
     if args.plot:
         plot(receipt, args.plot)
         say(f"plot: {args.plot}")
