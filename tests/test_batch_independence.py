@@ -114,3 +114,23 @@ def test_decode_batching_leaves_logits_bitwise_unchanged(llm: LLM) -> None:
     for i in (0, 1):
         alone = _decode_logits(llm, [prompts[i]], 6)[0]
         assert all(torch.equal(a, b) for a, b in zip(alone, batched[i])), i
+
+
+def test_a_one_row_first_chunk_beside_other_chunks(llm: LLM) -> None:
+    """The budget can leave a prompt one row of a step: a one-row chunk with nothing cached,
+    after another chunk (not in the decode group), gives the logits it gives alone."""
+    runner = llm.runner
+    long, short = llm.encode("Tell me about the sea and the stars. " * 3), [2, 1017, 563]
+    alone = runner.allocate()
+    try:
+        first = [runner.forward([alone], [[t]])[0].clone() for t in short]
+    finally:
+        runner.free(alone)
+    a, b = runner.allocate(), runner.allocate()
+    try:
+        together = [runner.forward([a, b], [long, short[:1]])[1].clone()]
+        together += [runner.forward([b], [[t]])[0].clone() for t in short[1:]]
+    finally:
+        runner.free(a)
+        runner.free(b)
+    assert all(torch.equal(x, y) for x, y in zip(first, together))

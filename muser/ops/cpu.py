@@ -168,8 +168,15 @@ def prefill_attention(
     do not change a bit)."""
     keys, values = keys.float(), values.float()
     if keys.stride() != values.stride():
-        keys, values = keys.contiguous(), values.contiguous()
+        # NOTE: not .contiguous(): torch calls a tensor with one row contiguous whatever its
+        # row stride, and the kernel takes one set of strides for keys and values
+        keys, values = _packed(keys), _packed(values)
     return native.attention(q.float(), keys, values, q_start - k_start, 0, window, scale)
+
+
+def _packed(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with row-major strides."""
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t)
 
 
 __all__ = [
