@@ -1,6 +1,7 @@
 """What one engine step costs on the GPU, by its make-up: the measurements behind the batching
 defaults (muser/config.py BATCHING), and the GPU batching check.
 
+    single .... one stream's TPOT through LLM.generate against its decode graph replayed alone
     steps ..... decode-only steps at batch B (graph replay) after 512-token prompts, the same B
                 decode rows beside a prefill chunk of c rows (one mixed eager step), and
                 prefill-only steps of w rows (several 512-row chunks), each timed host to host
@@ -98,6 +99,20 @@ def step_costs(llm: LLM, batches: list[int]) -> dict:
     return out
 
 
+def single_stream(llm: LLM) -> dict:
+    """One stream's TPOT through the public API (LLM.generate, 512-token prompt, 128 new
+    tokens) against the batch-1 decode graph replayed alone, back to back."""
+    rng = random.Random(3)
+    prompt = [rng.randrange(10, 1000) for _ in range(PROMPT)]
+    params = SamplingParams(max_tokens=128, ignore_eos=True)
+    llm.generate(prompt, params)
+    tpot = statistics.median(llm.generate(prompt, params).tpot_s * 1e3 for _ in range(3))
+    graph = llm.runner.graphs.graphs[1]
+    replay = _timed(lambda: [graph.replay() for _ in range(50)], 5) / 50
+    return {"public_api_tpot_ms": round(tpot, 4), "graph_replay_ms": round(replay, 4),
+            "ratio": round(tpot / replay, 3)}
+
+
 def _last_rows(rows: list[list[int]]) -> list[int]:
     ends, total = [], 0
     for r in rows:
@@ -182,6 +197,8 @@ def main() -> int:
                 "config": {k: getattr(llm.config, k) for k in (
                     "max_num_seqs", "max_batched_tokens", "decode_waiting_chunk",
                     "prefill_chunk")}}
+        cell["single_stream"] = single_stream(llm)
+        print(f"  single stream: {cell['single_stream']}", file=sys.stderr)
         cell["steps"] = step_costs(llm, args.batches)
         if not args.skip_batching:
             cell["batching"] = batching(llm)
