@@ -17,6 +17,10 @@ class SamplingParams:
     min_p: float = 0.0
     repeat_penalty: float = 1.0  # 1 = off; llama.cpp semantics over the last repeat_last_n
     repeat_last_n: int = 64
+    # OpenAI semantics over the tokens generated so far: logit -= frequency * count
+    # + presence * (count > 0); 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -30,6 +34,8 @@ class SamplingParams:
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
             (self.repeat_penalty > 0, "repeat_penalty must be > 0"),
             (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (all(self.stop), "stop strings must be non-empty"),
         ]
         for ok, message in checks:

@@ -124,7 +124,8 @@ class Engine:
     def _row(live: _Live) -> SamplingRow:
         req, p = live.req, live.req.sampling
         history = req.all_ids if p.repeat_penalty != 1.0 and p.repeat_last_n else []
-        return SamplingRow(p, live.seed, len(req.output_ids), history)
+        outputs = req.output_ids if p.presence_penalty or p.frequency_penalty else []
+        return SamplingRow(p, live.seed, len(req.output_ids), history, outputs)
 
     def run(self, req: Request) -> Iterator[StepOutput]:
         """Drive the engine until `req` finishes, yielding its outputs as they are produced.

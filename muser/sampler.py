@@ -6,7 +6,9 @@ recent ids), and the B chosen ids come back in one device->host copy.
 
 Per row, in this order (the order of the per-request sampler this replaced):
 1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
-   are divided by the penalty when positive, multiplied by it otherwise. Greedy rows get it too.
+   are divided by the penalty when positive, multiplied by it otherwise; then OpenAI's presence
+   and frequency penalties over the tokens generated so far: logit -= frequency * count +
+   presence * (count > 0). Greedy rows get them too.
 2. temperature 0 is greedy: torch.argmax of the row, the first index on ties.
 3. filters at temperature 1: top-k keeps the k best logits (torch.topk's k); top-p keeps the
    shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
@@ -32,7 +34,7 @@ is an exact draw from p, and p need not be normalized: log p_t = logit_t / tempe
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -49,6 +51,7 @@ class SamplingRow:
     seed: int  # request_seed(params), drawn once per request
     draw: int  # how many tokens the request has drawn before (0 for the first)
     history: list[int]  # prompt + output ids so far; only the last repeat_last_n are read
+    outputs: list[int] = field(default_factory=list)  # generated ids (presence/frequency)
 
 
 def request_seed(params: SamplingParams) -> int:
@@ -84,22 +87,32 @@ class BatchSampler:
         return tokens.tolist()
 
     def penalize(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """[B, vocab] -> the logits with each row's repetition penalty (the same tensor when no
-        row has one)."""
+        """[B, vocab] -> the logits with each row's repetition, presence and frequency
+        penalties (the same tensor when no row has one)."""
         recent = [row.history[-row.params.repeat_last_n:] if _penalizes(row.params) else []
                   for row in rows]
-        width = max(map(len, recent))
-        if width == 0:
-            return logits
+        if max(map(len, recent)):
+            seen = self._counts(logits, recent) > 0  # an id seen twice is penalized once
+            penalty = self._upload([[row.params.repeat_penalty] for row in rows], torch.float32)
+            penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+            logits = torch.where(seen, penalized, logits)
+        outputs = [row.outputs if _counts_outputs(row.params) else [] for row in rows]
+        if max(map(len, outputs)):
+            counts = self._counts(logits, outputs)
+            weights = self._upload([[row.params.frequency_penalty, row.params.presence_penalty]
+                                    for row in rows], torch.float32)
+            logits = logits - weights[:, :1] * counts - weights[:, 1:] * (counts > 0)
+        return logits
+
+    def _counts(self, logits: torch.Tensor, ids: list[list[int]]) -> torch.Tensor:
+        """[B, vocab] float32: how often each id occurs in each row's list."""
         num_rows, vocab = logits.shape
-        # NOTE: pads point at an extra column `vocab`, cut off below; a mask (not a scatter of
-        # values) so that an id seen twice is penalized once.
-        ids = self._upload([r + [vocab] * (width - len(r)) for r in recent], torch.int64)
-        seen = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=logits.device)
-        seen = seen.scatter_(1, ids, True)[:, :vocab]
-        penalty = self._upload([[row.params.repeat_penalty] for row in rows], torch.float32)
-        penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
-        return torch.where(seen, penalized, logits)
+        width = max(map(len, ids))
+        # NOTE: pads point at an extra column `vocab`, cut off below
+        table = self._upload([r + [vocab] * (width - len(r)) for r in ids], torch.int64)
+        counts = torch.zeros(num_rows, vocab + 1, dtype=torch.float32, device=logits.device)
+        return counts.scatter_add_(1, table, torch.ones_like(table, dtype=torch.float32))[
+            :, :vocab]
 
     def filter(self, logits: torch.Tensor, rows: list[SamplingRow]) -> Candidates:
         """[B, vocab] -> each row's candidates and which of them survive its filters."""
@@ -166,6 +179,10 @@ class BatchSampler:
 
 def _penalizes(p: SamplingParams) -> bool:
     return p.repeat_penalty != 1.0 and p.repeat_last_n > 0
+
+
+def _counts_outputs(p: SamplingParams) -> bool:
+    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
 def _cut(p: SamplingParams, vocab: int) -> int:

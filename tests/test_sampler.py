@@ -57,6 +57,11 @@ def _reference_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.T
         for t in set(row.history[-p.repeat_last_n:]):
             x = out[b, t]
             out[b, t] = x / p.repeat_penalty if x > 0 else x * p.repeat_penalty
+    for b, row in enumerate(rows):  # then OpenAI's, over the generated tokens
+        p = row.params
+        for t in set(row.outputs):
+            out[b, t] -= p.frequency_penalty * row.outputs.count(t)
+            out[b, t] -= p.presence_penalty
     return out
 
 
@@ -79,6 +84,23 @@ def test_repeat_penalty_matches_a_per_row_loop() -> None:
     assert CPU(logits, rows) == _reference_penalty(logits, rows).argmax(-1).tolist()
     llama = SamplingRow(SamplingParams(repeat_penalty=2.0), 0, 0, [0, 1, 1])
     assert CPU.penalize(torch.tensor([[2.0, -2.0, 1.0]]), [llama]).tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_presence_and_frequency_penalties_match_a_per_row_loop() -> None:
+    rng = random.Random(2)
+    logits = _logits(12, 300)
+    rows = [SamplingRow(SamplingParams(repeat_penalty=rng.choice([1.0, 1.3]),
+                                       presence_penalty=rng.choice([0.0, -1.5, 0.5, 2.0]),
+                                       frequency_penalty=rng.choice([0.0, 0.25, -2.0])),
+                        0, 0, [rng.randrange(300) for _ in range(40)],
+                        [rng.randrange(30) for _ in range(rng.randrange(0, 60))])
+            for _ in range(12)]
+    assert any(r.params.presence_penalty and r.outputs for r in rows)
+    # NOTE: penalties exact in float32, so both orders of the same two subtractions agree
+    assert torch.equal(CPU.penalize(logits, rows), _reference_penalty(logits, rows))
+    openai = SamplingRow(SamplingParams(presence_penalty=0.5, frequency_penalty=1.0), 0, 0, [],
+                         [2, 2, 0])
+    assert CPU.penalize(torch.zeros(1, 4), [openai]).tolist() == [[-1.5, 0.0, -2.5, 0.0]]
 
 
 def test_filters_keep_what_they_promise() -> None:
@@ -177,7 +199,8 @@ def test_cuda_chooses_the_cpu_tokens() -> None:
 
 @pytest.mark.parametrize("kwargs", [
     {"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": 2.0}, {"max_tokens": 0},
-    {"top_k": -1}, {"repeat_penalty": 0.0}, {"stop": ("",)},
+    {"top_k": -1}, {"repeat_penalty": 0.0}, {"stop": ("",)}, {"presence_penalty": 2.5},
+    {"frequency_penalty": -2.1},
 ])
 def test_bad_sampling_values_are_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError):

@@ -45,18 +45,12 @@ class OpenAISampling(Body):
     ignore_eos: bool = False
     user: str | None = None
 
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _zero_only(cls, value: float) -> float:
-        if value != 0.0:
-            raise ValueError("only 0 is supported; use repetition_penalty")
-        return value
-
     def sampling(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
 
     @property

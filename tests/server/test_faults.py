@@ -44,7 +44,7 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
     oa = {"model": model, "prompt": "Hello", "max_tokens": 2}
     bad += [("POST", "/v1/completions", json.dumps({**oa, **c}).encode()) for c in (
         {"model": "gpt-4"}, {"model": "llama"}, {"model": model + "x"}, {"n": 2}, {"echo": True},
-        {"logprobs": 3}, {"best_of": 3}, {"frequency_penalty": 0.5}, {"presence_penalty": -3},
+        {"logprobs": 3}, {"best_of": 3}, {"frequency_penalty": 2.5}, {"presence_penalty": -3},
         {"repetition_penalty": 0}, {"prompt": ["a", "b"]}, {"suffix": "x"},
         {"stream_options": {"include_usage": "yes"}})]
     chat = {"model": model, "messages": USER, "max_tokens": 2}

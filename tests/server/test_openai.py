@@ -78,3 +78,21 @@ def test_bad_sampling_value_is_400(client: openai.OpenAI, server: Server) -> Non
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=server.model, prompt="x", max_tokens=1, top_p=1.5)
     assert err.value.body["param"] == "top_p"
+
+
+def test_frequency_and_presence_penalties_change_a_repetitive_greedy_text(
+        client: openai.OpenAI, server: Server) -> None:
+    """OpenAI's penalties over the generated tokens: a greedy loop of repeated tokens is broken
+    (each repeat lowers the token's logit), and the text without penalties is unchanged."""
+    prompt = "one two one two one two one two one two one two"
+
+    def tokens(**penalties) -> list[str]:
+        r = client.completions.create(model=server.model, prompt=prompt, max_tokens=24,
+                                      temperature=0, **penalties)
+        return r.choices[0].text.split()
+
+    plain = tokens()
+    assert plain == tokens(frequency_penalty=0.0, presence_penalty=0.0)
+    penalized = tokens(frequency_penalty=2.0, presence_penalty=2.0)
+    assert penalized != plain
+    assert len(set(penalized)) > len(set(plain))
