@@ -44,6 +44,10 @@ class OpenAISampling(Body):
     n: Annotated[int, Field(ge=1, le=1)] = 1
     ignore_eos: bool = False
     user: str | None = None
+    # NOTE: declared so that a request asking for them is refused (400 naming the field), not
+    # answered as if it had not: no structured output or logit bias yet
+    response_format: None = None
+    logit_bias: None = None
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -111,6 +115,11 @@ class LlamaCompletionRequest(Body):
     ignore_eos: bool = False
     cache_prompt: bool = True
     n_probs: Annotated[int, Field(ge=0, le=0)] = 0
+    # NOTE: refused unless 0 (400 naming the field): llama.cpp's penalties are not applied here
+    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    grammar: None = None
+    json_schema: None = None
 
     @field_validator("n_predict")
     @classmethod
