@@ -112,9 +112,11 @@ class Engine:
             if live.req.num_pending == 0:  # every row computed: the next token is due
                 done.append(live)
                 rows.append(flat - 1)
-        # NOTE: a step that completes no sequence still asks for one row (never read)
+        # NOTE: every sequence done (a decode step): each one's last row, the runner's default;
+        # none done: still one row (never read)
         logits = self.runner.forward([live.seq for live in lives], inputs,
-                                     logit_rows=rows or [flat - 1])
+                                     logit_rows=None if len(done) == len(lives) else
+                                     rows or [flat - 1])
         if not done:
             return []
         tokens = self.sampler(logits, [self._row(live) for live in done])

@@ -40,7 +40,7 @@ class Runner:
         self.cfg, self.engine = cfg, engine
         self.device = torch.device(engine.device)
         self.tile = 128 if self.device.type == "cpu" else 64
-        pages_per_seq = -(-engine.max_model_len // engine.page_size)
+        self.pages_per_seq = pages_per_seq = -(-engine.max_model_len // engine.page_size)
         num_pages = engine.num_pages or engine.max_num_seqs * pages_per_seq
         if self.device.type == "cuda" and engine.num_pages is None:
             # NOTE: enough for any warm-up step (one full-length sequence, or fresh sequences
@@ -85,8 +85,7 @@ class Runner:
     def _size_pages(self, workspace: int, log: StartupLog) -> None:
         """Reallocate the KV pages to what utilization x the GPU's memory holds beside what
         is in use and `workspace` (muser.memory.size_pages)."""
-        e = self.engine
-        per_seq = -(-e.max_model_len // e.page_size)
+        e, per_seq = self.engine, self.pages_per_seq
         self.pool.allocate_pages(0)
         free, total = memory.device_memory(self.device)
         num_pages = memory.size_pages(free, total, e.gpu_memory_utilization, workspace,
@@ -148,9 +147,7 @@ class Runner:
             for seq, ring in zip(seqs, rings):
                 seq.num_cached += 1
                 seq.ring = ring
-            if logit_rows is None or logit_rows == list(range(len(flat))):
-                return logits
-            return logits[logit_rows]
+            return logits if logit_rows is None else logits[logit_rows]
         plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile, batch_decode=True)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
