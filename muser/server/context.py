@@ -16,7 +16,7 @@ from muser.scheduler import QueueFull
 from muser.server.auth import Keys
 from muser.server.errors import ApiError
 from muser.server.generation import Generation
-from muser.server.loop import EngineLoop
+from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.metrics import Metrics
 from muser.tokenizer import Tokenizer
 
@@ -25,7 +25,7 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 
 @dataclass
 class ServerContext:
-    loop: EngineLoop
+    loop: EngineProcess
     tokenizer: Tokenizer
     metrics: Metrics
     keys: Keys
@@ -89,6 +89,9 @@ class ServerContext:
             return Generation(self.loop, self.metrics, prompt_ids, sampling)
         except PromptError as exc:
             raise ApiError(400, str(exc), "context_length_exceeded", "prompt") from None
+        except EngineDead as exc:
+            raise ApiError(503, f"the engine is not running ({exc}); see the server log",
+                           "engine_dead") from None
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy ({exc}); retry later",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from None

@@ -29,8 +29,11 @@ def _ctx(request: Request) -> ServerContext:
 async def health(request: Request) -> JSONResponse:
     if getattr(request.app.state, "draining", False):
         return JSONResponse({"status": "shutting down"}, status_code=503)
-    if request.app.state.startup.ctx is None:
+    ctx = request.app.state.startup.ctx
+    if ctx is None:
         return JSONResponse({"status": "loading"}, status_code=503)
+    if ctx.loop.error is not None:
+        return JSONResponse({"status": "error", "error": ctx.loop.error}, status_code=500)
     return JSONResponse({"status": "ok"})
 
 

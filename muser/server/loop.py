@@ -54,10 +54,12 @@ class EngineLoop:
             self._cond.notify()
         self._thread.join()
 
-    def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink) -> int:
-        """Queue a request -> uid; `sink` is called from the loop thread with each StepOutput.
-        Raises PromptError, or QueueFull when the waiting queue is at its bound."""
-        req = self.engine.make_request(prompt_ids, sampling)
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink,
+               uid: int | None = None) -> int:
+        """Queue a request -> its uid (`uid`, or the engine's next); `sink` is called from the
+        loop thread with each StepOutput. Raises PromptError, or QueueFull when the waiting
+        queue is at its bound."""
+        req = self.engine.make_request(prompt_ids, sampling, uid)
         bound = self.max_queue
         with self._cond:
             if self._stopping:
