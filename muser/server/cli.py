@@ -32,8 +32,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    "512 on the CPU)")
     p.add_argument("--decode-waiting-chunk", type=_positive_int,
                    help="most prefill rows in a step while any sequence decodes: running "
-                   "streams' TPOT vs new prompts' TTFT (default: 256 on the GPU, 64 on the "
-                   "CPU; bench/GPU_NOTES.md)")
+                   "streams' TPOT vs new prompts' TTFT (default on the GPU: measured at "
+                   "startup, the largest cap whose mixed step takes at most 2x the decode "
+                   "step; 64 on the CPU)")
     p.add_argument("--max-queue", type=_positive_int, default=64,
                    help="requests waiting beyond --max-num-seqs before 429 (default: %(default)s)")
     p.add_argument("--chunk-policy", choices=["adaptive", "fixed"], default="adaptive",
