@@ -82,6 +82,8 @@ class Runner:
         graph_pool = memory.kept_bytes(lambda: capture(self, log), self.device)
         if ran and self.engine.decode_waiting_chunk is None:
             self._measure_waiting_chunk(log)
+        if ran:
+            self.model.ops.tuning.serving()
         self.warmup = dict(log.details)
         return peak + graph_pool if ran else None
 
