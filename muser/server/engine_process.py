@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 import time
@@ -230,6 +231,10 @@ def _child_main(spec: EngineSpec, requests: Connection, outputs: Connection) -> 
         outputs.send(("stopped", None, None))
     except (BrokenPipeError, OSError):
         pass
+    # NOTE: nothing here needs the interpreter's teardown (the driver frees the device's memory
+    # at exit), and a thread some library left behind must not keep the process alive
+    logging.shutdown()
+    os._exit(0)
 
 
 def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
