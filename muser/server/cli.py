@@ -112,4 +112,5 @@ def _context(args: argparse.Namespace, keys, metrics):
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,
                          args.model_name or Path(ready.model_path).stem, ready.model_path,
-                         ready.max_model_len, ready.max_num_seqs, args.max_body_bytes)
+                         ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
+                         ready.batching)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -34,6 +34,7 @@ class ServerContext:
     max_model_len: int
     max_num_seqs: int
     max_body_bytes: int = 4 << 20
+    batching: dict[str, int] = field(default_factory=dict)
 
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
         """Size-limited, strict JSON -> `model`; any problem is a 4xx ApiError."""

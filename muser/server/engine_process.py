@@ -66,6 +66,7 @@ class Ready:
     max_model_len: int
     max_num_seqs: int
     memory: MemoryReport | None
+    batching: dict[str, int]  # the step limits the engine runs with (GPU: some measured)
 
 
 class EngineProcess:
@@ -244,8 +245,12 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
     llm = LLM(spec.model, progress=spec.progress,
               log=StartupLog(logging.getLogger("muser.startup").info), **spec.llm_kwargs)
     loop = _PipeLoop(llm.engine, outputs)
-    ready = Ready(llm.tokenizer, str(llm.path), llm.config.max_model_len,
-                  llm.config.max_num_seqs, llm.runner.memory)
+    c = llm.config
+    ready = Ready(llm.tokenizer, str(llm.path), c.max_model_len, c.max_num_seqs,
+                  llm.runner.memory, {"max_num_seqs": c.max_num_seqs,
+                                      "max_batched_tokens": c.max_batched_tokens,
+                                      "decode_waiting_chunk": c.decode_waiting_chunk,
+                                      "prefill_chunk": c.prefill_chunk})
     outputs.send(("ready", ready, loop.stats))
     return loop
 

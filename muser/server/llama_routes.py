@@ -44,7 +44,7 @@ async def props(request: Request) -> dict[str, Any]:
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": defaults},
             "total_slots": ctx.max_num_seqs, "model_alias": ctx.model_name,
             "model_path": ctx.model_path, "chat_template": ctx.tokenizer.chat_template or "",
-            "build_info": "muser", "memory": _memory(ctx)}
+            "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching}
 
 
 def _memory(ctx: ServerContext) -> dict[str, Any]:
