@@ -34,7 +34,7 @@ class ServerContext:
     max_model_len: int
     max_num_seqs: int
     max_body_bytes: int = 4 << 20
-    batching: dict[str, int] = field(default_factory=dict)
+    batching: dict[str, Any] = field(default_factory=dict)
 
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
         """Size-limited, strict JSON -> `model`; any problem is a 4xx ApiError."""

@@ -42,6 +42,7 @@ from muser.tokenizer import Tokenizer
 log = logging.getLogger("muser.server")
 
 STATS_INTERVAL_S = 0.05
+STOP_S, EXIT_S = 60, 10  # stop(): waits for the child's "stopped", then for its exit
 Sink = Callable[[StepOutput], None]
 
 
@@ -66,7 +67,7 @@ class Ready:
     max_model_len: int
     max_num_seqs: int
     memory: MemoryReport | None
-    batching: dict[str, int]  # the step limits the engine runs with (GPU: some measured)
+    batching: dict[str, Any]  # the step limits the engine runs with (GPU: how one was measured)
 
 
 class EngineProcess:
@@ -84,6 +85,7 @@ class EngineProcess:
         self._proc: mp.process.BaseProcess | None = None
         self._to_child: Connection | None = None
         self._from_child: Connection | None = None
+        self._stopped = threading.Event()  # the child said it stopped
         self._reader = threading.Thread(target=self._read, name="muser-engine-reader",
                                         daemon=True)
 
@@ -138,16 +140,19 @@ class EngineProcess:
                 self._send(("abort", uid))
 
     def stop(self) -> None:
-        """Ask the child to cancel what is in flight and exit; wait for it."""
+        """Ask the child to cancel what is in flight and exit; wait for it (killed when it
+        has not said it stopped within STOP_S, or has not exited EXIT_S after saying so)."""
         with self._lock:
             if self.error is None:
                 self._send(("stop",))
-        if self._proc is not None:
-            self._proc.join(60)
-            if self._proc.is_alive():
-                log.error("the engine process did not stop within 60 s; killing it")
-                self._proc.kill()
-                self._proc.join()
+        if self._proc is None:
+            return
+        if not self._stopped.wait(STOP_S) and self._proc.is_alive():
+            log.error("the engine process did not stop within %d s; killing it", STOP_S)
+        self._proc.join(EXIT_S)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
         if self._reader.is_alive():
             self._reader.join(10)
 
@@ -166,6 +171,7 @@ class EngineProcess:
                 break
             if kind == "stopped":
                 stopping_ok = True
+                self._stopped.set()
                 continue
             for out in outputs:
                 self._deliver(StepOutput(*out))
@@ -250,7 +256,9 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
                   llm.runner.memory, {"max_num_seqs": c.max_num_seqs,
                                       "max_batched_tokens": c.max_batched_tokens,
                                       "decode_waiting_chunk": c.decode_waiting_chunk,
-                                      "prefill_chunk": c.prefill_chunk})
+                                      "prefill_chunk": c.prefill_chunk}
+                  | ({"decode_waiting_chunk_measured": llm.runner.warmup["chunk cap"]}
+                     if "chunk cap" in llm.runner.warmup else {}))
     outputs.send(("ready", ready, loop.stats))
     return loop
 
