@@ -90,10 +90,15 @@ def test_a_dead_engine_fails_requests_in_flight_and_the_server_says_so(
 
 def test_a_killed_server_leaves_no_engine_behind(gguf_path: Path, tmp_path: Path) -> None:
     proc, _, _ = _serve(gguf_path, tmp_path)
-    engine = _engine_of(proc.pid)
-    proc.kill()
-    proc.wait(30)
+    try:
+        engine = _engine_of(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait(30)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _alive(engine):
         time.sleep(0.1)
-    assert not _alive(engine)
+    gone = not _alive(engine)
+    if not gone:
+        os.kill(engine, signal.SIGKILL)
+    assert gone
