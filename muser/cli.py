@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     from muser.tune_cli import add_tune_parser
 
     add_tune_parser(sub)
+    from muser.disagg.cli import add_worker_parser
+
+    add_worker_parser(sub)
     try:
         from muser.server.cli import add_serve_parser
     except ImportError:

@@ -48,6 +48,7 @@ class SamplingParams:
 
 
 class Status(Enum):
+    REMOTE = "remote"  # its prompt is being prefilled by a prefill worker
     WAITING = "waiting"
     PREFILL = "prefill"
     DECODE = "decode"

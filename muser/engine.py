@@ -7,11 +7,14 @@ computed, chosen together on the device (one copy to the host) -> text, stops, f
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from muser.core import Request, SamplingParams, Status, StepOutput
+from muser.disagg.client import RemotePrefill, Result
+from muser.disagg.snapshot import install
+from muser.kvcache.pages import OutOfPages
 from muser.errors import MuserError
 from muser.runner import Runner, SeqState
 from muser.sampler import BatchSampler, SamplingRow, request_seed
@@ -59,6 +62,9 @@ class Engine:
         self.max_model_len = runner.engine.max_model_len
         self.live: dict[int, _Live] = {}
         self.sampler = BatchSampler(runner.device)
+        self.remote: RemotePrefill | None = None  # prefill workers (muser/disagg/client.py)
+        self.wake: Callable[[], None] = lambda: None  # set by a loop waiting for work
+        self._arrived: list[Result] = []  # remote prefills done, not yet installed
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
                      uid: int | None = None) -> Request:
@@ -70,11 +76,20 @@ class Engine:
         return Request(list(prompt_ids), sampling, uid=uid)
 
     def add(self, req: Request) -> None:
-        """Queue a request made by make_request; raises scheduler.QueueFull."""
-        self.scheduler.add(req)
+        """Queue a request made by make_request (a long prompt goes to a prefill worker when
+        there are any); raises scheduler.QueueFull."""
+        remote = self.remote is not None and self.remote.wants(req.num_prompt)
+        if remote:
+            req.status = Status.REMOTE
+        else:
+            self.scheduler.add(req)
+            if self.remote is not None:
+                self.remote.count_local()
         self.live[req.uid] = _Live(req, None, request_seed(req.sampling),
                                    IncrementalDecoder(self.tokenizer),
                                    StopMatcher(req.sampling.stop))
+        if remote:
+            self.remote.start(req.uid, req.prompt_ids)
 
     def add_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
         """Queue a request; raises PromptError or scheduler.QueueFull."""
@@ -92,18 +107,23 @@ class Engine:
         """Cancel a request and free its sequence and KV at once."""
         if uid not in self.live:
             return None
+        if self.live[uid].req.status == Status.REMOTE:
+            self.remote.cancel(uid)
         self._release(self.live[uid], "cancelled")
         return StepOutput(uid, None, "", True, "cancelled")
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self._arrived) or (
+            self.remote is not None and self.remote.has_done)
 
     def step(self) -> list[StepOutput]:
-        """Run one scheduled step (decode rows and/or prefill chunks) -> its outputs."""
+        """Install the remote prefills that arrived, then run one scheduled step (decode rows
+        and/or prefill chunks) -> their outputs."""
+        outputs = self._install_arrived() if self.remote is not None else []
         batch = self.scheduler.schedule(self.runner.pages.num_free)
         if batch is None:
-            return []
+            return outputs
         for req in batch.preempted:
             live = self.live[req.uid]
             self.runner.free(live.seq)
@@ -126,9 +146,38 @@ class Engine:
                                      logit_rows=None if len(done) == len(lives) else
                                      rows or [flat - 1])
         if not done:
-            return []
+            return outputs
         tokens = self.sampler(logits, [self._row(live) for live in done])
-        return [self._emit(live, token) for live, token in zip(done, tokens)]
+        return outputs + [self._emit(live, token) for live, token in zip(done, tokens)]
+
+    def _install_arrived(self) -> list[StepOutput]:
+        """Verified remote prefills -> sequences admitted for decode (their first token chosen
+        from the worker's logits, as a local prefill's would be); failed ones -> the local
+        prefill queue; ones without a free slot or pages wait here."""
+        self._arrived += self.remote.done()
+        waiting, outputs = [], []
+        for result in self._arrived:
+            live = self.live.get(result.uid)
+            if live is None:  # cancelled meanwhile
+                continue
+            if result.snapshot is None:
+                live.req.status = Status.WAITING
+                self.scheduler.add(live.req)
+                continue
+            if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+                waiting.append(result)
+                continue
+            try:
+                live.seq = install(self.runner, result.snapshot)
+            except (OutOfPages, RuntimeError):
+                waiting.append(result)
+                continue
+            live.req.num_cached = result.snapshot.num_tokens
+            self.scheduler.add_prefilled(live.req)
+            logits = result.snapshot.logits[None].to(self.runner.device)
+            outputs.append(self._emit(live, self.sampler(logits, [self._row(live)])[0]))
+        self._arrived = waiting
+        return outputs
 
     @staticmethod
     def _row(live: _Live) -> SamplingRow:

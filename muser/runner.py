@@ -152,7 +152,7 @@ class Runner:
         sequences attend as one batched decode, each chunk by its own route. A step of one-row
         sequences only replays a CUDA graph when graphs are captured."""
         for seq, ids in zip(seqs, token_ids):
-            self._reserve_pages(seq, seq.num_cached + len(ids))
+            self.reserve(seq, seq.num_cached + len(ids))
         inputs = [
             SeqInput(s.slot, s.num_cached, len(ids), s.ring, tuple(s.page_ids))
             for s, ids in zip(seqs, token_ids)
@@ -182,7 +182,8 @@ class Runner:
             seq.ring = ring
         return logits
 
-    def _reserve_pages(self, seq: SeqState, num_positions: int) -> None:
+    def reserve(self, seq: SeqState, num_positions: int) -> None:
+        """Pages for positions [0, num_positions) of `seq`; raises OutOfPages (taking none)."""
         if num_positions > self.engine.max_model_len:
             raise ValueError(
                 f"sequence of {num_positions} tokens exceeds the context of "

@@ -92,6 +92,14 @@ class Scheduler:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
         self.waiting.append(req)
 
+    def add_prefilled(self, req: Request) -> None:
+        """A request whose prompt is in the cache already (prefilled elsewhere) joins the
+        running sequences, its next row a decode row. The caller checks there is room."""
+        if len(self.running) >= self.max_num_seqs:
+            raise QueueFull(f"{self.max_num_seqs} sequences already running")
+        req.status = Status.DECODE
+        self.running.append(req)
+
     @property
     def is_full(self) -> bool:
         return self.max_waiting is not None and len(self.waiting) >= self.max_waiting

@@ -47,6 +47,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout", type=float, default=300.0,
                    help="seconds SIGTERM waits for in-flight requests (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from muser.disagg.cli import add_serve_args
+
+    add_serve_args(p)
     p.set_defaults(run=serve)
 
 
@@ -107,7 +110,10 @@ def _context(args: argparse.Namespace, keys, metrics):
                   decode_waiting_chunk=args.decode_waiting_chunk, **_load_kwargs(args))
     if args.chunk_policy == "fixed":
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
-    spec = EngineSpec(args.model, kwargs, args.log_level, sys.stderr.isatty())
+    from muser.disagg.cli import disagg_options
+
+    spec = EngineSpec(args.model, kwargs, args.log_level, sys.stderr.isatty(),
+                      disagg_options(args))
     loop = EngineProcess(spec, args.max_queue)
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,

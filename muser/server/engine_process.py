@@ -58,6 +58,7 @@ class EngineSpec:
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
     log_level: str = "info"
     progress: bool = False
+    disagg: dict[str, Any] | None = None  # muser.disagg.client.attach's keywords
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,10 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
 
     llm = LLM(spec.model, progress=spec.progress,
               log=StartupLog(logging.getLogger("muser.startup").info), **spec.llm_kwargs)
+    if spec.disagg is not None:
+        from muser.disagg.client import attach
+
+        attach(llm, **spec.disagg)
     loop = _PipeLoop(llm.engine, outputs)
     c = llm.config
     ready = Ready(llm.tokenizer, str(llm.path), c.max_model_len, c.max_num_seqs,

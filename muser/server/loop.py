@@ -29,6 +29,7 @@ class LoopStats:
     num_free_pages: int = 0
     memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
     preemptions: int = 0
+    disagg: dict | None = None  # the prefill workers' outcomes and transfers, when any
 
 
 class EngineLoop:
@@ -42,6 +43,11 @@ class EngineLoop:
         self._sinks: dict[int, Sink] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="muser-engine", daemon=True)
+        engine.wake = self._wake  # NOTE: a remote prefill that arrives ends the wait for work
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
 
     def start(self) -> None:
         self._snapshot()
@@ -127,4 +133,5 @@ class EngineLoop:
         self.stats = LoopStats(sched.queue_depth(), dict(sched.stats.steps),
                                dict(sched.stats.rows), tuple(self.engine.slots()),
                                len(runner.free_slots), runner.pages.num_free, runner.memory,
-                               sched.stats.preemptions)
+                               sched.stats.preemptions,
+                               self.engine.remote.stats() if self.engine.remote else None)

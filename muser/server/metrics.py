@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from muser.server.loop import LoopStats
@@ -40,6 +45,8 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("muser_free_sequence_slots", "Free sequence slots",
                                 s.num_free_seqs)
         yield GaugeMetricFamily("muser_free_kv_pages", "Free KV pages", s.num_free_pages)
+        if s.disagg is not None:
+            yield from _disagg(s.disagg)
         if s.memory is None:
             return
         yield GaugeMetricFamily("muser_kv_pages", "KV pages in the pool", s.memory.num_pages)
@@ -73,3 +80,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _disagg(d: dict) -> Iterator[Metric]:
+    """Prefill workers: requests per outcome, transfer bytes and seconds, what is in flight."""
+    outcomes = CounterMetricFamily("muser_disagg_requests", "Requests by where their prompt "
+                                   "was prefilled: remote, local_short (under the crossover) "
+                                   "or a fallback to local prefill and its reason",
+                                   labels=["outcome"])
+    for outcome, count in d["outcomes"].items():
+        outcomes.add_metric([outcome], count)
+    yield outcomes
+    for name, key, doc in (("muser_disagg_transfer_bytes", "bytes", "KV bytes per remote "
+                            "prefill"), ("muser_disagg_transfer_seconds", "seconds",
+                                         "Seconds per remote prefill, request to verified KV")):
+        h = d[key]
+        cumulative, buckets = 0, []
+        for bound, count in zip([*h["buckets"], float("inf")], h["counts"]):
+            cumulative += count
+            buckets.append((_le(bound), cumulative))
+        yield HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"])
+    yield GaugeMetricFamily("muser_disagg_in_flight", "Remote prefills in flight",
+                            d["in_flight"])
+    up = GaugeMetricFamily("muser_disagg_worker_up", "1 when the prefill worker answered its "
+                           "last request or heartbeat", labels=["worker"])
+    for worker, state in d["workers"].items():
+        up.add_metric([worker], 1.0 if state == "up" else 0.0)
+    yield up
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)

@@ -1,0 +1,102 @@
+"""KVSnapshot: one prefilled sequence's cache, detached from any pool, and its installation.
+
+What a prefill leaves behind, in logical order:
+
+    sliding   [sliding layers, 2 (K, V), ring length, kv_heads, head_dim]  the ring's retained
+              rows, with the ring's metadata (logical origin, physical origin, length)
+    full      [full layers, 2, num_tokens, kv_heads, head_dim]             every prompt row
+    logits    [vocab] float32                                              the last row's
+
+`export` copies them out of a runner's pool; `install` copies a verified snapshot into a fresh
+slot and fresh pages of another runner and returns the sequence, ring metadata and pages
+together: nothing is visible to attention before it returns, so a snapshot that fails its
+checks never leaves partial KV behind. The ring is restored at the same physical rows, so the
+installed sequence attends its keys in the order the sender's would have.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from muser.kvcache.ring import RingState
+
+
+@dataclass
+class KVSnapshot:
+    num_tokens: int
+    ring: RingState
+    sliding: torch.Tensor
+    full: torch.Tensor
+    logits: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.sliding, self.full, self.logits))
+
+    def checksums(self) -> list[int]:
+        """CRC32 of each layer's K and V bytes (sliding layers, then full), then the logits'."""
+        parts = list(self.sliding) + list(self.full) + [self.logits]
+        return [zlib.crc32(_bytes(t)) for t in parts]
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    t = t.detach().contiguous().cpu()
+    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def export(runner, seq, logits: torch.Tensor) -> KVSnapshot:
+    """The cache of `seq` (every prompt row computed) on `runner`, copied out, with the logits
+    of its last row."""
+    cfg, pool, ring = runner.cfg, runner.pool, seq.ring
+    ring_rows = torch.tensor(ring.tail(ring.length), dtype=torch.long, device=runner.device)
+    ring_rows += seq.slot * ring.capacity
+    full_rows = _page_rows(seq.page_ids, seq.num_cached, pool.page_size, runner.device)
+    sliding = [torch.stack([r.index_select(0, ring_rows) for r in pool.rows(i)])
+               for i in cfg.layers_of("sliding")]
+    full = [torch.stack([r.index_select(0, full_rows) for r in pool.rows(i)])
+            for i in cfg.layers_of("global")]
+    return KVSnapshot(seq.num_cached, ring, _stacked(sliding, pool), _stacked(full, pool),
+                      logits.detach().float().reshape(-1).clone())
+
+
+def install(runner, snap: KVSnapshot):
+    """A new sequence on `runner` holding `snap` (converted to the pool's dtype and device):
+    a free slot, pages for its rows, its ring. Raises OutOfPages or RuntimeError (no free
+    slot) having changed nothing."""
+    cfg, pool = runner.cfg, runner.pool
+    if snap.ring.capacity != pool.ring_capacity:
+        raise ValueError(f"ring capacity {snap.ring.capacity} != {pool.ring_capacity}")
+    seq = runner.allocate()
+    try:
+        runner.reserve(seq, snap.num_tokens)
+    except Exception:
+        runner.free(seq)
+        raise
+    device, dtype = runner.device, pool.dtype
+    ring_rows = torch.tensor(snap.ring.tail(snap.ring.length), dtype=torch.long, device=device)
+    ring_rows += seq.slot * snap.ring.capacity
+    full_rows = _page_rows(seq.page_ids, snap.num_tokens, pool.page_size, device)
+    for layer, i in enumerate(cfg.layers_of("sliding")):
+        for kv, rows in enumerate(pool.rows(i)):
+            rows.index_copy_(0, ring_rows, snap.sliding[layer, kv].to(device, dtype))
+    for layer, i in enumerate(cfg.layers_of("global")):
+        for kv, rows in enumerate(pool.rows(i)):
+            rows.index_copy_(0, full_rows, snap.full[layer, kv].to(device, dtype))
+    seq.num_cached, seq.ring = snap.num_tokens, snap.ring
+    return seq
+
+
+def _page_rows(page_ids: list[int], n: int, page_size: int, device) -> torch.Tensor:
+    """Flat physical rows of logical rows 0 .. n-1 of a sequence holding `page_ids`."""
+    positions = torch.arange(n)
+    pages = torch.tensor(page_ids, dtype=torch.long)
+    return (pages[positions // page_size] * page_size + positions % page_size).to(device)
+
+
+def _stacked(layers: list[torch.Tensor], pool) -> torch.Tensor:
+    if layers:
+        return torch.stack(layers)
+    return torch.empty((0, 2, 0, *pool.rows(0)[0].shape[1:]), dtype=pool.dtype)
