@@ -129,6 +129,10 @@ async def slots(request: Request) -> list[dict[str, Any]]:
                     "n_ctx": ctx.max_model_len, "state": s.status if s else "idle",
                     "n_prompt_tokens": s.num_prompt if s else 0,
                     "n_past": s.num_cached if s else 0, "n_decoded": s.num_output if s else 0})
+    # NOTE: a prompt being prefilled by a prefill worker holds no slot yet: listed after them
+    out += [{"id": -1, "id_task": s.uid, "is_processing": True, "n_ctx": ctx.max_model_len,
+             "state": s.status, "n_prompt_tokens": s.num_prompt, "n_past": 0, "n_decoded": 0}
+            for s in ctx.loop.stats.slots if s.status == "remote"]
     return out
 
 
