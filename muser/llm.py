@@ -60,9 +60,11 @@ def _keeps_codes(config: EngineConfig) -> bool:
 class LLM:
     def __init__(self, model: str | Path | None = None, progress: bool = True,
                  load_format: str = "auto", model_config: str | None = None,
-                 log: StartupLog | None = None, **engine_kwargs) -> None:
+                 log: StartupLog | None = None, dummy_made_on: str | None = None,
+                 **engine_kwargs) -> None:
         """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig.
-        load_format="dummy": random weights of the named `model_config` (muser/presets.py).
+        load_format="dummy": random weights of the named `model_config` (muser/presets.py),
+        drawn on `dummy_made_on` (default: the engine's device).
         Startup phases are reported to `log` (default: a line each on stderr with `progress`);
         on a GPU the engine is warmed up before this returns (`muser/warmup.py`)."""
         self.startup = log or StartupLog(_stderr_line if progress else None)
@@ -77,7 +79,8 @@ class LLM:
             if load_format == "dummy":
                 from muser.loading.dummy import load_dummy
 
-                loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress)
+                loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress,
+                                    made_on=dummy_made_on)
             else:
                 loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config))
         limit = loaded.config.max_position_embeddings

@@ -56,17 +56,20 @@ class ModelWeights:
 
 
 def random_weights(
-    cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
+    made_on: torch.device | str | None = None,
 ) -> ModelWeights:
-    """Seeded random weights of `cfg`'s shapes, created on `device` (no checkpoint needed)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
+    """Seeded random weights of `cfg`'s shapes on `device` (no checkpoint needed), drawn by
+    the generator of `made_on` (default: `device`; each device type draws its own values)."""
+    made_on = made_on or device
+    gen = torch.Generator(device=made_on).manual_seed(seed)
 
     def mat(rows: int, cols: int) -> torch.Tensor:
-        w = torch.randn(rows, cols, generator=gen, device=device, dtype=torch.float32)
-        return (w * cols**-0.5).to(dtype)
+        w = torch.randn(rows, cols, generator=gen, device=made_on, dtype=torch.float32)
+        return (w * cols**-0.5).to(device, dtype)
 
     def norm(size: int) -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(size, generator=gen, device=device)
+        return (1.0 + 0.1 * torch.randn(size, generator=gen, device=made_on)).to(device)
 
     h, i = cfg.hidden_size, cfg.intermediate_size
     layers = [
@@ -78,5 +81,6 @@ def random_weights(
         )
         for _ in range(cfg.num_layers)
     ]
-    embed = (torch.randn(cfg.vocab_size, h, generator=gen, device=device) * 0.05).to(dtype)
+    embed = (torch.randn(cfg.vocab_size, h, generator=gen, device=made_on) * 0.05).to(
+        device, dtype)
     return ModelWeights(embed=embed, final_norm=norm(h), layers=layers)

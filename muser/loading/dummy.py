@@ -14,13 +14,17 @@ from muser.presets import preset
 
 
 def load_dummy(name: str, dtype: torch.dtype, device: torch.device | str,
-               progress: bool = True, seed: int = 0) -> LoadedModel:
-    """ModelConfig of preset `name`, random weights of `dtype` on `device`."""
+               progress: bool = True, seed: int = 0,
+               made_on: torch.device | str | None = None) -> LoadedModel:
+    """ModelConfig of preset `name`, random weights of `dtype` on `device`, drawn on `made_on`
+    (default: `device`). The path names the shape and where its values were drawn (what a
+    model fingerprint compares: a CPU and a GPU draw different values from one seed)."""
     from muser.loading.default_model import default_model_path
     from muser.loading.gguf import open_gguf
     from muser.tokenizer import Tokenizer
 
     cfg = preset(name)
     tokenizer = Tokenizer.from_gguf(open_gguf(default_model_path(progress)))
-    return LoadedModel(Path(f"dummy:{name}"), cfg, tokenizer,
-                       random_weights(cfg, dtype, device, seed))
+    made_on = torch.device(made_on or device)
+    return LoadedModel(Path(f"dummy:{name}@{made_on.type}"), cfg, tokenizer,
+                       random_weights(cfg, dtype, device, seed, made_on))
