@@ -137,3 +137,28 @@ def test_a_worker_restarted_between_requests(llm: LLM, gguf_path: Path, worker_f
     assert runs == [local_tokens] * 3
     assert f"prefill worker 127.0.0.1:{port} is down" in caplog.text
     assert remote.stats()["outcomes"]["remote"] == 3
+
+
+def test_auto_crossover_is_measured_and_logged(llm: LLM, gguf_path: Path, worker_factory,
+                                               caplog) -> None:
+    worker = worker_factory(["--model", str(gguf_path)])
+    with caplog.at_level(logging.INFO, "muser.disagg"):
+        remote = attach(llm, [worker.address], None, 60.0)
+    llm.engine.remote = None
+    measured = [line for line in caplog.text.splitlines() if "crossover:" in line]
+    assert [int(line.split("crossover: ")[1].split()[0]) for line in measured][:1] == [128]
+    assert all("local prefill" in line and "remote round trip" in line for line in measured)
+    lengths = [int(line.split("crossover: ")[1].split()[0]) for line in measured]
+    assert remote.min_tokens in (lengths[-1], 1 << 62)  # the first length remote won, or none
+    assert remote.stats()["outcomes"]["remote"] == 0  # measuring is not serving
+
+
+def test_the_nccl_transport_needs_two_gpus() -> None:
+    from muser.disagg.wire import check_backend
+    from muser.errors import MuserError
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible >= 2:
+        pytest.skip("two GPUs are visible: the NCCL transport is allowed here")
+    with pytest.raises(MuserError, match=f"between two GPUs; {visible} visible"):
+        check_backend("nccl", torch.device("cuda" if visible else "cpu"))
