@@ -14,8 +14,8 @@ from typing import NamedTuple
 from muser.core import Request, SamplingParams, Status, StepOutput
 from muser.disagg.client import RemotePrefill, Result
 from muser.disagg.snapshot import install
-from muser.kvcache.pages import OutOfPages
 from muser.errors import MuserError
+from muser.kvcache.pages import OutOfPages
 from muser.runner import Runner, SeqState
 from muser.sampler import BatchSampler, SamplingRow, request_seed
 from muser.scheduler import Scheduler
@@ -107,7 +107,7 @@ class Engine:
         """Cancel a request and free its sequence and KV at once."""
         if uid not in self.live:
             return None
-        if self.live[uid].req.status == Status.REMOTE:
+        if self.live[uid].req.status == Status.REMOTE and self.remote is not None:
             self.remote.cancel(uid)
         self._release(self.live[uid], "cancelled")
         return StepOutput(uid, None, "", True, "cancelled")

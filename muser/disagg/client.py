@@ -81,12 +81,13 @@ class Expect:
 
 class RemotePrefill:
     def __init__(self, workers: list[str], min_tokens: int, timeout_s: float, expect: Expect,
-                 backend: str = "gloo", device: torch.device = torch.device("cpu"),
+                 backend: str = "gloo", device: torch.device | None = None,
                  on_done: Callable[[], None] = lambda: None) -> None:
         if not workers:
             raise ValueError("no prefill worker given")
         self.min_tokens, self.timeout_s, self.expect = min_tokens, timeout_s, expect
-        self.backend, self.device, self.on_done = backend, device, on_done
+        self.backend, self.on_done = backend, on_done
+        self.device = device or torch.device("cpu")
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.bytes, self.seconds = Histogram(BYTE_BUCKETS), Histogram(SECOND_BUCKETS)
         self._lock = threading.Lock()

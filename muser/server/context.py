@@ -14,9 +14,9 @@ from muser.core import SamplingParams
 from muser.engine import PromptError
 from muser.scheduler import QueueFull
 from muser.server.auth import Keys
+from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.errors import ApiError
 from muser.server.generation import Generation
-from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.metrics import Metrics
 from muser.tokenizer import Tokenizer
 

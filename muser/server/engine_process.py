@@ -35,8 +35,8 @@ from muser.core import SamplingParams, StepOutput
 from muser.engine import check_prompt
 from muser.errors import MuserError
 from muser.memory import MemoryReport
-from muser.server.loop import EngineLoop, LoopStats
 from muser.scheduler import QueueFull
+from muser.server.loop import EngineLoop, LoopStats
 from muser.tokenizer import Tokenizer
 
 log = logging.getLogger("muser.server")
@@ -211,7 +211,7 @@ def _child_main(spec: EngineSpec, requests: Connection, outputs: Connection) -> 
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         loop = _build(spec, outputs)
-    except BaseException as exc:  # noqa: BLE001  (reported to the server, which exits)
+    except BaseException as exc:
         if not isinstance(exc, MuserError):
             log.exception("engine startup failed")
         outputs.send(("failed", str(exc) if isinstance(exc, MuserError) else
@@ -227,9 +227,9 @@ def _child_main(spec: EngineSpec, requests: Connection, outputs: Connection) -> 
             _, uid, prompt_ids, sampling = msg
             try:
                 loop.submit(prompt_ids, sampling, loop.on_output, uid=uid)
-            except Exception as exc:  # noqa: BLE001  (checked by the server first; never fatal)
+            except Exception as exc:  # noqa: BLE001  (the server checked it first; not fatal)
                 log.error("request %d refused by the engine: %s", uid, exc)
-                loop.on_output(StepOutput(uid, None, "", True, "error"))
+                loop.refuse(uid)
         elif msg[0] == "abort":
             loop.abort(msg[1])
         else:
@@ -275,6 +275,7 @@ class _PipeLoop(EngineLoop):
         super().__init__(engine, None)
         EngineLoop._snapshot(self)  # NOTE: the Ready message's stats; nothing sent yet
         self._outputs = outputs
+        self._send_lock = threading.Lock()  # the loop thread's steps, the main thread's refusals
         self._pending: list[tuple] = []
         self._stats_due = True
         self._stats_sent = 0.0
@@ -293,9 +294,19 @@ class _PipeLoop(EngineLoop):
         if not (self._pending or send_stats):
             return
         pending, self._pending = self._pending, []
-        try:
-            self._outputs.send(("step", pending, self.stats if send_stats else None))
-        except (BrokenPipeError, OSError):
+        if not self._send(("step", pending, self.stats if send_stats else None)):
             return  # NOTE: the server is gone; the request pipe's EOF stops the loop
         if send_stats:
             self._stats_due, self._stats_sent = False, now
+
+    def refuse(self, uid: int) -> None:
+        """End a request the engine could not take (from the main thread)."""
+        self._send(("step", [(uid, None, "", True, "error")], None))
+
+    def _send(self, msg: tuple) -> bool:
+        with self._send_lock:
+            try:
+                self._outputs.send(msg)
+            except (BrokenPipeError, OSError):
+                return False
+        return True

@@ -91,9 +91,10 @@ def _disagg(d: dict) -> Iterator[Metric]:
     for outcome, count in d["outcomes"].items():
         outcomes.add_metric([outcome], count)
     yield outcomes
-    for name, key, doc in (("muser_disagg_transfer_bytes", "bytes", "KV bytes per remote "
-                            "prefill"), ("muser_disagg_transfer_seconds", "seconds",
-                                         "Seconds per remote prefill, request to verified KV")):
+    histograms = (("muser_disagg_transfer_bytes", "bytes", "KV bytes per remote prefill"),
+                  ("muser_disagg_transfer_seconds", "seconds",
+                   "Seconds per remote prefill, request to verified KV"))
+    for name, key, doc in histograms:
         h = d[key]
         cumulative, buckets = 0, []
         for bound, count in zip([*h["buckets"], float("inf")], h["counts"]):
