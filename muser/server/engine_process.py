@@ -148,7 +148,11 @@ class EngineProcess:
                 self._send(("stop",))
         if self._proc is None:
             return
-        if not self._stopped.wait(STOP_S) and self._proc.is_alive():
+        deadline = time.monotonic() + STOP_S
+        while (self._proc.is_alive() and not self._stopped.wait(0.1)
+               and time.monotonic() < deadline):
+            pass
+        if self._proc.is_alive() and not self._stopped.is_set():
             log.error("the engine process did not stop within %d s; killing it", STOP_S)
         self._proc.join(EXIT_S)
         if self._proc.is_alive():
