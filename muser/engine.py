@@ -6,6 +6,7 @@ computed, chosen together on the device (one copy to the host) -> text, stops, f
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ class Engine:
         self.live: dict[int, _Live] = {}
         self.sampler = BatchSampler(runner.device)
         self.remote: RemotePrefill | None = None  # prefill workers (muser/disagg/client.py)
-        self.wake: Callable[[], None] = lambda: None  # set by a loop waiting for work
+        self._woken = threading.Event()
+        self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
         self._arrived: list[Result] = []  # remote prefills done, not yet installed
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
@@ -191,6 +193,9 @@ class Engine:
         Closing the iterator early cancels the request."""
         try:
             while req.status != Status.FINISHED:
+                if not self.has_work:  # NOTE: only remote prefills in flight: wait for one
+                    self._woken.wait(0.05)
+                    self._woken.clear()
                 for out in self.step():
                     if out.uid == req.uid:
                         yield out
