@@ -36,6 +36,7 @@ log = logging.getLogger("muser.disagg")
 OUTCOMES = ("remote", "local_short", "fallback_down", "fallback_timeout", "fallback_checksum",
             "fallback_fingerprint")
 BYTE_BUCKETS = tuple(float(1 << b) for b in range(16, 36, 2))
+UNMEASURED_TOKENS = 2048  # --disagg-min-tokens auto when the crossover cannot be measured
 SECOND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -300,10 +301,12 @@ def attach(llm, workers: list[str], min_tokens: int | None, timeout_s: float,
 def crossover(llm, remote: RemotePrefill, lengths: tuple[int, ...] = (128, 512, 2048, 8192)
               ) -> int:
     """The shortest of `lengths` whose remote round trip beats prefilling it here (each
-    timed once after a first untimed pair) -> tokens (1 << 62: none did)."""
+    timed once after a first untimed pair) -> tokens (1 << 62: none did; UNMEASURED_TOKENS
+    when no round trip succeeded, e.g. the worker is not up yet)."""
     from muser.disagg.worker import prefill
 
     fits = [n for n in lengths if n < llm.config.max_model_len]
+    answered = False
     for i, n in enumerate(fits):
         ids = [(7 * j) % 1000 + 10 for j in range(n)]
         if i == 0:
@@ -314,6 +317,11 @@ def crossover(llm, remote: RemotePrefill, lengths: tuple[int, ...] = (128, 512, 
         far = remote.measure(ids)
         log.info("crossover: %d tokens: local prefill %.3f s, remote round trip %s", n, local,
                  "failed" if far is None else f"{far:.3f} s")
+        answered = answered or far is not None
         if far is not None and far < local:
             return n
+    if not answered:
+        log.warning("crossover not measured (no remote round trip succeeded): prompts of %d "
+                    "tokens or more go remote", UNMEASURED_TOKENS)
+        return UNMEASURED_TOKENS
     return 1 << 62
