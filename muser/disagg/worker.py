@@ -37,8 +37,9 @@ def prefill(llm, prompt_ids: list[int]) -> KVSnapshot:
 
 
 def response(snap: KVSnapshot, uid: int, fingerprint: str) -> tuple[dict, list[torch.Tensor]]:
-    """The header and tensors that carry `snap` (on the host, for gloo)."""
-    tensors = [snap.sliding.cpu(), snap.full.cpu(), snap.logits.cpu()]
+    """The header and tensors that carry `snap`, staged in pinned host memory when it is on
+    a GPU (gloo moves host tensors)."""
+    tensors = [_host(t) for t in (snap.sliding, snap.full, snap.logits)]
     ring = snap.ring
     header = {"status": "ok", "uid": uid, "fingerprint": fingerprint,
               "num_tokens": snap.num_tokens,
@@ -46,6 +47,12 @@ def response(snap: KVSnapshot, uid: int, fingerprint: str) -> tuple[dict, list[t
               "tensors": [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in tensors],
               "checksums": snap.checksums()}
     return header, tensors
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu":
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
 
 def serve_one(llm, link: Link, fingerprint: str, timeout_s: float) -> None:
