@@ -1,4 +1,6 @@
-"""SentencePiece (llama.cpp SPM) tokenizer read from GGUF metadata, matching llama.cpp token ids."""
+"""SentencePiece (llama.cpp SPM) tokenizer read from GGUF metadata, matching llama.cpp token ids.
+A Hugging Face tokenizer.json plugs in as the encoder of text between special tokens
+(muser/loading/hf_tokenizer.py); special tokens, decoding and chat templates stay here."""
 
 from __future__ import annotations
 
@@ -76,8 +78,10 @@ class VocabSpec:
 class Tokenizer:
     """llama.cpp-compatible SPM tokenizer: special-token splitting, score merges, byte fallback."""
 
-    def __init__(self, spec: VocabSpec) -> None:
-        """Build the lookup tables once from a vocabulary spec."""
+    def __init__(self, spec: VocabSpec, encoder: Any = None) -> None:
+        """Build the lookup tables once from a vocabulary spec. `encoder`: a `tokenizers`
+        Tokenizer that encodes the text between special tokens instead of the score merges."""
+        self._encoder = encoder
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(spec.tokens)]
         self.vocab_size = len(tokens)
         self.bos_id = spec.bos_id
@@ -129,7 +133,10 @@ class Tokenizer:
                 continue
             if self.add_space_prefix and prev_special:
                 fragment = " " + fragment
-            self._spm(fragment.replace(" ", SPACE_MARK), out)
+            if self._encoder is None:
+                self._spm(fragment.replace(" ", SPACE_MARK), out)
+            else:
+                out.extend(self._encoder.encode(fragment, add_special_tokens=False).ids)
             prev_special = False
         if self.add_eos and add_bos is not False:
             out.append(self.eos_id)
