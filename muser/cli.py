@@ -41,8 +41,9 @@ def _utilization(text: str) -> float:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every subcommand that loads a model (1:1 with EngineConfig)."""
-    p.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded Gemma 3 "
-                   "270M Q4_K_M, assembled into ~/.cache/muser on first use)")
+    p.add_argument("--model", metavar="PATH", help="GGUF file, or Hugging Face checkpoint "
+                   "directory (or its config.json) (default: the embedded Gemma 3 270M Q4_K_M, "
+                   "assembled into ~/.cache/muser on first use)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"],
                    help="weight/activation dtype of the projections (default: bfloat16 on the "

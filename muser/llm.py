@@ -61,7 +61,8 @@ class LLM:
     def __init__(self, model: str | Path | None = None, progress: bool = True,
                  load_format: str = "auto", model_config: str | None = None,
                  log: StartupLog | None = None, **engine_kwargs) -> None:
-        """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig.
+        """model: a GGUF file or a Hugging Face checkpoint directory (None: the embedded Gemma 3
+        270M); engine_kwargs: EngineConfig.
         load_format="dummy": random weights of the named `model_config` (muser/presets.py).
         Startup phases are reported to `log` (default: a line each on stderr with `progress`);
         on a GPU the engine is warmed up before this returns (`muser/warmup.py`)."""

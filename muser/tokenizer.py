@@ -7,7 +7,7 @@ from __future__ import annotations
 import codecs
 import heapq
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,9 +78,10 @@ class VocabSpec:
 class Tokenizer:
     """llama.cpp-compatible SPM tokenizer: special-token splitting, score merges, byte fallback."""
 
-    def __init__(self, spec: VocabSpec, encoder: Any = None) -> None:
-        """Build the lookup tables once from a vocabulary spec. `encoder`: a `tokenizers`
-        Tokenizer that encodes the text between special tokens instead of the score merges."""
+    def __init__(self, spec: VocabSpec,
+                 encoder: Callable[[str], list[int]] | None = None) -> None:
+        """Build the lookup tables once from a vocabulary spec. `encoder`: ids of the text
+        between special tokens (a tokenizer.json's model) instead of the score merges."""
         self._encoder = encoder
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(spec.tokens)]
         self.vocab_size = len(tokens)
@@ -136,7 +137,7 @@ class Tokenizer:
             if self._encoder is None:
                 self._spm(fragment.replace(" ", SPACE_MARK), out)
             else:
-                out.extend(self._encoder.encode(fragment, add_special_tokens=False).ids)
+                out.extend(self._encoder(fragment))
             prev_special = False
         if self.add_eos and add_bos is not False:
             out.append(self.eos_id)

@@ -1,7 +1,7 @@
 """Write a GGUF model out as a Hugging Face checkpoint (config.json, sharded float32
 safetensors, tokenizer.json, tokenizer_config.json), so the HF loader is tested on real weights
 offline. Float32 holds every dequantized GGUF weight exactly, and Gemma's norms are written as
-w = g - 1 (the file stores g = 1 + w): exact for these gains, which the tests assert."""
+w = g - 1 (the file stores g = 1 + w): exact for these gains, asserted as they are written."""
 
 from __future__ import annotations
 
@@ -48,7 +48,10 @@ def hf_tensors(reader: gguf.GGUFReader, cfg: ModelConfig) -> dict[str, torch.Ten
             t = tensors[g.format(i=i)]
             raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
             w = dequantize(raw, t.tensor_type, tuple(int(d) for d in reversed(t.shape)))
-            out[h.format(i=i)] = (w - 1.0) if is_norm else w.clone()
+            if is_norm:
+                gain, w = w, w - 1.0
+                assert torch.equal(1.0 + w, gain), f"{t.name}: 1 + (g - 1) != g"
+            out[h.format(i=i)] = w.clone()
     return out
 
 
@@ -66,7 +69,7 @@ def hf_config(cfg: ModelConfig) -> dict:
         "rms_norm_eps": cfg.rms_norm_eps, "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
         "max_position_embeddings": cfg.max_position_embeddings, "hidden_activation":
         "gelu_pytorch_tanh", "final_logit_softcapping": None, "attn_logit_softcapping": None,
-        "tie_word_embeddings": True, "torch_dtype": "float32",
+        "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32",
     }
 
 

@@ -4,13 +4,20 @@ special tokens and the chat template from tokenizer_config.json (or chat_templat
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from muser.errors import ModelLoadError
 from muser.loading.hf import read_json
-from muser.tokenizer import (TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_USER_DEFINED,
-                             Tokenizer, VocabSpec)
+from muser.tokenizer import (
+    TYPE_BYTE,
+    TYPE_CONTROL,
+    TYPE_NORMAL,
+    TYPE_USER_DEFINED,
+    Tokenizer,
+    VocabSpec,
+)
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 
@@ -28,18 +35,10 @@ def tokenizer_from_hf(directory: Path) -> Tokenizer:
         encoder = HFTokenizer.from_file(str(path))
     except Exception as exc:  # the library raises a bare Exception on malformed files
         raise ModelLoadError(f"{path}: not a readable tokenizer.json ({exc})") from None
-    # NOTE: text between the special tokens muser split out keeps any other special-token
-    # text as plain text (llama.cpp's parse_special=False), never re-split here.
-    encoder.encode_special_tokens = True
-    ids = encoder.get_vocab(with_added_tokens=True)
-    tokens = [""] * (max(ids.values()) + 1)
-    for text, i in ids.items():
-        tokens[i] = text
-    types = [TYPE_BYTE if _BYTE_TOKEN.fullmatch(t) else TYPE_NORMAL for t in tokens]
-    for i, added in encoder.get_added_tokens_decoder().items():
-        types[i] = TYPE_CONTROL if added.special else TYPE_USER_DEFINED
+    tokens, types = _vocabulary(encoder)
+    ids = {t: i for i, t in enumerate(tokens)}
     settings = _settings(directory)
-    return Tokenizer(VocabSpec(
+    spec = VocabSpec(
         tokens=tokens, scores=[0.0] * len(tokens), types=types,
         bos_id=_token_id(ids, settings.get("bos_token"), "<bos>", "bos_token"),
         eos_id=_token_id(ids, settings.get("eos_token"), "<eos>", "eos_token"),
@@ -47,7 +46,37 @@ def tokenizer_from_hf(directory: Path) -> Tokenizer:
         add_eos=bool(settings.get("add_eos_token", False)),
         add_space_prefix=False,  # tokenizer.json's normalizer adds one where the model wants it
         chat_template=_chat_template(directory, settings),
-    ), encoder)
+    )
+    try:
+        return Tokenizer(spec, _model_encoder(encoder))
+    except ValueError as exc:  # e.g. no byte-fallback tokens
+        raise ModelLoadError(f"{path}: {exc}") from None
+
+
+def _vocabulary(hf: Any) -> tuple[list[str], list[int]]:
+    """Token texts by id and their llama.cpp types."""
+    ids = hf.get_vocab(with_added_tokens=True)
+    tokens = [""] * (max(ids.values()) + 1)
+    for text, i in ids.items():
+        tokens[i] = text
+    types = [TYPE_BYTE if _BYTE_TOKEN.fullmatch(t) else TYPE_NORMAL for t in tokens]
+    for i, added in hf.get_added_tokens_decoder().items():
+        types[i] = TYPE_CONTROL if added.special else TYPE_USER_DEFINED
+    return tokens, types
+
+
+def _model_encoder(hf: Any) -> Callable[[str], list[int]]:
+    """Text -> ids through tokenizer.json's normalizer, pre-tokenizer and model only: muser has
+    split out the special tokens it parses, and what is left (a control token's text when not
+    parsing specials, as llama.cpp) is plain text, never split out again."""
+    normalizer, pre_tokenizer, model = hf.normalizer, hf.pre_tokenizer, hf.model
+
+    def encode(text: str) -> list[int]:
+        text = normalizer.normalize_str(text) if normalizer else text
+        words = pre_tokenizer.pre_tokenize_str(text) if pre_tokenizer else [(text, None)]
+        return [token.id for word, _ in words for token in model.tokenize(word)]
+
+    return encode
 
 
 def _settings(directory: Path) -> dict[str, Any]:
