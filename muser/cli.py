@@ -63,8 +63,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
     p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
-                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b "
-                   "(default: %(default)s)")
+                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b, or "
+                   "muse-glimmer (52 layers, 3 sliding : 1 NoPE full) (default: %(default)s)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -79,7 +79,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def model_kwargs(args: argparse.Namespace) -> dict:
-    """How LLM loads the model: a GGUF file, or random weights of a named shape."""
+    """How LLM loads the model: a checkpoint (GGUF or Hugging Face), or random weights of a
+    named shape."""
     return dict(load_format=args.load_format, model_config=args.model_config)
 
 
