@@ -161,6 +161,8 @@ def test_tiny_checkpoints_of_both_layouts(tmp_path: Path) -> None:
     multi = load_model(_tiny_checkpoint(tmp_path / "mm", True), torch.float32, "cpu", False)
     assert text.config == multi.config == TINY
     assert text.tokenizer.encode("abba\n") == [2, 262, 261, 260, 10 + 4]  # '\n': a byte
+    assert text.tokenizer.vocab_size == TINY.vocab_size  # 263 tokens, then unused ids
+    assert text.tokenizer.decode([262, 299]) == "ab"
     raw = _tiny_tensors("model.", torch.float32)
     assert torch.equal(text.weights.lm_head, raw["lm_head.weight"])
     assert torch.equal(text.weights.layers[1].attn_norm,

@@ -69,6 +69,6 @@ def _load_hf(path: Path, dtype: torch.dtype, device: torch.device | str,
 
     directory = checkpoint_dir(path)
     config = config_from_hf(read_json(directory / "config.json"))
-    tokenizer = tokenizer_from_hf(directory)
+    tokenizer = tokenizer_from_hf(directory, config.vocab_size)
     weights = load_weights_hf(Shards(directory), config, dtype, device, progress)
     return LoadedModel(directory, config, tokenizer, weights)

@@ -10,22 +10,18 @@ from typing import Any
 
 from muser.errors import ModelLoadError
 from muser.loading.hf import read_json
-from muser.tokenizer import (
-    TYPE_BYTE,
-    TYPE_CONTROL,
-    TYPE_NORMAL,
-    TYPE_USER_DEFINED,
-    Tokenizer,
-    VocabSpec,
-)
+from muser.tokenizer import (TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNUSED,
+                             TYPE_USER_DEFINED, Tokenizer, VocabSpec)
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 
 
-def tokenizer_from_hf(directory: Path) -> Tokenizer:
+def tokenizer_from_hf(directory: Path, num_ids: int = 0) -> Tokenizer:
     """muser's Tokenizer over the checkpoint's tokenizer.json: added tokens marked special are
     control tokens, the others user-defined (both split out before encoding, as llama.cpp
-    does), '<0xNN>' pieces are byte-fallback tokens."""
+    does), '<0xNN>' pieces are byte-fallback tokens. Ids up to `num_ids` (the embedding's rows)
+    that the tokenizer lacks are unused tokens that decode to nothing (Gemma 3 4B and up pad
+    262,145 tokens to 262,208 rows)."""
     from tokenizers import Tokenizer as HFTokenizer
 
     path = directory / "tokenizer.json"
@@ -35,7 +31,7 @@ def tokenizer_from_hf(directory: Path) -> Tokenizer:
         encoder = HFTokenizer.from_file(str(path))
     except Exception as exc:  # the library raises a bare Exception on malformed files
         raise ModelLoadError(f"{path}: not a readable tokenizer.json ({exc})") from None
-    tokens, types = _vocabulary(encoder)
+    tokens, types = _vocabulary(encoder, num_ids)
     ids = {t: i for i, t in enumerate(tokens)}
     settings = _settings(directory)
     spec = VocabSpec(
@@ -53,13 +49,14 @@ def tokenizer_from_hf(directory: Path) -> Tokenizer:
         raise ModelLoadError(f"{path}: {exc}") from None
 
 
-def _vocabulary(hf: Any) -> tuple[list[str], list[int]]:
-    """Token texts by id and their llama.cpp types."""
+def _vocabulary(hf: Any, num_ids: int) -> tuple[list[str], list[int]]:
+    """Token texts by id and their llama.cpp types; ids without a token are unused."""
     ids = hf.get_vocab(with_added_tokens=True)
-    tokens = [""] * (max(ids.values()) + 1)
+    tokens = [""] * max(max(ids.values()) + 1, num_ids)
     for text, i in ids.items():
         tokens[i] = text
-    types = [TYPE_BYTE if _BYTE_TOKEN.fullmatch(t) else TYPE_NORMAL for t in tokens]
+    types = [TYPE_UNUSED if not t else TYPE_BYTE if _BYTE_TOKEN.fullmatch(t) else TYPE_NORMAL
+             for t in tokens]
     for i, added in hf.get_added_tokens_decoder().items():
         types[i] = TYPE_CONTROL if added.special else TYPE_USER_DEFINED
     return tokens, types
