@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from opcheck import DEVICE, rand
 
 from muser.ops import ref
 from muser.ops.blocks import BlockMatrix
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv_blocks import linear_blocks
-from opcheck import DEVICE, rand
 from tests.error_bounds import gamma
 
 QT = GGMLQuantizationType
