@@ -11,7 +11,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from muser.loading.quants import dequantize
 
 # The block types the Triton kernels read; the others stay CPU-only (or dequantized) for now.
-KERNEL_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K)
+KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
+                GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
 
 
 @dataclass(slots=True)

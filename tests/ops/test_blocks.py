@@ -1,4 +1,4 @@
-"""GGUF blocks read inside Triton kernels (Q8_0, Q4_K) on random blocks: the dequantization
+"""GGUF blocks read inside Triton kernels (Q5_0, Q8_0, Q4_K, Q6_K) on random blocks: the dequantization
 kernel equals `gguf.quants.dequantize` bit for bit, and the decode GEMV over the blocks is
 within the error bound of its float32 sum of the float64 product."""
 
@@ -18,18 +18,20 @@ from muser.ops.triton.gemv_blocks import linear_blocks
 from tests.error_bounds import gamma
 
 QT = GGMLQuantizationType
-SHAPES = {QT.Q8_0: (37, 96), QT.Q4_K: (37, 512)}  # K: 3 blocks (a partial BLOCK_K); 2 blocks
+# K: 3 blocks of 32 (a partial BLOCK_K), or 2 of 256
+SHAPES = {QT.Q5_0: (37, 96), QT.Q8_0: (37, 96), QT.Q4_K: (37, 512), QT.Q6_K: (37, 512)}
 
 
 def _random_blocks(gen: torch.Generator, qtype: QT, m: int, k: int) -> np.ndarray:
     """[m, row bytes] of random blocks: every code and packed scale byte random, the fp16
-    super-scales (d, and dmin for Q4_K) random finite values."""
+    super-scales (d, and dmin for Q4_K; at the block's end for Q6_K) random finite values."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     nb = k // block_size
     raw = torch.randint(0, 256, (m, nb, type_size), generator=gen, dtype=torch.uint8)
     halves = 2 if qtype == QT.Q4_K else 1
+    at = type_size - 2 if qtype == QT.Q6_K else 0
     scales = (torch.rand(m, nb, halves, generator=gen) - 0.5) * 0.2
-    raw[..., : 2 * halves] = scales.to(torch.float16).view(torch.uint8).view(m, nb, 2 * halves)
+    raw[..., at:at + 2 * halves] = scales.half().view(torch.uint8).view(m, nb, 2 * halves)
     return raw.reshape(m, -1).numpy()
 
 

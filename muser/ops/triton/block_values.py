@@ -1,7 +1,9 @@
 """Weights read straight from GGUF blocks inside a kernel: W[rows, cols] in float32 with ggml's
-arithmetic, so the values are bit for bit `gguf.quants.dequantize`'s (every product below is
-exact in float32: an fp16 scale of 11 significant bits times a code of at most 6 bits, times a
-4-bit code; only the final subtraction rounds, fused or not).
+arithmetic in ggml's order, so the values are bit for bit `gguf.quants.dequantize`'s. The
+roundings are the same ones: most products here are exact in float32 (an fp16 scale of 11
+significant bits times codes of at most 6 + 5 bits), Q4_K's final subtraction rounds once
+(fused into a multiply-add or not: the product before it is exact), and Q6_K's 19-bit scale
+times its 6-bit code rounds once, as gguf's float32 product does.
 
 `base`: [BLOCK_M, 1] pointers to the first byte of each weight row; `kk`: [1, BLOCK_K] column
 indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0).
@@ -12,8 +14,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-Q8_0 = tl.constexpr(8)  # GGMLQuantizationType values
+Q5_0 = tl.constexpr(6)  # GGMLQuantizationType values
+Q8_0 = tl.constexpr(8)
 Q4_K = tl.constexpr(12)
+Q6_K = tl.constexpr(14)
 
 
 @triton.jit
@@ -38,6 +42,33 @@ def q8_0_values(base, kk, mask):
 
 
 @triton.jit
+def q5_0_values(base, kk, mask):
+    """Q5_0: 32 values in 22 bytes (fp16 d, 32 high bits as a little-endian u32, 16 bytes of
+    nibbles: values 0-15 low, 16-31 high); x = d * (q - 16)."""
+    block = base + (kk // 32) * 22
+    j = kk % 32
+    high = (_byte(block + 2 + j // 8, mask) >> (j % 8)) & 1
+    low = (_byte(block + 6 + j % 16, mask) >> (4 * (j // 16))) & 0xF
+    return _f16(block, mask) * ((low | (high << 4)) - 16).to(tl.float32)
+
+
+@triton.jit
+def q6_k_values(base, kk, mask):
+    """Q6_K: 256 values in 210 bytes (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
+    scales of 16 values each, fp16 d). In half h = j // 128, value l = j % 128 takes the low
+    (l < 64) or high nibble of byte 64h + l % 64 and bits 2 (l // 32) of byte 128 + 32h + l % 32;
+    x = (d * scale) * (q - 32)."""
+    block = base + (kk // 256) * 210
+    j = kk % 256
+    h, l = j // 128, j % 128
+    low = (_byte(block + 64 * h + l % 64, mask) >> (4 * (l // 64))) & 0xF
+    high = (_byte(block + 128 + 32 * h + l % 32, mask) >> (2 * (l // 32))) & 3
+    scale = tl.load(block + 192 + j // 16, mask=mask, other=0).to(tl.int8, bitcast=True)
+    d1 = _f16(block + 208, mask) * scale.to(tl.float32)
+    return d1 * ((low | (high << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
 def q4_k_values(base, kk, mask):
     """Q4_K: 256 values in 144 bytes (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for
     8 sub-blocks of 32, 128 bytes of nibbles: bytes 32g..32g+31 hold sub-block 2g in their low
@@ -59,9 +90,13 @@ def q4_k_values(base, kk, mask):
 
 @triton.jit
 def block_values(base, kk, mask, QTYPE: tl.constexpr):
-    """W[rows, kk] float32 of blocks of type QTYPE (Q8_0 or Q4_K)."""
+    """W[rows, kk] float32 of blocks of type QTYPE (Q5_0, Q8_0, Q4_K or Q6_K)."""
     if QTYPE == Q8_0:
         return q8_0_values(base, kk, mask)
-    else:
-        tl.static_assert(QTYPE == Q4_K, "block_values reads Q8_0 and Q4_K")
+    elif QTYPE == Q5_0:
+        return q5_0_values(base, kk, mask)
+    elif QTYPE == Q4_K:
         return q4_k_values(base, kk, mask)
+    else:
+        tl.static_assert(QTYPE == Q6_K, "block_values reads Q5_0, Q8_0, Q4_K and Q6_K")
+        return q6_k_values(base, kk, mask)

@@ -26,7 +26,7 @@ def _dequantize_blocks_kernel(w_ptr, out_ptr, M, K, row_bytes, QTYPE: tl.constex
 
 
 def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
-    """weight: [M, K] as Q8_0 / Q4_K blocks -> [M, K] in `dtype` (ref.dequantize_blocks)."""
+    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype` (ref.dequantize_blocks)."""
     assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
     m, k = weight.shape
     out = empty((m, k), dtype, weight.data.device)

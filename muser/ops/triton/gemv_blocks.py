@@ -39,7 +39,7 @@ def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, N, M, K, row_bytes, stride_xn, st
 
 def linear_blocks(x: torch.Tensor, weight: BlockMatrix, block_m: int = 8,
                   block_k: int = 256) -> torch.Tensor:
-    """x: [N, K] float32, N <= 8; weight: [M, K] as Q8_0 / Q4_K blocks -> [N, M] float32
+    """x: [N, K] float32, N <= 8; weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [N, M] float32
     (ref.linear_blocks)."""
     n, (m, k) = x.shape[0], weight.shape
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype == torch.float32
