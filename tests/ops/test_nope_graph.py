@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from opcheck import DEVICE, TOL
 
 import muser.ops.triton as triton_ops
 from muser.config import EngineConfig, gemma3_layer_kinds
 from muser.graph.weights import LayerWeights, ModelWeights, random_weights
 from muser.runner import Runner
-from opcheck import DEVICE, TOL
 from tests.graph.reference import reference_logits
 from tests.graph.test_nope import TINY
 
