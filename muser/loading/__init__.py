@@ -68,7 +68,7 @@ def _load_hf(path: Path, dtype: torch.dtype, device: torch.device | str,
     from muser.loading.hf_tokenizer import tokenizer_from_hf
 
     directory = checkpoint_dir(path)
-    config = config_from_hf(read_json(directory / "config.json"))
+    config = config_from_hf(read_json(path if path.is_file() else directory / "config.json"))
     tokenizer = tokenizer_from_hf(directory, config.vocab_size)
     weights = load_weights_hf(Shards(directory), config, dtype, device, progress)
     return LoadedModel(directory, config, tokenizer, weights)
