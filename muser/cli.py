@@ -41,8 +41,9 @@ def _utilization(text: str) -> float:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every subcommand that loads a model (1:1 with EngineConfig)."""
-    p.add_argument("--model", metavar="PATH", help="GGUF file (default: the embedded Gemma 3 "
-                   "270M Q4_K_M, assembled into ~/.cache/muser on first use)")
+    p.add_argument("--model", metavar="PATH", help="GGUF file, or Hugging Face checkpoint "
+                   "directory (or its config.json) (default: the embedded Gemma 3 270M Q4_K_M, "
+                   "assembled into ~/.cache/muser on first use)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"],
                    help="weight/activation dtype of the projections (default: bfloat16 on the "
@@ -62,8 +63,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
     p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
-                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b "
-                   "(default: %(default)s)")
+                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b, or "
+                   "muse-glimmer (52 layers, 3 sliding : 1 NoPE full) (default: %(default)s)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -78,7 +79,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def model_kwargs(args: argparse.Namespace) -> dict:
-    """How LLM loads the model: a GGUF file, or random weights of a named shape."""
+    """How LLM loads the model: a checkpoint (GGUF or Hugging Face), or random weights of a
+    named shape."""
     return dict(load_format=args.load_format, model_config=args.model_config)
 
 

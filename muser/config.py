@@ -25,6 +25,7 @@ class ModelConfig:
     rope_theta: float  # full-attention layers
     rope_local_theta: float  # sliding layers
     rope_scaling_factor: float = 1.0  # linear scaling on full-attention layers
+    nope_kinds: frozenset[LayerKind] = frozenset()  # kinds without positional encoding (no RoPE)
     rms_norm_eps: float = 1e-6
     query_pre_attn_scalar: float = 256.0  # scores are scaled by query_pre_attn_scalar ** -0.5
     max_position_embeddings: int = 32768

@@ -62,7 +62,8 @@ class LLM:
                  load_format: str = "auto", model_config: str | None = None,
                  log: StartupLog | None = None, dummy_made_on: str | None = None,
                  **engine_kwargs) -> None:
-        """model: a GGUF path (None: the embedded Gemma 3 270M); engine_kwargs: EngineConfig.
+        """model: a GGUF file or a Hugging Face checkpoint directory (None: the embedded Gemma 3
+        270M); engine_kwargs: EngineConfig.
         load_format="dummy": random weights of the named `model_config` (muser/presets.py),
         drawn on `dummy_made_on` (default: the engine's device).
         Startup phases are reported to `log` (default: a line each on stderr with `progress`);

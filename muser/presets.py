@@ -1,35 +1,58 @@
-"""Named synthetic model shapes: the published Gemma 3 text models, for `--load-format dummy`.
+"""Named synthetic model shapes, for `--load-format dummy`: the published Gemma 3 text models,
+and muse-glimmer, the hybrid shape of the book muser's design comes from.
 
-Shapes follow transformers' Gemma3TextConfig for each released checkpoint: every 6th layer is
-global (5:1), RoPE base 1e6 on global layers (linear scaling 8 from 4B up) and 1e4 on sliding
-layers, queries scaled by head_dim ** -0.5 except the 27B (hidden / heads = 168).
+Gemma 3 shapes follow transformers' Gemma3TextConfig for each released checkpoint: every 6th
+layer is global (5:1), RoPE base 1e6 on global layers (linear scaling 8 from 4B up) and 1e4 on
+sliding layers, queries scaled by head_dim ** -0.5 except the 27B (hidden / heads = 168).
+
+muse-glimmer keeps what the book states: 52 layers, 39 sliding and 13 full-attention ones (3:1),
+no positional encoding on the full layers (NoPE), head_dim 128, a window of 2,048 (its boundary
+checks sit at 2,047-2,049), 27,854,794,240 parameters counted as embedding table + projections.
+The rest is chosen to meet that count with Gemma 3's 262,144-token vocabulary (so the embedded
+tokenizer serves it): hidden 5,120 (a 1.34 B embedding, the book's 1.35 B), 48 query heads and
+8 KV heads, intermediate 28,416, tied head: 27,856,504,832 parameters (num_parameters), 0.006 %
+above the book's.
 """
 
 from __future__ import annotations
 
 from muser.config import ModelConfig, gemma3_layer_kinds
 
-# name: (layers, hidden, intermediate, heads, kv heads, head dim, window, rope scaling, vocab)
+# name: (layers, hidden, intermediate, heads, kv heads, head dim, window, rope scaling, vocab,
+#        global every n-th layer, NoPE on global layers)
 _SHAPES = {
-    "gemma3-270m": (18, 640, 2048, 4, 1, 256, 512, 1.0, 262144),
-    "gemma3-1b": (26, 1152, 6912, 4, 1, 256, 512, 1.0, 262144),
-    "gemma3-4b": (34, 2560, 10240, 8, 4, 256, 1024, 8.0, 262144),
-    "gemma3-12b": (48, 3840, 15360, 16, 8, 256, 1024, 8.0, 262144),
-    "gemma3-27b": (62, 5376, 21504, 32, 16, 128, 1024, 8.0, 262208),
+    "gemma3-270m": (18, 640, 2048, 4, 1, 256, 512, 1.0, 262144, 6, False),
+    "gemma3-1b": (26, 1152, 6912, 4, 1, 256, 512, 1.0, 262144, 6, False),
+    "gemma3-4b": (34, 2560, 10240, 8, 4, 256, 1024, 8.0, 262144, 6, False),
+    "gemma3-12b": (48, 3840, 15360, 16, 8, 256, 1024, 8.0, 262144, 6, False),
+    "gemma3-27b": (62, 5376, 21504, 32, 16, 128, 1024, 8.0, 262208, 6, False),
+    "muse-glimmer": (52, 5120, 28416, 48, 8, 128, 2048, 1.0, 262144, 4, True),
 }
 PRESETS = tuple(_SHAPES)
 
 
 def preset(name: str) -> ModelConfig:
-    """The ModelConfig of a named Gemma 3 text model (e.g. 'gemma3-1b')."""
+    """The ModelConfig of a named shape (e.g. 'gemma3-1b')."""
     if name not in _SHAPES:
         raise ValueError(f"unknown model config '{name}' (known: {', '.join(PRESETS)})")
-    layers, hidden, inter, heads, kv_heads, head_dim, window, scaling, vocab = _SHAPES[name]
+    layers, hidden, inter, heads, kv_heads, head_dim, window, scaling, vocab, pattern, nope = (
+        _SHAPES[name])
     scalar = hidden / heads if name == "gemma3-27b" else head_dim
     return ModelConfig(
         architecture="gemma3", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
         num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        layer_kinds=gemma3_layer_kinds(layers), sliding_window=window, rope_theta=1e6,
+        layer_kinds=gemma3_layer_kinds(layers, pattern), sliding_window=window, rope_theta=1e6,
         rope_local_theta=1e4, rope_scaling_factor=scaling, query_pre_attn_scalar=float(scalar),
         max_position_embeddings=32768 if name in ("gemma3-270m", "gemma3-1b") else 131072,
+        nope_kinds=frozenset({"global"}) if nope else frozenset(),
     )
+
+
+def num_parameters(cfg: ModelConfig) -> int:
+    """Parameters as the book counts them: the embedding table and every projection matrix
+    (a tied head counted once), plus the norm gains."""
+    h, q, kv = cfg.hidden_size, cfg.q_size, cfg.kv_size
+    matrices = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
+    norms = 4 * h + 2 * cfg.head_dim
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
+    return cfg.vocab_size * h + head + cfg.num_layers * (matrices + norms) + h

@@ -1,11 +1,13 @@
-"""SentencePiece (llama.cpp SPM) tokenizer read from GGUF metadata, matching llama.cpp token ids."""
+"""SentencePiece (llama.cpp SPM) tokenizer read from GGUF metadata, matching llama.cpp token ids.
+A Hugging Face tokenizer.json plugs in as the encoder of text between special tokens
+(muser/loading/hf_tokenizer.py); special tokens, decoding and chat templates stay here."""
 
 from __future__ import annotations
 
 import codecs
 import heapq
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,8 +78,11 @@ class VocabSpec:
 class Tokenizer:
     """llama.cpp-compatible SPM tokenizer: special-token splitting, score merges, byte fallback."""
 
-    def __init__(self, spec: VocabSpec) -> None:
-        """Build the lookup tables once from a vocabulary spec."""
+    def __init__(self, spec: VocabSpec,
+                 encoder: Callable[[str], list[int]] | None = None) -> None:
+        """Build the lookup tables once from a vocabulary spec. `encoder`: ids of the text
+        between special tokens (a tokenizer.json's model) instead of the score merges."""
+        self._encoder = encoder
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(spec.tokens)]
         self.vocab_size = len(tokens)
         self.bos_id = spec.bos_id
@@ -129,7 +134,10 @@ class Tokenizer:
                 continue
             if self.add_space_prefix and prev_special:
                 fragment = " " + fragment
-            self._spm(fragment.replace(" ", SPACE_MARK), out)
+            if self._encoder is None:
+                self._spm(fragment.replace(" ", SPACE_MARK), out)
+            else:
+                out.extend(self._encoder(fragment))
             prev_special = False
         if self.add_eos and add_bos is not False:
             out.append(self.eos_id)

@@ -1,8 +1,8 @@
 """The Gemma 3 decoder, written once and run at both widths (prefill chunk or decode rows).
 
-embed * sqrt(hidden) -> per layer: norm -> QKV -> QK-norm + RoPE -> attention -> O ->
-post-attn norm + residual -> norm -> GeGLU MLP -> post-FFN norm + residual -> final norm ->
-tied LM head.
+embed * sqrt(hidden) -> per layer: norm -> QKV -> QK-norm + RoPE (the identity on the kinds in
+ModelConfig.nope_kinds) -> attention -> O -> post-attn norm + residual -> norm -> GeGLU MLP ->
+post-FFN norm + residual -> final norm -> tied LM head.
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ class Decoder:
         """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32."""
         cfg, w, ops = self.cfg, self.weights, self.ops
         h = ops.embed(w.embed, input_ids) * math.sqrt(cfg.hidden_size)  # residual stream, f32
+        # NOTE: a NoPE kind rotates every row by angle 0 (cos 1, sin 0): the identity, exactly
+        at = {kind: torch.zeros_like(positions) if kind in cfg.nope_kinds else positions
+              for kind in ("sliding", "global")}
         rope = {
-            "sliding": ops.rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta),
+            "sliding": ops.rope_cos_sin(at["sliding"], cfg.head_dim, cfg.rope_local_theta),
             "global": ops.rope_cos_sin(
-                positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor
+                at["global"], cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor
             ),
         }
         x = ops.rms_norm(h, w.layers[0].attn_norm, cfg.rms_norm_eps, w.dtype)

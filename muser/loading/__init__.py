@@ -24,13 +24,34 @@ def load_model(
     path: str | Path | None, dtype: torch.dtype, device: torch.device | str,
     progress: bool = True, pack: bool = False,
 ) -> LoadedModel:
-    """Load a GGUF file (None: the embedded default model) onto `device`; `pack` keeps the
-    block codes of quantized matrices for the CPU kernels (muser.ops.packed)."""
-    from muser.errors import ModelLoadError
+    """Load a GGUF file or a Hugging Face checkpoint (its directory or its config.json; None:
+    the embedded default model) onto `device`; `pack` keeps the block codes of quantized
+    GGUF matrices for the CPU kernels (muser.ops.packed)."""
     from muser.loading.default_model import default_model_path
-    from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
 
     path = Path(path) if path is not None else default_model_path(progress)
+    if is_hf_checkpoint(path):
+        return _load_hf(path, dtype, device, progress)
+    return _load_gguf(path, dtype, device, progress, pack)
+
+
+def is_hf_checkpoint(path: Path) -> bool:
+    """Whether `path` is a Hugging Face checkpoint: a directory, or a JSON file (its
+    config.json), told apart from a GGUF file by its content."""
+    if path.is_dir():
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return False
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progress: bool,
+               pack: bool) -> LoadedModel:
+    from muser.errors import ModelLoadError
+    from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
+
     reader = open_gguf(path)
     config = config_from_gguf(reader)
     try:
@@ -39,3 +60,15 @@ def load_model(
         raise ModelLoadError(f"{path}: {exc}") from None
     weights = load_weights(reader, config, dtype, device, progress, pack)
     return LoadedModel(path, config, tokenizer, weights)
+
+
+def _load_hf(path: Path, dtype: torch.dtype, device: torch.device | str,
+             progress: bool) -> LoadedModel:
+    from muser.loading.hf import Shards, checkpoint_dir, config_from_hf, load_weights_hf, read_json
+    from muser.loading.hf_tokenizer import tokenizer_from_hf
+
+    directory = checkpoint_dir(path)
+    config = config_from_hf(read_json(path if path.is_file() else directory / "config.json"))
+    tokenizer = tokenizer_from_hf(directory, config.vocab_size)
+    weights = load_weights_hf(Shards(directory), config, dtype, device, progress)
+    return LoadedModel(directory, config, tokenizer, weights)

@@ -19,3 +19,22 @@ LAYER_NAMES: dict[str, str | list[str]] = {
 }
 
 NORMS = {"attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"}
+
+# Hugging Face Gemma 3 names, after the text model's prefix ("model." for Gemma3ForCausalLM,
+# "language_model.model." or "model.language_model." for Gemma3ForConditionalGeneration).
+HF_GLOBAL_NAMES = {"embed_tokens.weight": "embed", "norm.weight": "final_norm"}
+HF_LM_HEAD = "lm_head.weight"  # stored only when the head is not tied to the embedding
+
+# layers.{i}.<HF name> -> LayerWeights field, as LAYER_NAMES.
+HF_LAYER_NAMES: dict[str, str | list[str]] = {
+    "attn_norm": "input_layernorm.weight",
+    "qkv": ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "post_attn_norm": "post_attention_layernorm.weight",
+    "ffn_norm": "pre_feedforward_layernorm.weight",
+    "gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+    "down": "mlp.down_proj.weight",
+    "post_ffn_norm": "post_feedforward_layernorm.weight",
+}

@@ -15,6 +15,7 @@ from muser.ops.packed import PackedMatrix, dense
 
 if TYPE_CHECKING:
     from muser.graph.weights import ModelWeights
+    from muser.ops.blocks import BlockMatrix
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
@@ -46,6 +47,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor
         # depend on how many sequences share the decode step.
         return _up(F.linear(x.expand(2, -1), weight)[:1])
     return _up(F.linear(x, weight))
+
+
+def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """weight: an [M, K] matrix as GGUF blocks -> [M, K] in `dtype`: gguf's float32 values,
+    rounded once."""
+    return weight.dequantize().to(dtype)
+
+
+def linear_blocks(x: torch.Tensor, weight: BlockMatrix) -> torch.Tensor:
+    """x: [N, K] float32, weight: an [M, K] matrix as GGUF blocks -> [N, M] float32: x times
+    the blocks' float32 values."""
+    return _up(F.linear(x, weight.dequantize().to(x.dtype)))
 
 
 def rms_norm(

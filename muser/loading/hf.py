@@ -1,0 +1,214 @@
+"""Hugging Face checkpoints: config.json -> ModelConfig, model*.safetensors -> weights, each
+tensor read from the memory-mapped file, checked against the config's shapes and moved to the
+device one at a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from muser.config import LayerKind, ModelConfig, gemma3_layer_kinds
+from muser.errors import ModelLoadError
+from muser.graph.weights import LayerWeights, ModelWeights
+from muser.loading.names import HF_GLOBAL_NAMES, HF_LAYER_NAMES, HF_LM_HEAD, NORMS
+
+SUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+# transformers' Gemma3TextConfig defaults: a config.json (a text_config above all) lists only
+# what differs from them.
+TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "sliding_window_pattern": 6, "final_logit_softcapping": None,
+    "attn_logit_softcapping": None, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+}
+_KINDS: dict[str, LayerKind] = {"sliding_attention": "sliding", "full_attention": "global"}
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def checkpoint_dir(path: Path) -> Path:
+    """The checkpoint directory of `path` (the directory itself, or the one holding its file)."""
+    return path if path.is_dir() else path.parent
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or ModelLoadError naming the file."""
+    if not path.is_file():
+        raise ModelLoadError(f"Hugging Face checkpoint lacks {path.name}: {path}")
+    try:
+        value = json.loads(path.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path}: not a JSON object")
+    return value
+
+
+def config_from_hf(config: dict[str, Any]) -> ModelConfig:
+    """Architecture-neutral ModelConfig from a Gemma 3 config.json (text model or the text
+    part of the multimodal one)."""
+    arch = (config.get("architectures") or [None])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"unsupported architecture '{arch}' (supported: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+    text = TEXT_DEFAULTS | config.get("text_config", config)
+    for key, value in (("hidden_activation", "gelu_pytorch_tanh"),
+                       ("attn_logit_softcapping", None), ("use_bidirectional_attention", None)):
+        if text.get(key, value) not in (value, False):
+            raise ModelLoadError(f"config.json: {key} = {text[key]!r} is not supported")
+    theta, local_theta, scaling = _rope(text)
+    num_layers = int(text["num_hidden_layers"])
+    return ModelConfig(
+        architecture="gemma3", vocab_size=int(text["vocab_size"]),
+        hidden_size=int(text["hidden_size"]), intermediate_size=int(text["intermediate_size"]),
+        num_layers=num_layers, num_heads=int(text["num_attention_heads"]),
+        num_kv_heads=int(text["num_key_value_heads"]), head_dim=int(text["head_dim"]),
+        layer_kinds=_layer_kinds(text, num_layers), sliding_window=int(text["sliding_window"]),
+        rope_theta=theta, rope_local_theta=local_theta, rope_scaling_factor=scaling,
+        rms_norm_eps=float(text["rms_norm_eps"]),
+        query_pre_attn_scalar=float(text["query_pre_attn_scalar"]),
+        max_position_embeddings=int(text["max_position_embeddings"]),
+        tie_word_embeddings=bool(text["tie_word_embeddings"]),
+        final_logit_softcapping=text["final_logit_softcapping"],
+    )
+
+
+def _layer_kinds(text: dict[str, Any], num_layers: int) -> tuple[LayerKind, ...]:
+    """layer_types (newer configs) or every sliding_window_pattern-th layer global (older)."""
+    if text.get("layer_types") is None:
+        return gemma3_layer_kinds(num_layers, int(text["sliding_window_pattern"]))
+    types = list(text["layer_types"])
+    unknown = set(types) - set(_KINDS)
+    if unknown or len(types) != num_layers:
+        raise ModelLoadError(f"config.json: layer_types must name {num_layers} layers of "
+                             f"{' or '.join(_KINDS)}, got {len(types)} ({sorted(unknown)})")
+    return tuple(_KINDS[t] for t in types)
+
+
+def _rope(text: dict[str, Any]) -> tuple[float, float, float]:
+    """(global theta, local theta, global linear scaling) from rope_parameters (newer configs)
+    or rope_theta / rope_local_base_freq / rope_scaling (older)."""
+    params = text.get("rope_parameters") or {}
+    if "full_attention" in params:
+        full, local = params["full_attention"], params.get("sliding_attention") or {}
+        theta = full.get("rope_theta", TEXT_DEFAULTS["rope_theta"])
+        local_theta = local.get("rope_theta", TEXT_DEFAULTS["rope_local_base_freq"])
+    else:
+        full, local = text.get("rope_scaling") or {}, {}
+        theta, local_theta = text["rope_theta"], text["rope_local_base_freq"]
+    for name, p, allowed in (("full", full, ("default", "linear")), ("sliding", local, ("default",))):
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind not in allowed:
+            raise ModelLoadError(f"config.json: rope type '{kind}' on {name} layers is not "
+                                 f"supported (supported: {', '.join(allowed)})")
+    linear = full.get("rope_type", full.get("type")) == "linear"
+    return float(theta), float(local_theta), float(full["factor"]) if linear else 1.0
+
+
+class Shards:
+    """The safetensors files of a checkpoint directory, opened once each (memory-mapped), and
+    which file holds each tensor."""
+
+    def __init__(self, directory: Path) -> None:
+        index = directory / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ModelLoadError(f"{index}: no weight_map")
+            files = sorted(set(weight_map.values()))
+        elif (directory / "model.safetensors").is_file():
+            files = ["model.safetensors"]
+        else:
+            raise ModelLoadError(f"no model.safetensors or model.safetensors.index.json in "
+                                 f"{directory}")
+        self.files = {name: _open(directory / name) for name in files}
+        self.where = {t: f for f, h in self.files.items() for t in h.keys()}
+
+    def prefix(self) -> str:
+        """The text model's name prefix: whatever precedes 'embed_tokens.weight'."""
+        key = "embed_tokens.weight"
+        found = [n[: -len(key)] for n in self.where if n.endswith(key)]
+        if len(found) != 1:
+            raise ModelLoadError(f"checkpoint holds {len(found)} tensors named *{key}, "
+                                 f"expected one")
+        return found[0]
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Tensor `name` from its file (CPU), after checking its shape and dtype."""
+        if name not in self.where:
+            raise ModelLoadError(f"checkpoint lacks tensor '{name}'")
+        handle = self.files[self.where[name]]
+        have = tuple(handle.get_slice(name).get_shape())
+        if have != shape:
+            raise ModelLoadError(f"tensor '{name}' has shape {have}, config.json implies {shape}")
+        t = handle.get_tensor(name)
+        if t.dtype not in _DTYPES:
+            raise ModelLoadError(f"tensor '{name}' is {t.dtype}; muser reads bfloat16, "
+                                 f"float16 and float32 safetensors")
+        return t
+
+
+def _open(path: Path):
+    if not path.is_file():
+        raise ModelLoadError(f"checkpoint file not found: {path}")
+    try:
+        return safe_open(path, framework="pt")
+    except SafetensorError as exc:  # covers truncated files: the header must span the data
+        raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every HF per-layer tensor (name after 'layers.{i}.')."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    return {
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "pre_feedforward_layernorm.weight": (h,), "post_feedforward_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (cfg.q_size, h), "self_attn.k_proj.weight": (cfg.kv_size, h),
+        "self_attn.v_proj.weight": (cfg.kv_size, h), "self_attn.o_proj.weight": (h, cfg.q_size),
+        "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+        "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
+        "mlp.down_proj.weight": (h, i),
+    }
+
+
+def load_weights_hf(
+    shards: Shards, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+    progress: bool = False,
+) -> ModelWeights:
+    """Every weight on `device`: matrices in `dtype`, norms float32 with Gemma's 1 + w folded
+    in (HF stores w; the graph multiplies by 1 + w, as transformers does in float32)."""
+    prefix, shapes = shards.prefix(), _shapes(cfg)
+    total = cfg.num_layers * len(shapes) + 2 + (not cfg.tie_word_embeddings)
+    bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
+
+    def get(name: str, shape: tuple[int, ...], norm: bool) -> torch.Tensor:
+        t = shards.get(name, shape)
+        bar.update()
+        if norm:
+            return (1.0 + t.float()).to(device)
+        return t.to(device=device, dtype=dtype)
+
+    def layer(i: int) -> LayerWeights:
+        fields = {}
+        for field, names in HF_LAYER_NAMES.items():
+            names = [names] if isinstance(names, str) else names
+            parts = [get(f"{prefix}layers.{i}.{n}", shapes[n], field in NORMS) for n in names]
+            fields[field] = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return LayerWeights(**fields)
+
+    inv = {v: k for k, v in HF_GLOBAL_NAMES.items()}
+    vocab, hidden = (cfg.vocab_size, cfg.hidden_size), (cfg.hidden_size,)
+    weights = ModelWeights(
+        embed=get(prefix + inv["embed"], vocab, norm=False),
+        final_norm=get(prefix + inv["final_norm"], hidden, norm=True),
+        layers=[layer(i) for i in range(cfg.num_layers)],
+        lm_head=None if cfg.tie_word_embeddings else get(HF_LM_HEAD, vocab, norm=False),
+    )
+    bar.close()
+    return weights

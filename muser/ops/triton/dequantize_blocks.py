@@ -1,0 +1,37 @@
+"""GGUF blocks -> a dense matrix in one pass: the prefill route's workspace (a tensor-core GEMM
+then runs on the values), or a check of the block readers against gguf's dequantization."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
+from muser.ops.triton.alloc import empty
+from muser.ops.triton.block_values import block_values
+from muser.ops.triton.launch import cdiv, launch
+
+
+@triton.jit
+def _dequantize_blocks_kernel(w_ptr, out_ptr, M, K, row_bytes, QTYPE: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rm[:, None] < M) & (kk[None, :] < K)
+    base = w_ptr + rm[:, None].to(tl.int64) * row_bytes
+    w = block_values(base, kk[None, :], mask, QTYPE)
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * K + kk[None, :],
+             w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype` (ref.dequantize_blocks)."""
+    assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
+    m, k = weight.shape
+    out = empty((m, k), dtype, weight.data.device)
+    block_m, block_k = 16, 256
+    launch(_dequantize_blocks_kernel, (cdiv(m, block_m), cdiv(k, block_k)), weight.data, out,
+           m, k, weight.data.shape[1], QTYPE=int(weight.qtype), BLOCK_M=block_m,
+           BLOCK_K=block_k)
+    return out
