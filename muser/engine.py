@@ -1,8 +1,10 @@
 """The engine: requests in, step outputs out. Drives scheduler -> runner -> sampler -> text.
 
-One step: the scheduler's batch (decode rows first, then prefill rows; preempted sequences'
-KV dropped first) -> one runner forward -> the tokens of every sequence whose rows are all
-computed, chosen together on the device (one copy to the host) -> text, stops, finishes."""
+One step: newly admitted requests get a sequence (starting after their longest cached prefix,
+with the prefix cache) -> the scheduler's batch (decode rows first, then prefill rows;
+preempted sequences' KV dropped as they are chosen) -> one runner forward -> the tokens of
+every sequence whose rows are all computed, chosen together on the device (one copy to the
+host) -> text, stops, finishes."""
 
 from __future__ import annotations
 
@@ -93,17 +95,16 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Run one scheduled step (decode rows and/or prefill chunks) -> its outputs."""
-        batch = self.scheduler.schedule(self.runner.pages.num_free)
+        for req in self.scheduler.admit():
+            live = self.live[req.uid]
+            live.seq = self.runner.allocate(req.all_ids)
+            req.num_cached = live.seq.num_cached
+            if not req.output_ids:
+                req.num_reused = req.num_cached
+        batch = self.scheduler.schedule(self.runner.pages.num_free, self._preempt)
         if batch is None:
             return []
-        for req in batch.preempted:
-            live = self.live[req.uid]
-            self.runner.free(live.seq)
-            live.seq = None
         lives = [self.live[r.uid] for r in batch.reqs]
-        for live in lives:
-            if live.seq is None:
-                live.seq = self.runner.allocate()
         inputs = [r.next_rows(n) for r, n in zip(batch.reqs, batch.num_tokens)]
         done, rows, flat = [], [], 0
         for live, ids in zip(lives, inputs):
@@ -121,6 +122,14 @@ class Engine:
             return []
         tokens = self.sampler(logits, [self._row(live) for live in done])
         return [self._emit(live, token) for live, token in zip(done, tokens)]
+
+    def _preempt(self, req: Request) -> int:
+        """Drop a preempted request's sequence -> the pages that gave back."""
+        live = self.live[req.uid]
+        before = self.runner.pages.num_free
+        self.runner.free(live.seq)
+        live.seq = None
+        return self.runner.pages.num_free - before
 
     @staticmethod
     def _row(live: _Live) -> SamplingRow:
