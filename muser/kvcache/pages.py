@@ -97,6 +97,13 @@ class PageAllocator:
                 del self._cached[page]
             self._refs[page] += 1
 
+    def forget(self) -> None:
+        """Unregister every page: cached ones become free, held ones stay held."""
+        self._free.extend(reversed(self._cached))
+        self._cached.clear()
+        self._page_of.clear()
+        self._key_of.clear()
+
     def num_freed_by(self, page_ids: list[int]) -> int:
         """Pages that `free(page_ids)` would make free or cached (no other holder)."""
         return sum(self._refs[p] == 1 for p in page_ids)

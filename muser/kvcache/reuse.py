@@ -52,6 +52,7 @@ class PrefixCache:
     def reset(self, pages: PageAllocator) -> None:
         """Forget every prefix (the runner remade its pages, or the warm-up is over)."""
         self.pages = pages
+        pages.forget()
         self.index = CheckpointIndex(self.store.rings.shape[0])
         self._lookups = self._hits = self._reused = 0
 
