@@ -105,3 +105,4 @@ class StepOutput:
     text_delta: str
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    num_reused: int = 0  # prompt tokens the request found in the prefix cache

@@ -164,12 +164,12 @@ class Engine:
         if len(req.output_ids) >= p.max_tokens or req.num_cached + 1 >= self.max_model_len:
             text += live.stops.push(live.detok.flush())[0] + live.stops.flush()
             return self._finish(live, token, text, "length")
-        return StepOutput(req.uid, token, text, False)
+        return StepOutput(req.uid, token, text, False, num_reused=req.num_reused)
 
     def _finish(self, live: _Live, token: int | None, text: str, reason: str) -> StepOutput:
         live.req.finish_s = time.perf_counter()
         self._release(live, reason)
-        return StepOutput(live.req.uid, token, text, True, reason)
+        return StepOutput(live.req.uid, token, text, True, reason, live.req.num_reused)
 
     def _release(self, live: _Live, reason: str) -> None:
         live.req.finish_reason = live.req.finish_reason or reason

@@ -56,9 +56,11 @@ class Runner:
             getattr(torch, engine.kv_dtype), self.device,
         )
         self.pages = PageAllocator(num_pages)
-        # NOTE: before the warm-up, so that the GPU's pages are sized beside the store
-        self.prefix = PrefixCache(self.pool, self.pages, int(engine.prefix_cache_gb * 2**30)
-                                  ) if engine.prefix_cache else None
+        # NOTE: before the warm-up, so that the GPU's pages are sized beside the store; no more
+        # checkpoints than the most pages the pool may get
+        self.prefix = PrefixCache(
+            self.pool, self.pages, int(engine.prefix_cache_gb * 2**30),
+            engine.max_num_seqs * pages_per_seq) if engine.prefix_cache else None
         # NOTE: on a GPU the eager decode group's block table is as wide as a graph's, so its
         # kernel shapes depend on the batch size only (each seen by the warm-up)
         self._decode_table_width = pages_per_seq if self.device.type == "cuda" else None

@@ -65,3 +65,61 @@ def test_a_prefix_hit_gives_the_bits_of_a_cold_prefill(
     cold_reused, cold, cold_tokens = _run(runner, follow, 8)
     assert cold_reused == 0 and runner.prefix.stats().hits == 0
     assert torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
+
+
+def test_eviction_under_pressure_spares_the_pages_a_sequence_shares(gguf_path: Path) -> None:
+    """A 24-page pool of 16 rows: a follow-up shares 5 cached pages of its first turn while two
+    other prompts need more pages than are free, so the other cached pages are evicted (and a
+    sequence preempted) around it. Every request still gets the tokens it gets alone, cold."""
+    llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=3, max_model_len=256,
+              page_size=16, num_pages=24)
+    engine, runner = llm.engine, llm.runner
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    first = llm.encode("The tide came in over the stones. " * 20)[:90]
+    decoy = llm.encode("Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. " * 8)[:40]
+    others = [llm.encode(f"{word} went down to the harbour at dawn. " * 20)[:150]
+              for word in ("Anna", "Boris")]
+
+    def seed() -> list[int]:
+        runner.prefix.reset(runner.pages)
+        outs = llm.generate(first, SamplingParams(max_tokens=4, ignore_eos=True)).token_ids
+        llm.generate(decoy, SamplingParams(max_tokens=2, ignore_eos=True))
+        return first + outs + llm.encode(" The keeper wrote it down.")[1:]
+
+    follow = seed()
+    prompts = [follow, *others]
+    alone = []
+    for ids in prompts:
+        runner.prefix.reset(runner.pages)
+        alone.append(llm.generate(ids, params).token_ids)
+    seed()
+    assert runner.pages.num_cached == 5 + 2  # first turn: 93 rows; decoy: 41
+    reqs = [engine.add_request(ids, params) for ids in prompts]
+    tokens: dict[int, list[int]] = {r.uid: [] for r in reqs}
+    evicted_while_shared = 0
+    while engine.has_work:
+        before = runner.pages.num_evictions
+        outs = engine.step()
+        shares = engine.live.get(reqs[0].uid)
+        if shares is not None and runner.pages.num_evictions > before:
+            evicted_while_shared += 1
+        for out in outs:
+            if out.token_id is not None:
+                tokens[out.uid].append(out.token_id)
+    assert reqs[0].num_reused == len(first) + 3 and evicted_while_shared >= 1
+    assert [tokens[r.uid] for r in reqs] == alone
+    assert engine.scheduler.stats.preemptions >= 1 and runner.pages.num_free == 24
+    seq = runner.allocate(decoy + [2])  # the decoy's pages were evicted: nothing to reuse
+    assert seq.num_cached == 0
+    runner.free(seq)
+
+
+def test_no_prefix_cache_computes_every_row(gguf_path: Path) -> None:
+    llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=1, max_model_len=256,
+              prefix_cache=False)
+    ids = llm.encode("The tide came in over the stones. " * 5)
+    first = llm.generate(ids, SamplingParams(max_tokens=2)).token_ids
+    req = llm.engine.add_request(ids + first, SamplingParams(max_tokens=1))
+    list(llm.engine.run(req))
+    assert llm.runner.prefix is None and req.num_reused == 0
+    assert llm.runner.memory.prefix_cache == 0 and llm.runner.pages.num_cached == 0

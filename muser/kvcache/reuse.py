@@ -43,10 +43,13 @@ class PrefixStats:
 
 
 class PrefixCache:
-    def __init__(self, pool: KVPool, pages: PageAllocator, budget_bytes: int) -> None:
-        """budget_bytes: what the checkpoint store may take (as many whole checkpoints as fit)."""
+    def __init__(self, pool: KVPool, pages: PageAllocator, budget_bytes: int,
+                 max_checkpoints: int) -> None:
+        """budget_bytes: what the checkpoint store may take (as many whole checkpoints as fit,
+        at most max_checkpoints)."""
         self.page_size = pool.page_size
-        self.store = CheckpointStore(pool, max(budget_bytes, 0) // checkpoint_nbytes(pool))
+        fits = max(budget_bytes, 0) // checkpoint_nbytes(pool)
+        self.store = CheckpointStore(pool, min(fits, max_checkpoints))
         self.reset(pages)
 
     def reset(self, pages: PageAllocator) -> None:
