@@ -194,6 +194,10 @@ class Runner:
         seq.ring = ring
         if self.prefix is not None:
             self.prefix.append(seq, ids)
+            # NOTE: a prompt that shares only a first part (a system prompt) resumes from the
+            # last multiple of prefill_chunk inside it
+            if len(ids) > 1 and seq.num_cached % self.engine.prefill_chunk == 0:
+                self.prefix.save(seq)
 
     def _reserve_pages(self, seq: SeqState, num_positions: int) -> None:
         if num_positions > self.engine.max_model_len:

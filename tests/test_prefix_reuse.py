@@ -123,3 +123,18 @@ def test_no_prefix_cache_computes_every_row(gguf_path: Path) -> None:
     list(llm.engine.run(req))
     assert llm.runner.prefix is None and req.num_reused == 0
     assert llm.runner.memory.prefix_cache == 0 and llm.runner.pages.num_cached == 0
+
+
+def test_a_shared_first_part_resumes_from_a_chunk_boundary(llm: LLM) -> None:
+    """Two prompts that share their first 600 tokens (a system prompt): the second resumes
+    from the first one's checkpoint after its 512-row chunk, with the bits of a cold prefill."""
+    runner = llm.runner
+    runner.prefix.reset(runner.pages)
+    system = llm.encode("You are the lighthouse keeper's log. " * 80)[:600]
+    llm.generate(system + llm.encode(" Who came by today?")[1:], SamplingParams(max_tokens=1))
+    question = system + llm.encode(" What was the weather like?")[1:]
+    reused, hit, _ = _run(runner, question, 2)
+    assert reused == llm.config.prefill_chunk == 512
+    runner.prefix.reset(runner.pages)
+    cold_reused, cold, _ = _run(runner, question, 2)
+    assert cold_reused == 0 and torch.equal(hit, cold[reused:])

@@ -3,7 +3,9 @@
     on free ....... the sequence's full pages are registered under their prefix keys (they
                     stay cached, evicted LRU only when free pages run out), and its state at
                     its end is checkpointed: every sliding layer's ring (rows + metadata) and
-                    the rows of its partial last page (muser/kvcache/prefix.py)
+                    the rows of its partial last page (muser/kvcache/prefix.py); so is its
+                    state after a prefill chunk that ends at a multiple of prefill_chunk
+                    tokens (the runner's call)
     on allocate ... the longest checkpoint whose prefix the prompt begins with (at most all
                     but the prompt's last token, whose logits are needed) and whose full pages
                     are still cached: those pages are shared (reference counted, read-only),
@@ -101,8 +103,8 @@ class PrefixCache:
                                    self.page_size, seq.keys[-1] if seq.keys else ROOT)
 
     def save(self, seq: SeqState) -> None:
-        """Register the sequence's full pages and checkpoint its state at its end (before its
-        pages are freed)."""
+        """Register the sequence's full pages and checkpoint its state now (at its end: before
+        its pages are freed)."""
         n, ps = seq.num_cached, self.page_size
         if not n:
             return
