@@ -138,3 +138,21 @@ def test_a_shared_first_part_resumes_from_a_chunk_boundary(llm: LLM) -> None:
     runner.prefix.reset(runner.pages)
     cold_reused, cold, _ = _run(runner, question, 2)
     assert cold_reused == 0 and torch.equal(hit, cold[reused:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_hit_gives_the_greedy_tokens_of_a_cold_prefill(gguf_path: Path) -> None:
+    """Not bitwise on a GPU (the hit computes the rows after the prefix in another chunking
+    than a cold prefill does): the 64 greedy tokens after a hit inside a page past the ring's
+    wrap are the cold prefill's; the largest logit difference is printed."""
+    llm = LLM(gguf_path, progress=False, device="cuda", max_num_seqs=2, max_model_len=1024,
+              page_size=PAGE)
+    first = _first_turn(llm, "The tide came in over the stones. ", 601, 8)
+    follow = first + llm.encode(" Then the lighthouse keeper wrote it down.")[1:]
+    runner = llm.runner
+    reused, hit, hit_tokens = _run(runner, follow, 64)
+    runner.prefix.reset(runner.pages)
+    _, cold, cold_tokens = _run(runner, follow, 64)
+    assert reused == len(first) - 1 and hit_tokens == cold_tokens
+    print(f"max |logit difference| hit vs cold: {float((hit - cold[reused:]).abs().max()):.4f}")
