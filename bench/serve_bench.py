@@ -304,9 +304,13 @@ def served_phases(args: argparse.Namespace, publish: Callable[[dict], dict]) -> 
         if not todo:
             continue
         with serve(args, policy) as url:
+            import httpx
+
+            batching = httpx.get(url + "/props", headers={"Authorization": f"Bearer {KEY}"},
+                                 timeout=30).json().get("batching")
             for name in todo:
                 cell = (run_adaptive(url, args, policy) if name == "adaptive"
-                        else run_workload(url, args, name, policy))
+                        else run_workload(url, args, name, policy)) | {"batching": batching}
                 say(cell_line(publish({"cells": [cell]})["cells"][-1]))  # merged last
 
 

@@ -66,10 +66,11 @@ def default_dtypes(device: str) -> tuple[str, str]:
 
 
 # Batching defaults per backend (EngineConfig fields left None). CPU: the DESIGN's 64-row cap
-# while decodes run and one 512-row chunk per step. GPU: see bench/GPU_NOTES.md, "Serving".
+# while decodes run and one 512-row chunk per step. GPU: see bench/GPU_NOTES.md, "Serving";
+# its decode_waiting_chunk stays None until the runner measures it (muser/waiting_chunk.py).
 BATCHING = {
     "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64},
-    "cuda": {"max_num_seqs": 32, "max_batched_tokens": 2048, "decode_waiting_chunk": 256},
+    "cuda": {"max_num_seqs": 32, "max_batched_tokens": 2048, "decode_waiting_chunk": None},
 }
 
 
@@ -89,6 +90,7 @@ class EngineConfig:
     kv_dtype: str = "bfloat16"
     prefill_chunk: int = 512  # most rows of one sequence per step
     decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
+    # (GPU, None: measured at startup)
     max_num_seqs: int | None = None  # sequences in flight (decode batch)
     max_batched_tokens: int | None = None  # most rows per step (decode + prefill)
     enforce_eager: bool = False  # GPU: no CUDA graphs for decode

@@ -26,6 +26,15 @@ class PromptError(MuserError, ValueError):
     """The prompt cannot be served (empty, or longer than the context)."""
 
 
+def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
+    """Raise PromptError unless the prompt is non-empty and leaves room for one new token."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty")
+    if len(prompt_ids) >= max_model_len:
+        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
+                          f"{max_model_len} (prompt + at least one new token)")
+
+
 @dataclass(slots=True)
 class _Live:
     """Per-request state that only the engine sees."""
@@ -53,15 +62,14 @@ class Engine:
         self.live: dict[int, _Live] = {}
         self.sampler = BatchSampler(runner.device)
 
-    def make_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
-        """Validate a prompt -> a new Request (touches no engine state, so any thread may call it).
-        Raises PromptError."""
-        if not prompt_ids:
-            raise PromptError("the prompt is empty")
-        if len(prompt_ids) >= self.max_model_len:
-            raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
-                              f"{self.max_model_len} (prompt + at least one new token)")
-        return Request(list(prompt_ids), sampling)
+    def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
+                     uid: int | None = None) -> Request:
+        """Validate a prompt -> a new Request (touches no engine state, so any thread may call it);
+        `uid` as the caller numbers its requests, else the next one. Raises PromptError."""
+        check_prompt(prompt_ids, self.max_model_len)
+        if uid is None:
+            return Request(list(prompt_ids), sampling)
+        return Request(list(prompt_ids), sampling, uid=uid)
 
     def add(self, req: Request) -> None:
         """Queue a request made by make_request; raises scheduler.QueueFull."""

@@ -84,7 +84,7 @@ class LLM:
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
         self.runner = Runner(self.model_config, self.config, loaded.weights, self.startup)
-        c = self.config
+        self.config = c = self.runner.engine  # NOTE: with what the runner measured
         scheduler = Scheduler(c.max_num_seqs, c.prefill_chunk, c.decode_waiting_chunk,
                               max_batched_tokens=c.max_batched_tokens, page_size=c.page_size)
         self.engine = Engine(self.runner, self.tokenizer, scheduler)

@@ -5,6 +5,7 @@ Only the runner touches device tensors; callers pass host integers and token ids
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -90,8 +91,24 @@ class Runner:
         if self.engine.num_pages is None:
             self._size_pages(peak if ran else self._estimated_workspace(), log)
         graph_pool = memory.kept_bytes(lambda: capture(self, log), self.device)
+        if ran and self.engine.decode_waiting_chunk is None:
+            self._measure_waiting_chunk(log)
+        if ran:
+            self.model.ops.tuning.serving()
         self.warmup = dict(log.details)
         return peak + graph_pool if ran else None
+
+    def _measure_waiting_chunk(self, log: StartupLog) -> None:
+        """Choose decode_waiting_chunk from step times measured here (muser/waiting_chunk.py),
+        then run the scheduler-made warm-up steps again under that cap."""
+        from muser import waiting_chunk
+        from muser.warmup import scheduled
+
+        with log.phase("chunk cap") as detail:
+            cap, measured = waiting_chunk.measure(self)
+            detail.update(cap=cap, **measured)
+            self.engine = dataclasses.replace(self.engine, decode_waiting_chunk=cap)
+            scheduled(self)
 
     def _size_pages(self, workspace: int, log: StartupLog) -> None:
         """Reallocate the KV pages to what utilization x the GPU's memory holds beside what

@@ -132,10 +132,10 @@ def _exercise(runner: Runner, widths: list[int], exact_rows: int) -> None:
     for n in step_widths(engine, exact_rows):
         if n > widest:  # several prompts' chunks in one step
             _together(runner, [widest] * (n // widest) + [n % widest] * (n % widest > 0))
-    cap = min(engine.decode_waiting_chunk, widest, room)
+    cap = min(engine.decode_waiting_chunk or widest, widest, room)
     for bs in decode_sizes(engine.max_num_seqs - 1, exact_rows):  # mixed: + one chunk
         _together(runner, [1] * bs + [min(cap, engine.max_batched_tokens - bs)])
-    _scheduled(runner)
+    scheduled(runner)
     if runner.graphs is not None:
         if not runner.graphs.is_captured:
             for bs in graph_batch_sizes(runner.engine.max_num_seqs):
@@ -145,7 +145,7 @@ def _exercise(runner: Runner, widths: list[int], exact_rows: int) -> None:
         _together(runner, [1] * bs, repeat=2)
 
 
-def _scheduled(runner: Runner) -> None:
+def scheduled(runner: Runner) -> None:
     """The steps the scheduler itself makes: max_num_seqs requests arriving one per step
     (prompts of 1 .. ~600 rows, the first one wrapping the ring), each decoding until the last
     has arrived, so every decode-group size meets chunks with cached prefixes beside it."""
@@ -158,7 +158,7 @@ def _scheduled(runner: Runner) -> None:
     lengths = [min(room, window + 37)] + [min(room, (97 * i) % 600 + 1) for i in range(1, n)]
     pending = [Request([_TOKEN] * m, SamplingParams(max_tokens=n - i + 1))
                for i, m in enumerate(lengths)]
-    sched = Scheduler(n, e.prefill_chunk, e.decode_waiting_chunk,
+    sched = Scheduler(n, e.prefill_chunk, e.decode_waiting_chunk or e.prefill_chunk,
                       max_batched_tokens=e.max_batched_tokens, page_size=e.page_size)
     seqs = {}
     try:

@@ -14,7 +14,9 @@ Decode metadata lives in ONE int32 buffer, so a step costs one host-to-device co
     origins        [B]                ring physical origin           0
 
 Padding rows (b >= number of sequences) have write_dst = -1 and lens = 0: they store
-nothing and attend nothing.
+nothing and attend nothing. Every field (and every tensor `upload` packs) starts at a multiple
+of ALIGN elements: Triton specializes a kernel on whether each pointer is 16-byte aligned, so
+offsets that followed the batch size would compile new variants while serving.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class DecodeLayout:
             for f in ("src", "write_dst", "block_table", "starts", "lens", "origins")
         ]:
             self.fields[name] = (offset, shape)
-            offset += math.prod(shape)
+            offset += _aligned(math.prod(shape))
         self.size = offset
         self._views: dict[int, tuple[torch.Tensor, dict]] = {}  # per packed buffer (<= 2)
 
@@ -155,6 +157,13 @@ class AheadPacker:
         self.staged_for = _seqs_key(nxt)
 
 
+ALIGN = 4  # int32 elements: 16 bytes
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 def _seqs_key(seqs: list[SeqInput]) -> tuple:
     return tuple((s.slot, s.start, s.num_rows, s.ring, s.page_ids) for s in seqs)
 
@@ -212,11 +221,17 @@ def prepare_plan(plan: StepPlan, cfg: ModelConfig, seqs: list[SeqInput], token_i
 
 def upload(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Host integer tensors -> int32 device tensors of the same shapes, in one copy (each copy
-    costs a driver call; a prefill step's metadata is ~a dozen small tensors)."""
+    costs a driver call; a prefill step's metadata is ~a dozen small tensors), each starting
+    16-byte aligned."""
     if torch.device(device).type == "cpu":  # nothing to copy: the CPU decode step runs here
         return [t.to(torch.int32) for t in tensors]
     if not tensors:
         return []
-    flat = torch.cat([t.reshape(-1).to(torch.int32) for t in tensors]).to(device)
-    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]),
-                                                   tensors)]
+    sizes = [_aligned(t.numel()) for t in tensors]
+    flat = torch.zeros(sum(sizes), dtype=torch.int32)
+    offset = 0
+    for t, size in zip(tensors, sizes):
+        flat[offset:offset + t.numel()] = t.reshape(-1)
+        offset += size
+    flat = flat.to(device)
+    return [part[:t.numel()].view(t.shape) for part, t in zip(flat.split(sizes), tensors)]

@@ -1,1 +1,1 @@
-"""HTTP serving: OpenAI- and llama.cpp-compatible routes over one engine loop thread."""
+"""HTTP serving: OpenAI- and llama.cpp-compatible routes in front of one engine process."""

@@ -1,4 +1,4 @@
-"""create_app: routes, keys, error bodies and metrics around one EngineLoop."""
+"""create_app: routes, keys, error bodies and metrics around one engine process."""
 
 from __future__ import annotations
 

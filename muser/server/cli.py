@@ -10,8 +10,6 @@ from pathlib import Path
 from muser.cli import _positive_int, add_engine_args, engine_kwargs
 from muser.errors import MuserError
 
-SWITCH_INTERVAL_S = 0.0005
-
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the model over HTTP (OpenAI and llama.cpp routes)",
@@ -34,8 +32,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    "512 on the CPU)")
     p.add_argument("--decode-waiting-chunk", type=_positive_int,
                    help="most prefill rows in a step while any sequence decodes: running "
-                   "streams' TPOT vs new prompts' TTFT (default: 256 on the GPU, 64 on the "
-                   "CPU; bench/GPU_NOTES.md)")
+                   "streams' TPOT vs new prompts' TTFT (default on the GPU: measured at "
+                   "startup, the largest cap whose mixed step takes at most 2x the decode "
+                   "step; 64 on the CPU)")
     p.add_argument("--max-queue", type=_positive_int, default=64,
                    help="requests waiting beyond --max-num-seqs before 429 (default: %(default)s)")
     p.add_argument("--chunk-policy", choices=["adaptive", "fixed"], default="adaptive",
@@ -68,7 +67,7 @@ def _load_kwargs(args: argparse.Namespace) -> dict:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Bind at once, load and warm the engine in the background (503 until ready), serve."""
+    """Bind at once, load and warm the engine in its own process (503 until ready), serve."""
     import uvicorn
 
     from muser.server.app import create_app
@@ -77,10 +76,6 @@ def serve(args: argparse.Namespace) -> int:
     from muser.server.startup import Startup
 
     keys = _keys(args)
-    # NOTE: the engine thread and the event loop share the GIL. A thread waiting for it waits
-    # up to the switch interval (5 ms by default) before forcing a handoff: a stall of the
-    # engine between kernel launches whenever the event loop is busy streaming tokens.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     holder: list[uvicorn.Server] = []
 
@@ -102,20 +97,20 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _context(args: argparse.Namespace, keys, metrics):
-    """Load the model and warm the engine up (phases logged) -> the routes' context."""
-    from muser import LLM
+    """Start the engine process, wait until it has loaded and warmed the model up (phases
+    logged by it) -> the routes' context."""
     from muser.server.context import ServerContext
-    from muser.server.loop import EngineLoop
-    from muser.startup import StartupLog
+    from muser.server.engine_process import EngineProcess, EngineSpec
 
     kwargs = engine_kwargs(args)
     kwargs.update(max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-                  decode_waiting_chunk=args.decode_waiting_chunk)
+                  decode_waiting_chunk=args.decode_waiting_chunk, **_load_kwargs(args))
     if args.chunk_policy == "fixed":
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
-    log = StartupLog(logging.getLogger("muser.startup").info)
-    llm = LLM(args.model, progress=sys.stderr.isatty(), log=log, **_load_kwargs(args), **kwargs)
-    loop = EngineLoop(llm.engine, args.max_queue)
-    return ServerContext(loop, llm.tokenizer, metrics, keys,
-                         args.model_name or Path(str(llm.path)).stem, str(llm.path),
-                         llm.config.max_model_len, llm.config.max_num_seqs, args.max_body_bytes)
+    spec = EngineSpec(args.model, kwargs, args.log_level, sys.stderr.isatty())
+    loop = EngineProcess(spec, args.max_queue)
+    ready = loop.launch()
+    return ServerContext(loop, ready.tokenizer, metrics, keys,
+                         args.model_name or Path(ready.model_path).stem, ready.model_path,
+                         ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
+                         ready.batching)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -16,7 +16,7 @@ from muser.scheduler import QueueFull
 from muser.server.auth import Keys
 from muser.server.errors import ApiError
 from muser.server.generation import Generation
-from muser.server.loop import EngineLoop
+from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.metrics import Metrics
 from muser.tokenizer import Tokenizer
 
@@ -25,7 +25,7 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 
 @dataclass
 class ServerContext:
-    loop: EngineLoop
+    loop: EngineProcess
     tokenizer: Tokenizer
     metrics: Metrics
     keys: Keys
@@ -34,6 +34,7 @@ class ServerContext:
     max_model_len: int
     max_num_seqs: int
     max_body_bytes: int = 4 << 20
+    batching: dict[str, Any] = field(default_factory=dict)
 
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
         """Size-limited, strict JSON -> `model`; any problem is a 4xx ApiError."""
@@ -89,6 +90,9 @@ class ServerContext:
             return Generation(self.loop, self.metrics, prompt_ids, sampling)
         except PromptError as exc:
             raise ApiError(400, str(exc), "context_length_exceeded", "prompt") from None
+        except EngineDead as exc:
+            raise ApiError(503, f"the engine is not running ({exc}); see the server log",
+                           "engine_dead") from None
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy ({exc}); retry later",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from None

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from muser.core import SamplingParams, StepOutput
-from muser.server.loop import EngineLoop
+from muser.server.engine_process import EngineProcess
 from muser.server.metrics import Metrics
 
 _DISCONNECT_POLL_S = 0.25
@@ -62,7 +62,7 @@ class Result:
 
 
 class Generation:
-    def __init__(self, loop: EngineLoop, metrics: Metrics, prompt_ids: list[int],
+    def __init__(self, loop: EngineProcess, metrics: Metrics, prompt_ids: list[int],
                  sampling: SamplingParams) -> None:
         """Submits at once; raises PromptError or QueueFull."""
         self.loop, self.metrics = loop, metrics

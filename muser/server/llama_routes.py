@@ -29,8 +29,11 @@ def _ctx(request: Request) -> ServerContext:
 async def health(request: Request) -> JSONResponse:
     if getattr(request.app.state, "draining", False):
         return JSONResponse({"status": "shutting down"}, status_code=503)
-    if request.app.state.startup.ctx is None:
+    ctx = request.app.state.startup.ctx
+    if ctx is None:
         return JSONResponse({"status": "loading"}, status_code=503)
+    if ctx.loop.error is not None:
+        return JSONResponse({"status": "error", "error": ctx.loop.error}, status_code=500)
     return JSONResponse({"status": "ok"})
 
 
@@ -41,7 +44,7 @@ async def props(request: Request) -> dict[str, Any]:
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": defaults},
             "total_slots": ctx.max_num_seqs, "model_alias": ctx.model_name,
             "model_path": ctx.model_path, "chat_template": ctx.tokenizer.chat_template or "",
-            "build_info": "muser", "memory": _memory(ctx)}
+            "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching}
 
 
 def _memory(ctx: ServerContext) -> dict[str, Any]:

@@ -49,17 +49,22 @@ class EngineLoop:
         self._snapshot()
         self._thread.start()
 
-    def stop(self) -> None:
-        """Cancel whatever is still in flight and join the thread."""
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Cancel whatever is still in flight and join the thread (logged if it is still
+        running after `timeout_s`, e.g. inside a step that does not return)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error("the engine loop did not stop within %.0f s", timeout_s)
 
-    def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink) -> int:
-        """Queue a request -> uid; `sink` is called from the loop thread with each StepOutput.
-        Raises PromptError, or QueueFull when the waiting queue is at its bound."""
-        req = self.engine.make_request(prompt_ids, sampling)
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink,
+               uid: int | None = None) -> int:
+        """Queue a request -> its uid (`uid`, or the engine's next); `sink` is called from the
+        loop thread with each StepOutput. Raises PromptError, or QueueFull when the waiting
+        queue is at its bound."""
+        req = self.engine.make_request(prompt_ids, sampling, uid)
         bound = self.max_queue
         with self._cond:
             if self._stopping:

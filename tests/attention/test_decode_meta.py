@@ -63,3 +63,15 @@ def test_packing_ahead_equals_packing_each_step():
     seqs = seqs[:1]  # the batch changed: no staged pack applies
     rings = packer.pack(ahead, CFG, seqs, [7])
     assert rings == layout.pack(fresh, CFG, seqs, [7]) and torch.equal(ahead, fresh)
+
+
+def test_every_field_starts_16_byte_aligned_whatever_the_batch() -> None:
+    # Triton specializes kernels on pointer alignment: offsets that followed the batch size
+    # would compile new kernel variants while serving
+    from muser.attention.decode_meta import ALIGN, DecodeLayout
+
+    for width in (1, 2, 3, 5, 17, 33):
+        for max_pages in (1, 3, 16):
+            layout = DecodeLayout(width, 512, 16, max_pages)
+            assert all(offset % ALIGN == 0 for offset, _ in layout.fields.values())
+            assert layout.size % ALIGN == 0

@@ -39,6 +39,8 @@ def test_tokenize_detokenize_round_trip(server: Server) -> None:
 def test_props(server: Server) -> None:
     props = server.client().get("/props").json()
     assert props["total_slots"] == MAX_NUM_SEQS
+    assert props["batching"] == {"max_num_seqs": MAX_NUM_SEQS, "max_batched_tokens": 512,
+                                 "decode_waiting_chunk": 64, "prefill_chunk": 512}
     assert props["default_generation_settings"]["n_ctx"] == MAX_MODEL_LEN
 
 

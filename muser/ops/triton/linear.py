@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from muser.ops.triton.norm import add_rms_norm
 @dataclass(slots=True)
 class TuningStats:
     tuned: int = 0  # calls of `tune`: shapes chosen in this process (timed on CUDA)
+    serving: bool = False  # set once the warm-up is over: a shape tuned after it is a stall
 
 
 STATS = TuningStats()
@@ -126,6 +128,9 @@ def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     """The tuning entry point: choose the config of a shape without a pick (on CUDA, the
     fastest candidate, timed; under the interpreter, one small config) and remember it."""
     STATS.tuned += 1
+    if STATS.serving:
+        logging.getLogger("muser.tuning").warning(
+            "projection %s tuned after the warm-up, on the request path", key)
     if not x.is_cuda:
         config, timed = (DEFAULT if x.shape[0] <= MAX_ROWS else None), {}
     else:

@@ -11,6 +11,8 @@ at a time; `compiling` does it on the compile threads.
 
 from __future__ import annotations
 
+import logging
+
 import os
 import warnings
 from collections.abc import Iterator
@@ -37,9 +39,11 @@ class JitStats:
     compiles: int = 0  # kernels the JIT compiled or loaded (its in-process cache missed)
     misses: list[str] = field(default_factory=list)  # "<kernel> <specialization key>" of each
     compiled: list[kernel_list.Compiled] = field(default_factory=list)  # what each miss was
+    serving: bool = False  # set once the warm-up is over: a miss after it is a request stall
 
 
 JIT = JitStats()
+log = logging.getLogger("muser.tuning")
 
 
 def _count_compile(*, key, fn, compile, **kwargs) -> None:
@@ -48,6 +52,14 @@ def _count_compile(*, key, fn, compile, **kwargs) -> None:
     JIT.compiles += 1
     JIT.misses.append(f"{fn.name} {key}")
     JIT.compiled.append((fn.jit_function, key, compile["specialization_data"]))
+    if JIT.serving:
+        log.warning("kernel %s compiled after the warm-up, on the request path (%s)",
+                    fn.name, key)
+
+
+def serving() -> None:
+    """The warm-up is over: from now on a compile or a tuned shape is logged as a stall."""
+    JIT.serving = linear.STATS.serving = True
 
 
 triton.knobs.runtime.jit_cache_hook = _count_compile
