@@ -8,8 +8,8 @@ request runs alone, so its TTFT is its prefill (and, with reuse, the restore of 
 through two engines in one process: one with the prefix cache, one with --no-prefix-cache,
 alternating which goes first. Both must give the same tokens (on the CPU: the same bits).
 
-    python bench/prefix_bench.py --out bench/results/prefix_cpu.json \\
-        --plot bench/results/prefix_cpu.png
+    python bench/prefix_bench.py --device cpu --threads 1 --out bench/results/prefix_cpu.json \\
+        --plot bench/results/prefix_cpu.png          # the committed receipt: 2 shared cores
     python bench/prefix_bench.py --device cuda --load-format dummy --model-config gemma3-27b \\
         --conversations 16 --turns 8 --first 2048 --append 200 --max-model-len 32768 --out R.json
 """
@@ -22,6 +22,7 @@ import json
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -34,11 +35,11 @@ from muser.cli import add_engine_args, engine_kwargs, model_kwargs
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_args(p)
-    p.add_argument("--conversations", type=int, default=4)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--first", type=int, default=1024, help="tokens of a first turn's prompt")
+    p.add_argument("--conversations", type=int, default=3)
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--first", type=int, default=512, help="tokens of a first turn's prompt")
     p.add_argument("--append", type=int, default=200, help="new tokens a later turn adds")
-    p.add_argument("--answer", type=int, default=32, help="tokens generated per turn")
+    p.add_argument("--answer", type=int, default=16, help="tokens generated per turn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="JSON receipt")
     p.add_argument("--plot", type=Path, help="PNG: TTFT per turn, both engines")
@@ -117,6 +118,8 @@ def main() -> None:
             context[conv] += row["reuse"].pop("token_ids") + ids(args.append)
             del row["cold"]["token_ids"]
             requests.append(row)
+        print(f"turn {turn + 1}: {_summary(requests, turn + 1)[-1]}", file=sys.stderr,
+              flush=True)
     rows = _summary(requests, args.turns)
     c = llm.config
     receipt = {
