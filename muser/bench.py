@@ -68,7 +68,8 @@ class MuserSide:
         from muser import LLM
         from muser.cli import engine_kwargs
 
-        self.llm = LLM(args.model, max_num_seqs=1, **engine_kwargs(args))
+        # NOTE: every cell is a cold prompt: no checkpoint saved as a sequence is freed
+        self.llm = LLM(args.model, max_num_seqs=1, **engine_kwargs(args) | {"prefix_cache": False})
         self.runner = self.llm.runner
 
     def prefill(self, ids: list[int]) -> None:

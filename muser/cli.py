@@ -60,6 +60,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="share of the GPU's memory for weights, KV cache and step workspace; "
                    "the KV pages take what is left of it (default: %(default)s)")
     p.add_argument("--threads", type=_positive_int, help="CPU threads (default: all cores)")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction,
+                   help="a prompt that begins with a prefix computed before starts after it; "
+                   "--no-prefix-cache computes every prompt from its first token (default: on "
+                   "on the CPU, off on a GPU, where it is not measured yet)")
+    p.add_argument("--prefix-cache-gb", type=_non_negative(float), metavar="GB",
+                   help="memory for the sliding layers' ring checkpoints of cached prefixes "
+                   "(default: 1 on the CPU, 8 on a GPU)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
     p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
@@ -69,7 +76,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
-                  gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads)
+                  gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads,
+                  prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

@@ -75,6 +75,16 @@ BATCHING = {
 }
 
 
+# GiB of ring checkpoints per backend (EngineConfig.prefix_cache_gb left None). One checkpoint
+# holds a slot's rings and one page: 17 MB for the 270M in float32, 457 MB for gemma3-27b in
+# bfloat16 (52 sliding layers of 1,024 rows).
+PREFIX_CACHE_GB = {"cpu": 1.0, "cuda": 8.0}
+# Prefix reuse per backend (EngineConfig.prefix_cache left None): on the CPU its outputs are
+# bitwise a cold prefill's (tests/test_prefix_reuse.py); on a GPU it is off until it has been
+# measured there (tests/test_prefix_reuse.py's GPU test, serving receipts with it on).
+PREFIX_CACHE = {"cpu": True, "cuda": False}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine knobs; CLI flags map 1:1 onto these fields. Batching fields left None take the
@@ -94,15 +104,21 @@ class EngineConfig:
     num_pages: int | None = None  # None: from free GPU memory (CPU: max_num_seqs * max_model_len)
     gpu_memory_utilization: float = 0.90  # share of the GPU's memory weights, KV and steps use
     num_threads: int | None = None
+    prefix_cache: bool | None = None  # reuse the KV of prompt prefixes (None: PREFIX_CACHE)
+    prefix_cache_gb: float | None = None  # ring checkpoints' store (None: PREFIX_CACHE_GB)
 
     def __post_init__(self) -> None:
-        defaults = BATCHING["cpu" if self.device == "cpu" else "cuda"]
+        backend = "cpu" if self.device == "cpu" else "cuda"
+        defaults = BATCHING[backend] | {"prefix_cache_gb": PREFIX_CACHE_GB[backend],
+                                        "prefix_cache": PREFIX_CACHE[backend]}
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         if self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold one "
                              f"decode row of every sequence (max_num_seqs = {self.max_num_seqs})")
+        if self.prefix_cache_gb < 0:
+            raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")

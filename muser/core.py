@@ -67,6 +67,7 @@ class Request:
     uid: int = field(default_factory=lambda: next(_uids))
     output_ids: list[int] = field(default_factory=list)
     num_cached: int = 0  # rows of this sequence already in the KV cache
+    num_reused: int = 0  # prompt rows found in the prefix cache when first admitted
     status: Status = Status.WAITING
     finish_reason: str | None = None
     arrival_s: float = field(default_factory=time.perf_counter)
@@ -105,3 +106,4 @@ class StepOutput:
     text_delta: str
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    num_reused: int = 0  # prompt tokens the request found in the prefix cache

@@ -1,8 +1,10 @@
 """The engine: requests in, step outputs out. Drives scheduler -> runner -> sampler -> text.
 
-One step: the scheduler's batch (decode rows first, then prefill rows; preempted sequences'
-KV dropped first) -> one runner forward -> the tokens of every sequence whose rows are all
-computed, chosen together on the device (one copy to the host) -> text, stops, finishes."""
+One step: newly admitted requests get a sequence (starting after their longest cached prefix,
+with the prefix cache) -> the scheduler's batch (decode rows first, then prefill rows;
+preempted sequences' KV dropped as they are chosen) -> one runner forward -> the tokens of
+every sequence whose rows are all computed, chosen together on the device (one copy to the
+host) -> text, stops, finishes."""
 
 from __future__ import annotations
 
@@ -120,20 +122,20 @@ class Engine:
             self.remote is not None and self.remote.has_done)
 
     def step(self) -> list[StepOutput]:
-        """Install the remote prefills that arrived, then run one scheduled step (decode rows
-        and/or prefill chunks) -> their outputs."""
+        """Install the remote prefills that arrived, admit waiting requests (their cached
+        prefix placed), then run one scheduled step (decode rows and/or prefill chunks) ->
+        their outputs."""
         outputs = self._install_arrived() if self.remote is not None else []
-        batch = self.scheduler.schedule(self.runner.pages.num_free)
+        for req in self.scheduler.admit():
+            live = self.live[req.uid]
+            live.seq = self.runner.allocate(req.all_ids)
+            req.num_cached = live.seq.num_cached
+            if not req.output_ids:
+                req.num_reused = req.num_cached
+        batch = self.scheduler.schedule(self.runner.pages.num_free, self._preempt)
         if batch is None:
             return outputs
-        for req in batch.preempted:
-            live = self.live[req.uid]
-            self.runner.free(live.seq)
-            live.seq = None
         lives = [self.live[r.uid] for r in batch.reqs]
-        for live in lives:
-            if live.seq is None:
-                live.seq = self.runner.allocate()
         inputs = [r.next_rows(n) for r, n in zip(batch.reqs, batch.num_tokens)]
         done, rows, flat = [], [], 0
         for live, ids in zip(lives, inputs):
@@ -170,7 +172,7 @@ class Engine:
                 waiting.append(result)
                 continue
             try:
-                live.seq = install(self.runner, result.snapshot)
+                live.seq = install(self.runner, result.snapshot, live.req.prompt_ids)
             except (OutOfPages, RuntimeError):
                 waiting.append(result)
                 continue
@@ -180,6 +182,14 @@ class Engine:
             outputs.append(self._emit(live, self.sampler(logits, [self._row(live)])[0]))
         self._arrived = waiting
         return outputs
+
+    def _preempt(self, req: Request) -> int:
+        """Drop a preempted request's sequence -> the pages that gave back."""
+        live = self.live[req.uid]
+        before = self.runner.pages.num_free
+        self.runner.free(live.seq)
+        live.seq = None
+        return self.runner.pages.num_free - before
 
     @staticmethod
     def _row(live: _Live) -> SamplingRow:
@@ -217,12 +227,12 @@ class Engine:
         if len(req.output_ids) >= p.max_tokens or req.num_cached + 1 >= self.max_model_len:
             text += live.stops.push(live.detok.flush())[0] + live.stops.flush()
             return self._finish(live, token, text, "length")
-        return StepOutput(req.uid, token, text, False)
+        return StepOutput(req.uid, token, text, False, num_reused=req.num_reused)
 
     def _finish(self, live: _Live, token: int | None, text: str, reason: str) -> StepOutput:
         live.req.finish_s = time.perf_counter()
         self._release(live, reason)
-        return StepOutput(live.req.uid, token, text, True, reason)
+        return StepOutput(live.req.uid, token, text, True, reason, live.req.num_reused)
 
     def _release(self, live: _Live, reason: str) -> None:
         live.req.finish_reason = live.req.finish_reason or reason

@@ -6,7 +6,8 @@ device (MemoryReport), and how many KV pages the rest of a GPU holds (size_pages
     kv_pages ...... the page pool of the full-attention layers
     workspace ..... GPU: peak allocated during the warm-up beyond weights and KV (activations),
                     plus the CUDA graph pool; CPU: an estimate of the widest step's activations
-    prefix_cache .. 0: there is no prefix cache yet
+    prefix_cache .. the store of ring checkpoints (--prefix-cache-gb, as many whole ones as
+                    fit); cached prefix pages stay in kv_pages
 """
 
 from __future__ import annotations

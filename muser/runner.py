@@ -19,6 +19,7 @@ from muser.graph.weights import ModelWeights
 from muser.graphs import DecodeGraphs
 from muser.kvcache.pages import OutOfPages, PageAllocator
 from muser.kvcache.pool import KVPool
+from muser.kvcache.reuse import PrefixCache
 from muser.kvcache.ring import RingState
 from muser.startup import StartupLog
 
@@ -31,6 +32,9 @@ class SeqState:
     ring: RingState
     num_cached: int = 0
     page_ids: list[int] = field(default_factory=list)
+    # with the prefix cache: the ids of the rows cached, and the key of each full page
+    token_ids: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
 
 
 class Runner:
@@ -53,6 +57,11 @@ class Runner:
             getattr(torch, engine.kv_dtype), self.device,
         )
         self.pages = PageAllocator(num_pages)
+        # NOTE: before the warm-up, so that the GPU's pages are sized beside the store; no more
+        # checkpoints than the most pages the pool may get
+        self.prefix = PrefixCache(
+            self.pool, self.pages, int(engine.prefix_cache_gb * 2**30),
+            engine.max_num_seqs * pages_per_seq) if engine.prefix_cache else None
         # NOTE: on a GPU the eager decode group's block table is as wide as a graph's, so its
         # kernel shapes depend on the batch size only (each seen by the warm-up)
         self._decode_table_width = pages_per_seq if self.device.type == "cuda" else None
@@ -66,6 +75,8 @@ class Runner:
                                        engine.page_size, pages_per_seq, self.device)
         log = log or StartupLog()
         workspace = self._warm_up(log) if self.device.type == "cuda" else None
+        if self.prefix is not None:
+            self.prefix.reset(self.pages)  # NOTE: nothing the warm-up computed is reused
         self.memory = self._memory_report(workspace)
         log.note(self.memory.pretty())
 
@@ -109,6 +120,8 @@ class Runner:
                                       self.pool.page_nbytes, per_seq, e.max_num_seqs * per_seq)
         self.pool.allocate_pages(num_pages)
         self.pages = PageAllocator(num_pages)
+        if self.prefix is not None:
+            self.prefix.reset(self.pages)
         fmt = memory.format_bytes
         log.note(f"kv pages: {num_pages} sized to {e.gpu_memory_utilization:.2f} x {fmt(total)} "
                  f"less {fmt(total - free)} in use and {fmt(workspace)} of workspace (at most "
@@ -127,18 +140,31 @@ class Runner:
         return memory.MemoryReport(
             self.model.weights.nbytes(), kv["kv_sliding"], kv["kv_pages"],
             self._estimated_workspace() if workspace is None else workspace, basis,
-            self.pool.num_pages, self.engine.page_size)
+            self.pool.num_pages, self.engine.page_size,
+            self.prefix.store.nbytes if self.prefix is not None else 0)
 
-    def allocate(self) -> SeqState:
-        """A fresh sequence with an empty ring in a free slot."""
+    def allocate(self, token_ids: list[int] | None = None) -> SeqState:
+        """A fresh sequence in a free slot: empty, or (with the prefix cache) holding the
+        longest cached prefix of `token_ids[:-1]` (then `num_cached` > 0)."""
         if not self.free_slots:
             raise RuntimeError("no free sequence slot")
-        return SeqState(slot=self.free_slots.pop(), ring=RingState(self.cfg.sliding_window))
+        seq = SeqState(slot=self.free_slots.pop(), ring=RingState(self.cfg.sliding_window))
+        if self.prefix is not None and token_ids:
+            self.prefix.restore(seq, token_ids)
+        return seq
 
     def free(self, seq: SeqState) -> None:
+        """Release the sequence's slot and pages (with the prefix cache: its pages stay cached
+        and its state at its end is checkpointed first)."""
+        if self.prefix is not None:
+            self.prefix.save(seq)
         self.pages.free(seq.page_ids)
-        seq.page_ids = []
+        seq.page_ids, seq.token_ids, seq.keys = [], [], []
         self.free_slots.append(seq.slot)
+
+    def num_freed_by(self, seq: SeqState) -> int:
+        """Pages `free(seq)` gives back (free or cached): those no other sequence holds."""
+        return self.pages.num_freed_by(seq.page_ids)
 
     @torch.inference_mode()
     def forward(
@@ -161,9 +187,8 @@ class Runner:
         if self.graphs is not None and self.graphs.is_captured and all(
                 len(ids) == 1 for ids in token_ids):
             logits, rings = self.graphs.replay(inputs, flat)
-            for seq, ring in zip(seqs, rings):
-                seq.num_cached += 1
-                seq.ring = ring
+            for seq, ids, ring in zip(seqs, token_ids, rings):
+                self.commit(seq, ids, ring)
             return logits if logit_rows is None else logits[logit_rows]
         plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile, batch_decode=True)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
@@ -178,9 +203,19 @@ class Runner:
             [torch.tensor(flat), torch.tensor(positions), rows], self._decode_table_width)
         logits = self.model.forward(ids_dev, positions_dev, plan, rows_dev)
         for seq, ids, ring in zip(seqs, token_ids, plan.next_rings):
-            seq.num_cached += len(ids)
-            seq.ring = ring
+            self.commit(seq, ids, ring)
         return logits
+
+    def commit(self, seq: SeqState, ids: list[int], ring: RingState) -> None:
+        """`ids` are now in `seq`'s cache, its ring `ring` (after a step, or an install)."""
+        seq.num_cached += len(ids)
+        seq.ring = ring
+        if self.prefix is not None:
+            self.prefix.append(seq, ids)
+            # NOTE: a prompt that shares only a first part (a system prompt) resumes from the
+            # last multiple of prefill_chunk inside it
+            if len(ids) > 1 and seq.num_cached % self.engine.prefill_chunk == 0:
+                self.prefix.save(seq)
 
     def reserve(self, seq: SeqState, num_positions: int) -> None:
         """Pages for positions [0, num_positions) of `seq`; raises OutOfPages (taking none)."""

@@ -13,11 +13,17 @@ KV pages are counted here too: a row that starts a new page takes one from `free
 When the decode rows need more pages than are free, the newest running sequence is preempted
 (its KV dropped; it waits at the head of the queue and is recomputed from its prompt and
 outputs when pages free up). A prompt whose chunk finds no free page waits.
+
+A request admitted with a cached prefix (`num_cached` > 0 before its first step, set by the
+engine between `admit()` and `schedule()`) holds the pages of those rows already; pages shared
+with other sequences are not given back by its preemption, so the engine's `preempt` hook
+says how many are.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from muser.core import Request, Status
@@ -37,7 +43,8 @@ class Batch:
     reqs: list[Request]
     num_tokens: list[int]  # new rows per request
     num_decode: int
-    preempted: list[Request] = field(default_factory=list)  # KV to drop before the step
+    # KV to drop before the step (already dropped when schedule() had a preempt hook)
+    preempted: list[Request] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -130,16 +137,19 @@ class Scheduler:
         return {"decode": len(self.decode_ready),
                 "prefill": len(self.waiting) + len(self.prefilling)}
 
-    def schedule(self, free_pages: int | None = None) -> Batch | None:
+    def schedule(self, free_pages: int | None = None,
+                 preempt: Callable[[Request], int] | None = None) -> Batch | None:
         """The next step, or None when nothing is running or waiting. free_pages: KV pages
-        free now (counted only with a page_size)."""
-        self._admit()
+        free now (counted only with a page_size). preempt: called with each request as it is
+        preempted, drops its KV -> the pages that gave back (default: none is called, and
+        every page its cached rows fill counts as given back)."""
+        self.admit()
         pages = _Pages(self.page_size, free_pages)
         preempted: list[Request] = []
         while True:
             decodes = self.decode_ready
             if decodes and not pages.take_all(decodes):
-                self._preempt_newest(pages, preempted)
+                self._preempt_newest(pages, preempted, preempt)
                 continue
             reqs, rows = list(decodes), [1] * len(decodes)
             room = self.max_batched_tokens - len(decodes)
@@ -156,7 +166,7 @@ class Scheduler:
             if reqs or not self.running:
                 break
             # NOTE: prompts hold every page and none can go on: the newest gives its pages back
-            self._preempt_newest(pages, preempted)
+            self._preempt_newest(pages, preempted, preempt)
         if not reqs:
             return None
         batch = Batch(reqs, rows, len(decodes), preempted)
@@ -170,13 +180,19 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
 
-    def _admit(self) -> None:
+    def admit(self) -> list[Request]:
+        """Move waiting requests into free sequence places -> those admitted (schedule() admits
+        too; a caller that places cached prefixes admits first)."""
+        admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting.popleft()
             req.status = Status.PREFILL
             self.running.append(req)
+            admitted.append(req)
+        return admitted
 
-    def _preempt_newest(self, pages: _Pages, preempted: list[Request]) -> None:
+    def _preempt_newest(self, pages: _Pages, preempted: list[Request],
+                        preempt: Callable[[Request], int] | None) -> None:
         """Drop the KV of the newest running sequence that holds pages (never the oldest
         one: the pool holds one full sequence, so the oldest always goes on); it waits first in
         line, to be recomputed."""
@@ -185,7 +201,7 @@ class Scheduler:
             raise RuntimeError("the KV page pool cannot hold the oldest sequence")
         req = holders[-1]
         preempted.append(req)
-        pages.release(req)
+        pages.release(req, None if preempt is None else preempt(req))
         self.running.remove(req)
         req.num_cached = 0
         req.status = Status.WAITING
@@ -224,6 +240,7 @@ class _Pages:
         self.free -= self.needed(req, rows)
         return rows
 
-    def release(self, req: Request) -> None:
+    def release(self, req: Request, num_pages: int | None) -> None:
+        """Count the pages a preempted request gave back (None: every page its rows fill)."""
         if self.free is not None:
-            self.free += -(-req.num_cached // self.page_size)
+            self.free += -(-req.num_cached // self.page_size) if num_pages is None else num_pages

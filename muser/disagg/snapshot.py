@@ -62,10 +62,10 @@ def export(runner, seq, logits: torch.Tensor) -> KVSnapshot:
                       logits.detach().float().reshape(-1).clone())
 
 
-def install(runner, snap: KVSnapshot):
-    """A new sequence on `runner` holding `snap` (converted to the pool's dtype and device):
-    a free slot, pages for its rows, its ring. Raises OutOfPages or RuntimeError (no free
-    slot) having changed nothing."""
+def install(runner, snap: KVSnapshot, token_ids: list[int]):
+    """A new sequence on `runner` holding `snap` of `token_ids` (converted to the pool's dtype
+    and device): a free slot, pages for its rows, its ring. Raises OutOfPages or RuntimeError
+    (no free slot) having changed nothing."""
     cfg, pool = runner.cfg, runner.pool
     if snap.ring.capacity != pool.ring_capacity:
         raise ValueError(f"ring capacity {snap.ring.capacity} != {pool.ring_capacity}")
@@ -85,7 +85,7 @@ def install(runner, snap: KVSnapshot):
     for layer, i in enumerate(cfg.layers_of("global")):
         for kv, rows in enumerate(pool.rows(i)):
             rows.index_copy_(0, full_rows, snap.full[layer, kv].to(device, dtype))
-    seq.num_cached, seq.ring = snap.num_tokens, snap.ring
+    runner.commit(seq, list(token_ids), snap.ring)
     return seq
 
 

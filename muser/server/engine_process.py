@@ -7,7 +7,8 @@ the EngineLoop; the server keeps the tokenizer and talks to the child over two p
 
     server -> child   ("add", uid, prompt_ids, sampling) | ("abort", uid) | ("stop",)
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
-                      ("step", [(uid, token_id, text_delta, finished, finish_reason)...],
+                      ("step", [(uid, token_id, text_delta, finished, finish_reason,
+                      num_reused)...],
                       LoopStats | None)
 
 Outputs travel as plain tuples (a few us to pickle per step); the LoopStats snapshot rides along
@@ -287,7 +288,7 @@ class _PipeLoop(EngineLoop):
     def on_output(self, out: StepOutput) -> None:
         """The sink of every request (called on the loop thread)."""
         self._pending.append((out.uid, out.token_id, out.text_delta, out.finished,
-                              out.finish_reason))
+                              out.finish_reason, out.num_reused))
         self._stats_due = self._stats_due or out.finished
 
     def _snapshot(self) -> None:

@@ -68,6 +68,7 @@ class Generation:
         self.loop, self.metrics = loop, metrics
         self.num_prompt = len(prompt_ids)
         self.num_output = 0
+        self.num_cached = 0  # prompt tokens found in the prefix cache
         self.finish_reason: str | None = None
         self.last: StepOutput | None = None
         self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
@@ -126,6 +127,7 @@ class Generation:
     def _account(self, out: StepOutput) -> None:
         now = time.perf_counter()
         self.last = out
+        self.num_cached = max(self.num_cached, out.num_reused)
         if self._first is None and out.finish_reason not in ("cancelled", "error"):
             self._first = now
             self.metrics.ttft.observe(now - self._start)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine, SlotInfo
+from muser.kvcache.reuse import PrefixStats
 from muser.memory import MemoryReport
 from muser.scheduler import STEP_KINDS, QueueFull
 
@@ -29,6 +30,7 @@ class LoopStats:
     num_free_pages: int = 0
     memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
     preemptions: int = 0
+    prefix: PrefixStats | None = None  # None: --no-prefix-cache
     disagg: dict | None = None  # the prefill workers' outcomes and transfers, when any
 
 
@@ -134,4 +136,5 @@ class EngineLoop:
                                dict(sched.stats.rows), tuple(self.engine.slots()),
                                len(runner.free_slots), runner.pages.num_free, runner.memory,
                                sched.stats.preemptions,
+                               runner.prefix.stats() if runner.prefix is not None else None,
                                self.engine.remote.stats() if self.engine.remote else None)

@@ -14,6 +14,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from muser.kvcache.reuse import PrefixStats
 from muser.server.loop import LoopStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -44,7 +45,10 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("muser_live_requests", "Requests in the engine", len(s.slots))
         yield GaugeMetricFamily("muser_free_sequence_slots", "Free sequence slots",
                                 s.num_free_seqs)
-        yield GaugeMetricFamily("muser_free_kv_pages", "Free KV pages", s.num_free_pages)
+        yield GaugeMetricFamily("muser_free_kv_pages", "Free KV pages (cached prefix pages "
+                                "included: they are evicted when needed)", s.num_free_pages)
+        if s.prefix is not None:
+            yield from _prefix_metrics(s.prefix)
         if s.disagg is not None:
             yield from _disagg(s.disagg)
         if s.memory is None:
@@ -56,6 +60,26 @@ class _EngineCollector(Collector):
         for category, nbytes in s.memory.categories().items():
             held.add_metric([category], nbytes)
         yield held
+
+
+def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
+    yield CounterMetricFamily("muser_prefix_cache_lookups", "Prompts looked up in the prefix "
+                              "cache", p.lookups)
+    yield CounterMetricFamily("muser_prefix_cache_hits", "Prompts that started after a cached "
+                              "prefix", p.hits)
+    yield CounterMetricFamily("muser_prefix_cache_tokens_reused", "Prompt rows not computed: "
+                              "found in the prefix cache", p.tokens_reused)
+    evictions = CounterMetricFamily("muser_prefix_cache_evictions", "Cached prefix pages and "
+                                    "ring checkpoints evicted, per kind", labels=["kind"])
+    evictions.add_metric(["page"], p.page_evictions)
+    evictions.add_metric(["checkpoint"], p.checkpoint_evictions)
+    yield evictions
+    yield GaugeMetricFamily("muser_prefix_cache_pages", "KV pages no sequence holds, kept for "
+                            "their prefix", p.cached_pages)
+    yield GaugeMetricFamily("muser_prefix_cache_checkpoints", "Ring checkpoints held (of "
+                            "muser_prefix_cache_checkpoint_slots)", p.checkpoints)
+    yield GaugeMetricFamily("muser_prefix_cache_checkpoint_slots", "Ring checkpoints the "
+                            "--prefix-cache-gb store holds", p.capacity)
 
 
 class Metrics:

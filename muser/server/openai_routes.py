@@ -28,9 +28,10 @@ def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 
 
-def _usage(gen: Generation) -> dict[str, int]:
+def _usage(gen: Generation) -> dict[str, Any]:
     return {"prompt_tokens": gen.num_prompt, "completion_tokens": gen.num_output,
-            "total_tokens": gen.num_prompt + gen.num_output}
+            "total_tokens": gen.num_prompt + gen.num_output,
+            "prompt_tokens_details": {"cached_tokens": gen.num_cached}}
 
 
 @router.get("/v1/models")

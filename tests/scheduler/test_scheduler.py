@@ -241,3 +241,33 @@ def test_remove_frees_a_running_slot_for_the_next_request() -> None:
 def test_the_budget_must_hold_every_decode_row() -> None:
     with pytest.raises(ValueError, match="max_batched_tokens"):
         Scheduler(8, max_batched_tokens=4)
+
+
+def test_a_preemption_counts_the_pages_the_hook_says_it_gave_back() -> None:
+    """With shared prefix pages a preempted sequence may give back fewer pages than it fills:
+    the scheduler counts what the engine's preempt hook returns, and preempts again if needed."""
+    def run(hook) -> Batch:
+        sched = Scheduler(4, prefill_chunk=64, max_batched_tokens=256, page_size=16)
+        engine = _Engine(sched, num_pages=6)
+        reqs = [_req(31, max_tokens=30) for _ in range(3)]  # 2 pages each: the pool is full
+        for req in reqs:
+            sched.add(req)
+        engine.step()
+        engine.step()  # every sequence decodes row 32, inside its second page
+        return sched.schedule(engine.free_pages(), hook), reqs
+
+    batch, (old, mid, new) = run(None)  # row 33 needs a third page each
+    assert batch.preempted == [new] and batch.reqs == [old, mid]
+    calls = []
+    batch, (old, mid, new) = run(lambda req: calls.append(req) or (1 if len(calls) == 1 else 2))
+    assert calls == [new, mid] and batch.preempted == [new, mid] and batch.reqs == [old]
+
+
+def test_admit_then_schedule_starts_after_a_cached_prefix() -> None:
+    sched = Scheduler(2, prefill_chunk=64, page_size=16)
+    req = _req(100)
+    sched.add(req)
+    assert sched.admit() == [req] and sched.admit() == []
+    req.num_cached = 90  # the engine placed a cached prefix of 90 rows
+    batch = sched.schedule(free_pages=1)
+    assert batch.reqs == [req] and batch.num_tokens == [10]

@@ -26,7 +26,7 @@ def test_props_reports_memory_by_category(server: Server) -> None:
     assert tuple(held) == CATEGORIES and memory["total_bytes"] == sum(held.values())
     assert held["weights"] > 100 << 20  # the 270M model's codes
     assert held["kv_sliding"] > 0 and held["kv_pages"] > 0 and held["workspace"] > 0
-    assert held["prefix_cache"] == 0 and memory["workspace_basis"] == "estimated"
+    assert held["prefix_cache"] > 0 and memory["workspace_basis"] == "estimated"
     pages = memory["kv_pages"]
     per_seq = -(-MAX_MODEL_LEN // pages["page_size"])
     assert pages["total"] == MAX_NUM_SEQS * per_seq  # the CPU's sizing

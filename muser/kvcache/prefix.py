@@ -1,0 +1,99 @@
+"""Prefix keys and the index of ring checkpoints (host integers only).
+
+A token prefix is named by a chain of keys, one per full page of `page_size` tokens:
+
+    key[i] = blake2b(key[i - 1] + tokens[i * page_size : (i + 1) * page_size])    key[-1] = ROOT
+
+so key[i] names the whole prefix tokens[:(i + 1) * page_size], and a page registered under it
+(muser/kvcache/pages.py) holds that prefix's K/V rows of every full-attention layer.
+
+A ring checkpoint restores a sequence at P tokens: every sliding layer's ring as it was at P
+(rows and metadata) and, when P ends inside a page, the rows of that partial page. It is filed
+under the key of the last full page before P, with the tokens after that page:
+
+    tokens     [0 ............ k * page_size) [k * page_size .. P)     P = k * page_size + t
+    from       k shared pages (key[k - 1])    the checkpoint's tail:   0 <= t < page_size
+                                              copied into a new page
+
+A prompt hits a checkpoint when its first P tokens are that prefix and the k pages are still
+cached; the rest of the prompt is prefilled after P.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import NamedTuple
+
+from muser.kvcache.ring import RingState
+
+ROOT = b""
+
+
+def chain_keys(token_ids: list[int], page_size: int, parent: bytes = ROOT) -> list[bytes]:
+    """The keys of each full page of `token_ids`, chained from `parent` (the key before)."""
+    keys = []
+    for start in range(0, len(token_ids) - page_size + 1, page_size):
+        block = array("q", token_ids[start:start + page_size]).tobytes()
+        parent = hashlib.blake2b(parent + block, digest_size=16).digest()
+        keys.append(parent)
+    return keys
+
+
+class Checkpoint(NamedTuple):
+    key: bytes  # key of the last full page before num_tokens (ROOT: none)
+    tail_ids: tuple[int, ...]  # the tokens after that page: num_tokens - k * page_size of them
+    num_tokens: int
+    ring: RingState  # every sliding layer's ring metadata at num_tokens
+    index: int  # row of the checkpoint store holding the rows
+
+
+class CheckpointIndex:
+    """At most `capacity` checkpoints, least recently used evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._by_key: dict[bytes, dict[tuple[int, ...], Checkpoint]] = {}
+        self._lru: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
+        self.num_evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def add(self, key: bytes, tail_ids: tuple[int, ...], num_tokens: int,
+            ring: RingState) -> Checkpoint | None:
+        """File a new checkpoint -> it (its `index`: the store row to fill), or None when it is
+        held already (then it is touched) or the capacity is 0."""
+        known = self._by_key.get(key, {}).get(tail_ids)
+        if known is not None:
+            self._lru.move_to_end((key, tail_ids))
+            return None
+        if not self.capacity:
+            return None
+        if len(self._lru) < self.capacity:
+            index = len(self._lru)
+        else:
+            old = self._lru.popitem(last=False)[1]
+            del self._by_key[old.key][old.tail_ids]
+            if not self._by_key[old.key]:
+                del self._by_key[old.key]
+            index = old.index
+            self.num_evictions += 1
+        ckpt = Checkpoint(key, tail_ids, num_tokens, ring, index)
+        self._by_key.setdefault(key, {})[tail_ids] = ckpt
+        self._lru[(key, tail_ids)] = ckpt
+        return ckpt
+
+    def find(self, key: bytes, next_ids: list[int], max_tail: int) -> Checkpoint | None:
+        """The longest checkpoint filed under `key` whose tail begins `next_ids` (the prompt's
+        tokens after that page) and is at most `max_tail` long; touched when found."""
+        best = None
+        for tail, ckpt in self._by_key.get(key, {}).items():
+            n = len(tail)
+            if n <= max_tail and (best is None or n > len(best.tail_ids)) and (
+                    list(tail) == next_ids[:n]):
+                best = ckpt
+        if best is not None:
+            self._lru.move_to_end((key, best.tail_ids))
+        return best

@@ -1,0 +1,117 @@
+"""Prefix reuse: a prompt that begins with a prefix computed before starts after it.
+
+    on free ....... the sequence's full pages are registered under their prefix keys (they
+                    stay cached, evicted LRU only when free pages run out), and its state at
+                    its end is checkpointed: every sliding layer's ring (rows + metadata) and
+                    the rows of its partial last page (muser/kvcache/prefix.py); so is its
+                    state after a prefill chunk that ends at a multiple of prefill_chunk
+                    tokens (the runner's call)
+    on allocate ... the longest checkpoint whose prefix the prompt begins with (at most all
+                    but the prompt's last token, whose logits are needed) and whose full pages
+                    are still cached: those pages are shared (reference counted, read-only),
+                    the partial page's rows are copied into a new page of the sequence, the
+                    rings are copied back into its slot; it resumes at that position
+
+The K/V rows a sequence computes do not depend on how its rows were chunked (the CPU
+backend's exactness construction), so a hit gives the same bits as a cold prefill there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from muser.kvcache.checkpoints import CheckpointStore, checkpoint_nbytes
+from muser.kvcache.pages import OutOfPages, PageAllocator
+from muser.kvcache.pool import KVPool
+from muser.kvcache.prefix import ROOT, CheckpointIndex, chain_keys
+
+if TYPE_CHECKING:
+    from muser.runner import SeqState
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixStats:
+    """Counters since start (or since the last reset), for metrics."""
+
+    lookups: int  # prompts looked up
+    hits: int  # prompts that started after a cached prefix
+    tokens_reused: int  # rows those prompts did not compute
+    checkpoints: int  # checkpoints held now (at most capacity)
+    capacity: int  # checkpoints the store holds (from --prefix-cache-gb)
+    cached_pages: int  # pages no sequence holds, kept for their prefix
+    page_evictions: int
+    checkpoint_evictions: int
+
+
+class PrefixCache:
+    def __init__(self, pool: KVPool, pages: PageAllocator, budget_bytes: int,
+                 max_checkpoints: int) -> None:
+        """budget_bytes: what the checkpoint store may take (as many whole checkpoints as fit,
+        at most max_checkpoints)."""
+        self.page_size = pool.page_size
+        fits = max(budget_bytes, 0) // checkpoint_nbytes(pool)
+        self.store = CheckpointStore(pool, min(fits, max_checkpoints))
+        self.reset(pages)
+
+    def reset(self, pages: PageAllocator) -> None:
+        """Forget every prefix (the runner remade its pages, or the warm-up is over)."""
+        self.pages = pages
+        pages.forget()
+        self.index = CheckpointIndex(self.store.rings.shape[0])
+        self._lookups = self._hits = self._reused = 0
+
+    def stats(self) -> PrefixStats:
+        return PrefixStats(self._lookups, self._hits, self._reused, len(self.index),
+                           self.index.capacity, self.pages.num_cached, self.pages.num_evictions,
+                           self.index.num_evictions)
+
+    def restore(self, seq: SeqState, token_ids: list[int]) -> None:
+        """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any."""
+        ps, limit = self.page_size, len(token_ids) - 1
+        self._lookups += 1
+        keys = chain_keys(token_ids[:limit], ps)
+        cached = self.pages.lookup(keys)
+        for k in range(len(cached), -1, -1):
+            ckpt = self.index.find(keys[k - 1] if k else ROOT, token_ids[k * ps:(k + 1) * ps],
+                                   limit - k * ps)
+            if ckpt is not None:
+                break
+        else:
+            return
+        shared = cached[:k]
+        self.pages.share(shared)  # NOTE: first, so the tail page cannot evict one of them
+        tail = []
+        if ckpt.tail_ids:
+            try:
+                tail = self.pages.allocate(1)
+            except OutOfPages:
+                self.pages.free(shared)
+                return
+        self.store.restore(ckpt.index, seq.slot, tail[0] if tail else None)
+        seq.page_ids, seq.ring, seq.num_cached = shared + tail, ckpt.ring, ckpt.num_tokens
+        seq.token_ids, seq.keys = token_ids[:ckpt.num_tokens], keys[:k]
+        self._hits += 1
+        self._reused += ckpt.num_tokens
+
+    def append(self, seq: SeqState, token_ids: list[int]) -> None:
+        """Record rows the sequence has just computed (their page keys as pages fill)."""
+        seq.token_ids += token_ids
+        done, full = len(seq.keys), len(seq.token_ids) // self.page_size
+        if full > done:
+            seq.keys += chain_keys(seq.token_ids[done * self.page_size:full * self.page_size],
+                                   self.page_size, seq.keys[-1] if seq.keys else ROOT)
+
+    def save(self, seq: SeqState) -> None:
+        """Register the sequence's full pages and checkpoint its state now (at its end: before
+        its pages are freed)."""
+        n, ps = seq.num_cached, self.page_size
+        if not n:
+            return
+        for page, key in zip(seq.page_ids, seq.keys):
+            self.pages.register(page, key)
+        k = n // ps
+        ckpt = self.index.add(seq.keys[k - 1] if k else ROOT, tuple(seq.token_ids[k * ps:n]), n,
+                              seq.ring)
+        if ckpt is not None:
+            self.store.save(ckpt.index, seq.slot, seq.page_ids[k] if ckpt.tail_ids else None)

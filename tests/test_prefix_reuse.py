@@ -1,0 +1,158 @@
+"""Prefix reuse on the embedded 270M (CPU): a prompt that starts after a cached prefix gives
+the same bits as a cold prefill of the whole prompt: every new row's logits and the greedy
+tokens after them, whether the prefix ends inside a page or on a page boundary, before or after
+the ring wrapped, and while other requests evict cached pages around the pages it uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from muser import LLM, SamplingParams
+from muser.runner import Runner
+
+PAGE = 64
+
+
+@pytest.fixture(scope="module")
+def llm(gguf_path: Path) -> LLM:
+    return LLM(gguf_path, progress=False, device="cpu", max_num_seqs=4, max_model_len=1024,
+               page_size=PAGE)
+
+
+def _run(runner: Runner, ids: list[int], steps: int) -> tuple[int, torch.Tensor, list[int]]:
+    """Prefill `ids` into a sequence allocated for them, then decode `steps` greedy tokens ->
+    (rows it found cached, logits of every row it computed, the tokens); the sequence is freed
+    (its end checkpointed)."""
+    seq = runner.allocate(ids)
+    try:
+        reused = seq.num_cached
+        rows = [runner.forward([seq], [ids[reused:]], all_logits=True).clone()]
+        tokens = [int(rows[0][-1].argmax())]
+        for _ in range(steps):
+            rows.append(runner.forward([seq], [tokens[-1:]]).clone())
+            tokens.append(int(rows[-1][-1].argmax()))
+        return reused, torch.cat(rows), tokens
+    finally:
+        runner.free(seq)
+
+
+def _first_turn(llm: LLM, text: str, num_prompt: int, max_tokens: int) -> list[int]:
+    """A first turn of `num_prompt` tokens through the engine -> prompt + outputs (the
+    sequence ends before the last output, which was never fed back)."""
+    llm.runner.prefix.reset(llm.runner.pages)
+    ids = llm.encode(text * 200)[:num_prompt]
+    return ids + llm.generate(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True)).token_ids
+
+
+@pytest.mark.parametrize("num_prompt, max_tokens", [
+    (601, 8),  # ends at 608 - 1 = 607: inside a page, after the 512-row ring wrapped
+    (121, 8),  # ends at 128: on a page boundary, the ring not wrapped
+])
+def test_a_prefix_hit_gives_the_bits_of_a_cold_prefill(
+        llm: LLM, num_prompt: int, max_tokens: int) -> None:
+    first = _first_turn(llm, "The tide came in over the stones. ", num_prompt, max_tokens)
+    follow = first + llm.encode(" Then the lighthouse keeper wrote it down.")[1:]
+    runner = llm.runner
+    # NOTE: another prompt in between takes the slot and the page the first turn freed
+    _run(runner, llm.encode("Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. " * 8), 0)
+    reused, hit, hit_tokens = _run(runner, follow, 8)
+    assert reused == len(first) - 1 and runner.prefix.stats().tokens_reused == reused
+    assert (reused % PAGE != 0) == (reused > llm.model_config.sliding_window)
+    runner.prefix.reset(runner.pages)
+    cold_reused, cold, cold_tokens = _run(runner, follow, 8)
+    assert cold_reused == 0 and runner.prefix.stats().hits == 0
+    assert torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
+
+
+def test_eviction_under_pressure_spares_the_pages_a_sequence_shares(gguf_path: Path) -> None:
+    """A 24-page pool of 16 rows: a follow-up shares 5 cached pages of its first turn while two
+    other prompts need more pages than are free, so the other cached pages are evicted (and a
+    sequence preempted) around it. Every request still gets the tokens it gets alone, cold."""
+    llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=3, max_model_len=256,
+              page_size=16, num_pages=24)
+    engine, runner = llm.engine, llm.runner
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    first = llm.encode("The tide came in over the stones. " * 20)[:90]
+    decoy = llm.encode("Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. " * 8)[:40]
+    others = [llm.encode(f"{word} went down to the harbour at dawn. " * 20)[:150]
+              for word in ("Anna", "Boris")]
+
+    def seed() -> list[int]:
+        runner.prefix.reset(runner.pages)
+        outs = llm.generate(first, SamplingParams(max_tokens=4, ignore_eos=True)).token_ids
+        llm.generate(decoy, SamplingParams(max_tokens=2, ignore_eos=True))
+        return first + outs + llm.encode(" The keeper wrote it down.")[1:]
+
+    follow = seed()
+    prompts = [follow, *others]
+    alone = []
+    for ids in prompts:
+        runner.prefix.reset(runner.pages)
+        alone.append(llm.generate(ids, params).token_ids)
+    seed()
+    assert runner.pages.num_cached == 5 + 2  # first turn: 93 rows; decoy: 41
+    reqs = [engine.add_request(ids, params) for ids in prompts]
+    tokens: dict[int, list[int]] = {r.uid: [] for r in reqs}
+    evicted_while_shared = 0
+    while engine.has_work:
+        before = runner.pages.num_evictions
+        outs = engine.step()
+        shares = engine.live.get(reqs[0].uid)
+        if shares is not None and runner.pages.num_evictions > before:
+            evicted_while_shared += 1
+        for out in outs:
+            if out.token_id is not None:
+                tokens[out.uid].append(out.token_id)
+    assert reqs[0].num_reused == len(first) + 3 and evicted_while_shared >= 1
+    assert [tokens[r.uid] for r in reqs] == alone
+    assert engine.scheduler.stats.preemptions >= 1 and runner.pages.num_free == 24
+    seq = runner.allocate(decoy + [2])  # the decoy's pages were evicted: nothing to reuse
+    assert seq.num_cached == 0
+    runner.free(seq)
+
+
+def test_no_prefix_cache_computes_every_row(gguf_path: Path) -> None:
+    llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=1, max_model_len=256,
+              prefix_cache=False)
+    ids = llm.encode("The tide came in over the stones. " * 5)
+    first = llm.generate(ids, SamplingParams(max_tokens=2)).token_ids
+    req = llm.engine.add_request(ids + first, SamplingParams(max_tokens=1))
+    list(llm.engine.run(req))
+    assert llm.runner.prefix is None and req.num_reused == 0
+    assert llm.runner.memory.prefix_cache == 0 and llm.runner.pages.num_cached == 0
+
+
+def test_a_shared_first_part_resumes_from_a_chunk_boundary(llm: LLM) -> None:
+    """Two prompts that share their first 600 tokens (a system prompt): the second resumes
+    from the first one's checkpoint after its 512-row chunk, with the bits of a cold prefill."""
+    runner = llm.runner
+    runner.prefix.reset(runner.pages)
+    system = llm.encode("You are the lighthouse keeper's log. " * 80)[:600]
+    llm.generate(system + llm.encode(" Who came by today?")[1:], SamplingParams(max_tokens=1))
+    question = system + llm.encode(" What was the weather like?")[1:]
+    reused, hit, _ = _run(runner, question, 2)
+    assert reused == llm.config.prefill_chunk == 512
+    runner.prefix.reset(runner.pages)
+    cold_reused, cold, _ = _run(runner, question, 2)
+    assert cold_reused == 0 and torch.equal(hit, cold[reused:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_hit_gives_the_greedy_tokens_of_a_cold_prefill(gguf_path: Path) -> None:
+    """Not bitwise on a GPU (the hit computes the rows after the prefix in another chunking
+    than a cold prefill does): the 64 greedy tokens after a hit inside a page past the ring's
+    wrap are the cold prefill's; the largest logit difference is printed."""
+    llm = LLM(gguf_path, progress=False, device="cuda", max_num_seqs=2, max_model_len=1024,
+              page_size=PAGE)
+    first = _first_turn(llm, "The tide came in over the stones. ", 601, 8)
+    follow = first + llm.encode(" Then the lighthouse keeper wrote it down.")[1:]
+    runner = llm.runner
+    reused, hit, hit_tokens = _run(runner, follow, 64)
+    runner.prefix.reset(runner.pages)
+    _, cold, cold_tokens = _run(runner, follow, 64)
+    assert reused == len(first) - 1 and hit_tokens == cold_tokens
+    print(f"max |logit difference| hit vs cold: {float((hit - cold[reused:]).abs().max()):.4f}")
