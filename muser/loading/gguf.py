@@ -13,8 +13,8 @@ from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
 from muser.graph.weights import LayerWeights, ModelWeights
 from muser.loading.names import GLOBAL_NAMES, LAYER_NAMES, NORMS
-from muser.loading.reader import FastGGUFReader
 from muser.loading.quants import UnsupportedQuantization, codes, dequantize
+from muser.loading.reader import FastGGUFReader
 from muser.ops.packed import PackedMatrix, cat_rows, dense
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)

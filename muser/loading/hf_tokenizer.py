@@ -10,8 +10,15 @@ from typing import Any
 
 from muser.errors import ModelLoadError
 from muser.loading.hf import read_json
-from muser.tokenizer import (TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNUSED,
-                             TYPE_USER_DEFINED, Tokenizer, VocabSpec)
+from muser.tokenizer import (
+    TYPE_BYTE,
+    TYPE_CONTROL,
+    TYPE_NORMAL,
+    TYPE_UNUSED,
+    TYPE_USER_DEFINED,
+    Tokenizer,
+    VocabSpec,
+)
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 

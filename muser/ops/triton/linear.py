@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import logging
+import math
 import os
 import time
 from collections.abc import Callable

@@ -12,7 +12,6 @@ at a time; `compiling` does it on the compile threads.
 from __future__ import annotations
 
 import logging
-
 import os
 import warnings
 from collections.abc import Iterator
