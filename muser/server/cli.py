@@ -9,6 +9,7 @@ from pathlib import Path
 
 from muser.cli import _positive_int, add_engine_args, engine_kwargs
 from muser.errors import MuserError
+from muser.server.options import add_options, server_options
 
 SWITCH_INTERVAL_S = 0.0005
 
@@ -42,12 +43,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="adaptive: prefill rows are capped at --decode-waiting-chunk while "
                    "decodes run; fixed: full --prefill-chunk chunks regardless "
                    "(default: %(default)s)")
-    p.add_argument("--model-name", help="name clients use (default: the model file's stem)")
+    p.add_argument("--model-name", metavar="NAME[,ALIAS...]", help="name clients use, then "
+                   "other names it answers to (default: the model file's stem)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=4 << 20,
                    help="largest request body (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=300.0,
                    help="seconds SIGTERM waits for in-flight requests (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_options(p)
     p.set_defaults(run=serve)
 
 
@@ -118,4 +121,5 @@ def _context(args: argparse.Namespace, keys, metrics):
     loop = EngineLoop(llm.engine, args.max_queue)
     return ServerContext(loop, llm.tokenizer, metrics, keys,
                          args.model_name or Path(str(llm.path)).stem, str(llm.path),
-                         llm.config.max_model_len, llm.config.max_num_seqs, args.max_body_bytes)
+                         llm.config.max_model_len, llm.config.max_num_seqs, args.max_body_bytes,
+                         server_options(args))

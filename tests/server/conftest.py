@@ -72,7 +72,8 @@ def server(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
            "--port", str(port), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue",
            str(MAX_QUEUE), "--max-model-len", str(MAX_MODEL_LEN), "--max-body-bytes",
            str(MAX_BODY), "--api-key", API_KEY, "--api-key-file", str(key_file),
-           "--admin-key", ADMIN_KEY, "--log-level", "warning", "--drain-timeout", "60"]
+           "--admin-key", ADMIN_KEY, "--log-level", "warning", "--drain-timeout", "60",
+           "--strict-model-name"]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

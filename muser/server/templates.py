@@ -1,0 +1,61 @@
+"""ChatTemplate: a Jinja chat template rendered in a sandbox, as llama-server renders them.
+
+The source is --chat-template / --chat-template-file, else the GGUF's tokenizer.chat_template,
+else GEMMA: the Gemma 3 turn format (muser.tokenizer.gemma_chat_format) written in Jinja."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from muser.tokenizer import Tokenizer
+
+GEMMA = r"""{%- set ns = namespace(system='') -%}
+{%- for m in messages -%}
+  {%- if m.role == 'system' -%}
+    {%- set ns.system = ns.system ~ (m.content | trim) -%}
+  {%- else -%}
+    {%- set role = 'model' if m.role == 'assistant' else m.role -%}
+    {{- '<start_of_turn>' ~ role ~ '\n' -}}
+    {%- if ns.system and role != 'model' -%}
+      {{- ns.system ~ '\n\n' -}}
+      {%- set ns.system = '' -%}
+    {%- endif -%}
+    {{- (m.content | trim) ~ '<end_of_turn>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"""
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    def __init__(self, tokenizer: Tokenizer, source: str | None = None) -> None:
+        """source: Jinja text (None: the GGUF's template, else GEMMA). A template that does
+        not parse raises jinja2.TemplateError."""
+        self.source = source or tokenizer.chat_template or GEMMA
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
+        self._template = env.from_string(self.source)
+        self._bos = tokenizer.decode([tokenizer.bos_id])
+        self._eos = tokenizer.decode([tokenizer.eos_id])
+        self._drop_bos = tokenizer.add_bos
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text, without the leading BOS that encoding adds. Raises TemplateError
+        (or anything the template raises) on a conversation the template refuses."""
+        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     tools=tools, bos_token=self._bos, eos_token=self._eos)
+        if self._drop_bos and text.startswith(self._bos):
+            text = text[len(self._bos):]
+        return text
