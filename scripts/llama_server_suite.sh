@@ -32,19 +32,18 @@ if [ ! -x "$WORK/venv/bin/python" ]; then
   "$WORK/venv/bin/python" -m pip install --quiet -r "$TESTS/requirements.txt"
 fi
 
+# NOTE: PYTHONPATH: the servers run this checkout's muser whatever the active Python installed
 cat > "$WORK/llama-server" <<EOF
 #!/bin/sh
-exec "$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" "\$@"
+PYTHONPATH="$REPO" exec "$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" "\$@"
 EOF
 chmod +x "$WORK/llama-server"
 
-mapfile -t FILES < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --files)
-mapfile -t DESELECT < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --deselect)
+mapfile -t ARGS < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --pytest-args)
 cd "$TESTS"
 LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=${PORT:-18080} \
-  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "${FILES[@]/#/unit/}" \
-  "${DESELECT[@]/#/--deselect=}" --junitxml="$WORK/junit.xml" -o junit_family=xunit2 \
-  > "$WORK/pytest.log" 2>&1 || true
+  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "${ARGS[@]}" \
+  --junitxml="$WORK/junit.xml" -o junit_family=xunit2 > "$WORK/pytest.log" 2>&1 || true
 tail -n 3 "$WORK/pytest.log"
 "$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/junit.xml" \
   "$REPO/bench/results/llama_server_suite.json"

@@ -96,8 +96,8 @@ def main() -> None:
     if sys.argv[1:] == ["--excluded"]:
         print(json.dumps(EXCLUDED, indent=1))
         return
-    if sys.argv[1:] in (["--files"], ["--deselect"]):
-        print("\n".join(FILES if sys.argv[1] == "--files" else EXCLUDED))
+    if sys.argv[1:] == ["--pytest-args"]:
+        print("\n".join([f"unit/{f}" for f in FILES] + [f"--deselect={t}" for t in EXCLUDED]))
         return
     args = [sys.executable, "-m", "muser", *muser_args(sys.argv[1:])]
     print("llama-server wrapper:", " ".join(args), file=sys.stderr, flush=True)

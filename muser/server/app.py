@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,7 +19,8 @@ from muser.server.startup import Startup
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
           "/detokenize", "/health", "/props", "/slots", "/metrics", "/apply-template", "/infill")
-# NOTE: llama-server's other names for the same handlers; metrics count them under the route
+# NOTE: llama-server's other names for the same handlers (declared beside each route); metrics
+# count them under the route
 ALIASES = {"/completions": "/completion", "/chat/completions": "/v1/chat/completions",
            "/models": "/v1/models", "/v1/health": "/health"}
 
@@ -86,17 +86,7 @@ def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
     app.include_router(llama_routes.router, dependencies=user)
     app.include_router(llama_routes.admin_router, dependencies=admin)
     app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=user)
-    _add_aliases(app)
     app.add_middleware(_RequestCounter)
     app.add_middleware(Cors)
     return app
 
-
-def _add_aliases(app: FastAPI) -> None:
-    for route in [r for r in app.routes if isinstance(r, APIRoute)]:
-        for alias in [a for a, target in ALIASES.items() if target == route.path]:
-            app.add_api_route(alias, route.endpoint, methods=list(route.methods),
-                              dependencies=route.dependencies)
-
-
-__all__ = ["ApiError", "create_app"]

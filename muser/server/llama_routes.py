@@ -37,6 +37,7 @@ def _ctx(request: Request) -> ServerContext:
 
 
 @health_router.get("/health")
+@health_router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
     if getattr(request.app.state, "draining", False):
         return JSONResponse({"status": "shutting down"}, status_code=503)
@@ -90,6 +91,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
 
 
 @router.post("/completion")
+@router.post("/completions")
 async def completion(request: Request) -> Any:
     """One prompt -> one result object; several prompts -> a list of them, in order."""
     ctx = _ctx(request)

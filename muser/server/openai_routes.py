@@ -37,6 +37,7 @@ def _usage(gen: Generation) -> dict[str, int]:
 
 
 @router.get("/v1/models")
+@router.get("/models")
 async def models(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
@@ -70,6 +71,7 @@ async def completions(request: Request) -> Any:
 
 
 @router.post("/v1/chat/completions")
+@router.post("/chat/completions")
 async def chat_completions(request: Request) -> Any:
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, ChatRequest), ctx)
