@@ -39,11 +39,13 @@ PYTHONPATH="$REPO" exec "$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" "\$@
 EOF
 chmod +x "$WORK/llama-server"
 
-mapfile -t ARGS < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --pytest-args)
+mapfile -t FILES < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --files)
 cd "$TESTS"
-LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=${PORT:-18080} \
-  "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "${ARGS[@]}" \
-  --junitxml="$WORK/junit.xml" -o junit_family=xunit2 > "$WORK/pytest.log" 2>&1 || true
-tail -n 3 "$WORK/pytest.log"
+# NOTE: the wrapper doubles as a pytest plugin that deselects its EXCLUDED list
+LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=${PORT:-18080} PYTHONPATH=$REPO/scripts \
+  "$WORK/venv/bin/python" -m pytest -v -p no:cacheprovider -p llama_server_wrapper \
+  "${FILES[@]/#/unit/}" --junitxml="$WORK/junit.xml" -o junit_family=xunit2 \
+  > "$WORK/pytest.log" 2>&1 || true
+tail -n 1 "$WORK/pytest.log"
 "$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/junit.xml" \
   "$REPO/bench/results/llama_server_suite.json"

@@ -76,10 +76,11 @@ async def chat_completions(request: Request) -> Any:
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, ChatRequest), ctx)
     ctx.check_model(body.model)
-    ids = await ctx.encode(await ctx.render_chat(body.chat()))
+    llama = is_llama_path(request)
+    prompt = await _chat_prompt(ctx, body, llama)
+    ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
-    llama = is_llama_path(request)
     gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
 
@@ -96,9 +97,33 @@ async def chat_completions(request: Request) -> Any:
     _raise_if_failed(result.finish_reason)
     ctx.metrics.observe_finished(gen)
     message = {"role": "assistant", "content": result.text}
+    verbose = {"__verbose": {"prompt": prompt}} if body.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
             "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": result.finish_reason}]}
+                         "finish_reason": result.finish_reason}], **verbose}
+
+
+@router.post("/v1/chat/completions/input_tokens")
+@router.post("/chat/completions/input_tokens")
+async def chat_input_tokens(request: Request) -> dict[str, int]:
+    """How many tokens the conversation's prompt takes (nothing is generated)."""
+    ctx = _ctx(request)
+    body = await ctx.read_body(request, ChatRequest)
+    ids = await ctx.encode(await _chat_prompt(ctx, body, is_llama_path(request)))
+    return {"input_tokens": len(ids)}
+
+
+async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool) -> str:
+    """The rendered conversation. Off /v1/* a final assistant message is continued (llama-server's
+    prefill); on /v1/* only when continue_final_message asks."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise ApiError(400, "continue_final_message: set add_generation_prompt to false with it",
+                       "invalid_value", "continue_final_message")
+    messages = body.chat()
+    prefill = llama and body.add_generation_prompt and messages[-1]["role"] == "assistant"
+    continued = body.continue_final_message or prefill
+    return await ctx.render_chat(messages, body.add_generation_prompt and not continued,
+                                 continue_final_message=continued)
 
 
 def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:

@@ -102,6 +102,9 @@ class ChatRequest(OpenAISampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: Literal[False] | None = None
     tools: None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the reply continues the last (assistant) message
+    verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
     # NOTE: llama-server extensions refused by name (no constrained decoding yet)
     grammar: None = None
     json_schema: None = None
