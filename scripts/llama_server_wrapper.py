@@ -9,8 +9,8 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --batch-size N               --max-batched-tokens max(N, P): rows per step
     --alias A[,B...]             --model-name A[,B...]
     --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
-    --port, --host, --seed, --temp, --n-predict, --slot-save-path, --chat-template,
-    --chat-template-file, --cors-origins            the same flags
+    --port, --host, --seed, --temp, --n-predict, --chat-template, --chat-template-file,
+    --cors-origins               the same flags
     no --cors-origins            --cors-origins '*' (llama-server reflects any origin by default,
                                  localhost origins only with --tools; muser's own default is
                                  localhost origins only)
@@ -20,7 +20,8 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
                                  --model-url, --offline: the embedded Gemma 3 270M answers),
                                  GPU and KV layout (--n-gpu-layers, -ctk, -ctv, -fa, --kv-unified,
                                  --swa-full, --ubatch-size, --cont-batching: muser always batches),
-                                 --jinja / --no-jinja (muser always renders Jinja), --verbose;
+                                 --jinja / --no-jinja (muser always renders Jinja), --verbose,
+                                 --slot-save-path (muser has no slot save / restore);
                                  features muser lacks are listed in EXCLUDED, not mapped.
 
 EXCLUDED lists the suite's tests that cannot pass against muser, with the reason; the suite
@@ -83,9 +84,8 @@ EXCLUDED: dict[str, str] = {
     _U + "test_stream.py": _ROUTER,
 }
 
-_PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--slot-save-path",
-                "--chat-template", "--chat-template-file", "--cors-origins", "--threads")
-_DROPPED_VALUE = ("--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
+_PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template", "--chat-template-file", "--cors-origins", "--threads")
+_DROPPED_VALUE = ("--slot-save-path", "--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
                   "--n-gpu-layers", "-ngl", "-ctk", "-ctv", "-fa", "--ubatch-size", "--pooling",
                   "--reasoning-format", "--reasoning", "--tags", "--models-dir", "--models-max",
                   "--models-preset", "--media-path", "--mmproj-url", "--cache-ram",

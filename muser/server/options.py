@@ -25,7 +25,6 @@ class ServerOptions:
     cors_origins: tuple[str, ...] = ("localhost",)
     metrics: bool = True
     slots: bool = True
-    slot_save_path: Path | None = None
     chat_template: str | None = None  # Jinja source overriding the GGUF's
     defaults: Defaults = Defaults()
 
@@ -42,8 +41,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics (default: on)")
     p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
                    help="serve /slots (default: on)")
-    p.add_argument("--slot-save-path", metavar="DIR",
-                   help="directory for POST /slots/{id}?action=save|restore files")
     p.add_argument("--chat-template", metavar="JINJA",
                    help="Jinja chat template replacing the GGUF's tokenizer.chat_template")
     p.add_argument("--chat-template-file", metavar="F", help="--chat-template read from F")
@@ -67,12 +64,9 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--temp must be >= 0")
     if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
         raise MuserError("--n-predict must be -1 or >= 1")
-    save = Path(args.slot_save_path).resolve() if args.slot_save_path else None
-    if save is not None and not save.is_dir():
-        raise MuserError(f"--slot-save-path is not a directory: {args.slot_save_path}")
     return ServerOptions(
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-        metrics=args.metrics, slots=args.slots, slot_save_path=save, chat_template=template,
+        metrics=args.metrics, slots=args.slots, chat_template=template,
         defaults=Defaults(args.n_predict, args.temp,
                           None if args.seed is None or args.seed < 0 else args.seed))
