@@ -1,52 +1,57 @@
-"""The llama.cpp server suite's JUnit XML -> per-file counts (printed) and a JSON receipt.
+"""The llama.cpp server suite's `pytest -v` log -> per-file counts (printed) and a JSON receipt.
 
-Usage: python scripts/llama_server_report.py junit.xml out.json
+Usage: python scripts/llama_server_report.py pytest.log out.json
+A log cut short (the run stopped early) gives a receipt with `complete: false` and the tests
+that never ran counted as `not_run`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import sys
-import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
 _WRAPPER = runpy.run_path(str(Path(__file__).with_name("llama_server_wrapper.py")))
 EXCLUDED, FILES = _WRAPPER["EXCLUDED"], _WRAPPER["FILES"]
+_LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s+\[\s*\d+%\]$")
+_COLLECTED = re.compile(r"collected (\d+) items / (\d+) deselected")
 
 
-def outcome(case: ET.Element) -> str:
-    for tag in ("failure", "error", "skipped"):
-        if case.find(tag) is not None:
-            return {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-    return "passed"
-
-
-def main(junit: str, out: str) -> None:
+def main(log: str, out: str) -> None:
+    text = Path(log).read_text(errors="replace")
+    outcomes: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            name, test, result = m.groups()
+            if outcomes.get(f"{name}::{test}", ("", ""))[1] not in ("FAILED", "ERROR"):
+                outcomes[f"{name}::{test}"] = (name, result)
     per_file = {name: Counter() for name in FILES}
-    failed = []
-    for case in ET.parse(junit).iter("testcase"):
-        name = case.get("classname", "").split(".")[-1] + ".py"
-        result = outcome(case)
-        per_file.setdefault(name, Counter())[result] += 1
-        if result in ("failed", "error"):
-            failed.append(f"unit/{name}::{case.get('name')}")
+    for name, result in outcomes.values():
+        per_file[name][result.lower()] += 1
     total = sum(per_file.values(), Counter())
     ran = total["passed"] + total["failed"] + total["error"]
+    collected = _COLLECTED.search(text)
+    included = int(collected[1]) - int(collected[2]) if collected else len(outcomes)
     receipt = {
         "suite": "llama.cpp tools/server/tests from the llama-cpp-python 0.3.36 sdist",
         "pass_fraction_of_included": round(total["passed"] / ran, 4) if ran else 0.0,
-        "totals": dict(total),
+        "complete": len(outcomes) == included,
+        "totals": {**total, "included": included, "not_run": included - len(outcomes)},
         "files": {name: dict(counts) for name, counts in per_file.items()},
-        "failed": failed,
+        "failed": sorted(f"unit/{k}" for k, (_, r) in outcomes.items() if r != "PASSED" and
+                         r != "SKIPPED"),
         "excluded": EXCLUDED,
     }
     for name, counts in per_file.items():
-        print(f"{name:28s} passed {counts['passed']:3d}  failed {counts['failed'] + counts['error']:3d}"
-              f"  skipped {counts['skipped']:3d}")
-    print(f"pass_fraction_of_included {receipt['pass_fraction_of_included']}"
-          f" ({total['passed']}/{ran}; {len(EXCLUDED)} exclusions)")
+        print(f"{name:26s} passed {counts['passed']:3d}  failed "
+              f"{counts['failed'] + counts['error']:3d}  skipped {counts['skipped']:3d}")
+    print(f"pass_fraction_of_included {receipt['pass_fraction_of_included']} "
+          f"({total['passed']}/{ran} run; {included} included, "
+          f"{receipt['totals']['not_run']} not run; {len(EXCLUDED)} exclusion entries)")
     Path(out).write_text(json.dumps(receipt, indent=1) + "\n")
 
 

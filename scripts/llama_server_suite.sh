@@ -44,8 +44,7 @@ cd "$TESTS"
 # NOTE: the wrapper doubles as a pytest plugin that deselects its EXCLUDED list
 LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=${PORT:-18080} PYTHONPATH=$REPO/scripts \
   "$WORK/venv/bin/python" -m pytest -v -p no:cacheprovider -p llama_server_wrapper \
-  "${FILES[@]/#/unit/}" --junitxml="$WORK/junit.xml" -o junit_family=xunit2 \
-  > "$WORK/pytest.log" 2>&1 || true
+  "${FILES[@]/#/unit/}" > "$WORK/pytest.log" 2>&1 || true
 tail -n 1 "$WORK/pytest.log"
-"$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/junit.xml" \
+"$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/pytest.log" \
   "$REPO/bench/results/llama_server_suite.json"
