@@ -57,6 +57,8 @@ EXCLUDED: dict[str, str] = {
     _U + "test_completion.py::test_completion_stream[": _TEXT,
     _U + "test_completion.py::test_completion_with_openai_library": _TEXT,
     _U + "test_completion.py::test_completion_stream_with_openai_library": _TEXT,
+    _U + "test_completion.py::test_completion_stream_with_openai_library_stops": "fetches "
+    "Phi-3.5-mini from a model hub and asserts its text",
     _U + "test_completion.py::test_completion_prompt_cache": _TEXT,
     _U + "test_completion.py::test_completion_response_fields[I believe the meaning of life "
     "is-32-response_fields1]": _TEXT + " (the prompt echoed as '<s> ...')",
