@@ -17,6 +17,7 @@ from pathlib import Path
 _WRAPPER = runpy.run_path(str(Path(__file__).with_name("llama_server_wrapper.py")))
 EXCLUDED, FILES, is_excluded = (_WRAPPER[k] for k in ("EXCLUDED", "FILES", "is_excluded"))
 _LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s+\[\s*\d+%\]$")
+_REASON = re.compile(r"^FAILURE-REASON unit/(.*?) (setup|call|teardown): (.*)$")
 _COLLECTED = re.compile(r"collected (\d+) items / (\d+) deselected")
 
 
@@ -32,6 +33,8 @@ def main(log: str, out: str) -> None:
             name, test, result = m.groups()
             if outcomes.get(f"{name}::{test}", ("", ""))[1] not in ("FAILED", "ERROR"):
                 outcomes[f"{name}::{test}"] = (name, result)
+    reasons = {f"unit/{m[1]}": f"{m[2]}: {m[3]}" for m in map(_REASON.match, text.splitlines())
+               if m}
     per_file = {name: Counter() for name in FILES}
     for name, result in outcomes.values():
         per_file[name][result.lower()] += 1
@@ -46,8 +49,8 @@ def main(log: str, out: str) -> None:
         "complete": len(outcomes) == included,
         "totals": {**total, "included": included, "not_run": included - len(outcomes)},
         "files": {name: dict(counts) for name, counts in per_file.items()},
-        "failed": sorted(f"unit/{k}" for k, (_, r) in outcomes.items() if r != "PASSED" and
-                         r != "SKIPPED"),
+        "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in
+                   sorted(outcomes.items()) if r in ("FAILED", "ERROR")},
         "excluded": EXCLUDED,
     }
     for name, counts in per_file.items():

@@ -60,6 +60,8 @@ EXCLUDED: dict[str, str] = {
     _U + "test_completion.py::test_completion_stream_with_openai_library_stops": "fetches "
     "Phi-3.5-mini from a model hub and asserts its text",
     _U + "test_completion.py::test_completion_prompt_cache": _TEXT,
+    _U + "test_completion.py::test_nocache_long_input_prompt": _TEXT + " (a prompt over 256 "
+    "of its tokens is under 256 of Gemma's)",
     _U + "test_completion.py::test_completion_response_fields[I believe the meaning of life "
     "is-32-response_fields1]": _TEXT + " (the prompt echoed as '<s> ...')",
     _U + "test_chat_completion.py::test_chat_completion[": _TEXT,
@@ -145,6 +147,16 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if not is_excluded(item.nodeid)]
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """As a pytest plugin: a failure's last traceback line at once, so that a run cut short
+    still says why each test failed (the report reads these lines)."""
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = crash.message if crash else str(report.longrepr).strip().splitlines()[-1]
+        reason = " ".join(reason.split())[:300]
+        print(f"\nFAILURE-REASON {report.nodeid} {report.when}: {reason}", flush=True)
 
 
 def main() -> None:
