@@ -8,6 +8,7 @@ that never ran counted as `not_run`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import sys
@@ -47,6 +48,7 @@ def main(log: str, out: str) -> None:
         "suite": "llama.cpp tools/server/tests from the llama-cpp-python 0.3.36 sdist",
         "pass_fraction_of_included": round(total["passed"] / ran, 4) if ran else 0.0,
         "complete": len(outcomes) == included,
+        "cpus": os.cpu_count(), "load_average_at_report": [round(x, 1) for x in os.getloadavg()],
         "totals": {**total, "included": included, "not_run": included - len(outcomes)},
         "files": {name: dict(counts) for name, counts in per_file.items()},
         "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in
