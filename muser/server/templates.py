@@ -60,7 +60,8 @@ class ChatTemplate:
         template that does not parse raises jinja2.TemplateError."""
         source = source or tokenizer.chat_template or GEMMA
         self.source = NAMED.get(source, source)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         self._template = env.from_string(self.source)
         self._bos = tokenizer.decode([tokenizer.bos_id])
@@ -81,8 +82,10 @@ class ChatTemplate:
                 raise TemplateError("continue_final_message: the template does not render the "
                                     "final message's text verbatim")
             return text[:cut + len(final)]
+        # NOTE: llama-server's template context: thinking on, today's date as date_string
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     tools=tools, bos_token=self._bos, eos_token=self._eos)
+                                     tools=tools, bos_token=self._bos, eos_token=self._eos,
+                                     enable_thinking=True, date_string=_strftime_now("%d %b %Y"))
         if self._drop_bos and text.startswith(self._bos):
             text = text[len(self._bos):]
         return text

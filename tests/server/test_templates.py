@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import gguf
 import pytest
 from jinja2.exceptions import SecurityError
@@ -37,6 +39,10 @@ def test_template_helpers_and_sandbox(tokenizer: Tokenizer) -> None:
                      "{% if tools %}{{ tools | length }}{% endif %}")
     assert t.render([], tools=[{"type": "function"}]).endswith("1")  # leading BOS dropped
     assert not t.render([]).startswith("<bos>")
+    context = ChatTemplate(tokenizer, "{% for m in messages %}{{ m.content }}{% break %}{% endfor %}"
+                           "{{ enable_thinking }} {{ date_string }}")
+    today = datetime.date.today().strftime("%d %b %Y")
+    assert context.render([{"content": "a"}, {"content": "b"}]) == f"aTrue {today}"
     with pytest.raises(SecurityError):
         ChatTemplate(tokenizer, "{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
     with pytest.raises(Exception, match="no system turns"):
