@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,12 +12,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from muser.server import llama_routes, openai_routes
+from muser.server.cors import Cors
 from muser.server.errors import ApiError, install_error_handlers
 from muser.server.metrics import Metrics
 from muser.server.startup import Startup
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
-          "/detokenize", "/health", "/props", "/slots", "/metrics")
+          "/detokenize", "/health", "/props", "/slots", "/metrics", "/apply-template", "/infill")
+# NOTE: llama-server's other names for the same handlers (declared beside each route); metrics
+# count them under the route
+ALIASES = {"/completions": "/completion", "/chat/completions": "/v1/chat/completions",
+           "/models": "/v1/models", "/v1/health": "/health"}
 
 
 def _ready(request: Request) -> None:
@@ -32,7 +38,11 @@ def _admin(request: Request) -> None:
 
 
 async def _metrics(request: Request) -> Response:
-    return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    if not request.app.state.ctx.options.metrics:
+        raise ApiError(501, "/metrics is disabled: start the server without --no-metrics",
+                       "not_supported")
+    return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST,
+                    headers={"Process-Start-Time-Unix": str(request.app.state.started)})
 
 
 class _RequestCounter:
@@ -44,7 +54,7 @@ class _RequestCounter:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
+        path = ALIASES.get(scope["path"], scope["path"])
         route = "/slots" if path.startswith("/slots/") else path if path in ROUTES else "other"
 
         async def counted_send(message: Message) -> None:
@@ -68,7 +78,7 @@ def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="muser", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.startup, app.state.metrics, app.state.ctx = startup, metrics, None
-    app.state.draining = False
+    app.state.draining, app.state.started = False, int(time.time())
     install_error_handlers(app)
     app.include_router(llama_routes.health_router)
     user, admin = [Depends(_ready), Depends(_user)], [Depends(_ready), Depends(_admin)]
@@ -77,7 +87,6 @@ def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
     app.include_router(llama_routes.admin_router, dependencies=admin)
     app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=user)
     app.add_middleware(_RequestCounter)
+    app.add_middleware(Cors)
     return app
 
-
-__all__ = ["ApiError", "create_app"]

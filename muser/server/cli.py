@@ -9,6 +9,7 @@ from pathlib import Path
 
 from muser.cli import _positive_int, add_engine_args, engine_kwargs
 from muser.errors import MuserError
+from muser.server.options import add_options, server_options
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +42,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="adaptive: prefill rows are capped at --decode-waiting-chunk while "
                    "decodes run; fixed: full --prefill-chunk chunks regardless "
                    "(default: %(default)s)")
-    p.add_argument("--model-name", help="name clients use (default: the model file's stem)")
+    p.add_argument("--model-name", metavar="NAME[,ALIAS...]", help="name clients use, then "
+                   "other names it answers to (default: the model file's stem)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=4 << 20,
                    help="largest request body (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=300.0,
@@ -50,6 +52,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     from muser.disagg.cli import add_serve_args
 
     add_serve_args(p)
+    add_options(p)
     p.set_defaults(run=serve)
 
 
@@ -119,4 +122,4 @@ def _context(args: argparse.Namespace, keys, metrics):
     return ServerContext(loop, ready.tokenizer, metrics, keys,
                          args.model_name or Path(ready.model_path).stem, ready.model_path,
                          ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
-                         ready.batching)
+                         batching=ready.batching, options=server_options(args))

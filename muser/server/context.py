@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
+from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from muser.core import SamplingParams
+from muser.core import SamplingParams, StepOutput
 from muser.engine import PromptError
+from muser.errors import MuserError
 from muser.scheduler import QueueFull
 from muser.server.auth import Keys
 from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.errors import ApiError
 from muser.server.generation import Generation
 from muser.server.metrics import Metrics
+from muser.server.options import ServerOptions
+from muser.server.templates import ChatTemplate
 from muser.tokenizer import Tokenizer
+
+_DISCONNECT_POLL_S = 0.25
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
@@ -35,6 +42,16 @@ class ServerContext:
     max_num_seqs: int
     max_body_bytes: int = 4 << 20
     batching: dict[str, Any] = field(default_factory=dict)
+    options: ServerOptions = field(default_factory=ServerOptions)
+
+    def __post_init__(self) -> None:
+        """model_name: 'name[,alias...]' -> the name; every one is in `aliases`."""
+        self.aliases = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
+        self.model_name = self.aliases[0]
+        try:
+            self.template = ChatTemplate(self.tokenizer, self.options.chat_template)
+        except TemplateError as exc:
+            raise MuserError(f"the chat template does not parse: {exc}") from None
 
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
         """Size-limited, strict JSON -> `model`; any problem is a 4xx ApiError."""
@@ -64,8 +81,20 @@ class ServerContext:
             param = ".".join(str(p) for p in err["loc"])
             raise ApiError(400, f"{param}: {err['msg']}", "invalid_value", param) from None
 
+    async def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                          tools: list[dict[str, Any]] | None = None,
+                          continue_final_message: bool = False) -> str:
+        """The conversation through the chat template; one it refuses is a 400 on messages."""
+        try:
+            return await run_in_threadpool(self.template.render, messages, add_generation_prompt,
+                                           tools, continue_final_message)
+        except Exception as exc:  # noqa: BLE001 (a template may raise anything)
+            raise ApiError(400, f"cannot apply the chat template: {exc}", "invalid_value",
+                           "messages") from None
+
     def check_model(self, name: str | None) -> None:
-        if name and name != self.model_name:
+        """One model served: any name passes, unless --strict-model-name."""
+        if name and self.options.strict_model_name and name not in self.aliases:
             raise ApiError(404, f"The model '{name}' does not exist; this server serves "
                            f"'{self.model_name}'.", "model_not_found", "model")
 
@@ -79,23 +108,94 @@ class ServerContext:
             return prompt
         return await run_in_threadpool(self.tokenizer.encode, prompt)
 
+    async def encode_mixed(self, parts: list[int | str]) -> list[int]:
+        """Ids and texts in one sequence, as llama-server joins them: a text gets BOS only as
+        the first part."""
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                ids += await run_in_threadpool(self.tokenizer.encode, part, i == 0)
+            else:
+                ids += await self.encode([part])
+        return ids
+
     def max_tokens(self, requested: int | None, default: int, param: str) -> int:
+        """OpenAI's max_tokens: more than the context is refused; unset -> --n-predict or
+        `default`."""
         if requested is not None and requested > self.max_model_len:
             raise ApiError(400, f"{param} must be <= {self.max_model_len} (the context length)",
                            "invalid_value", param)
-        return requested or default
+        server = self.options.defaults.n_predict
+        return requested or (server if server and server > 0 else default)
 
-    def start(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    def n_predict(self, requested: int, num_prompt: int) -> int:
+        """llama-server's n_predict: -1 or more than fits is capped at the context's rest, and
+        at --n-predict when that is set."""
+        rest = max(1, self.max_model_len - num_prompt)
+        server = self.options.defaults.n_predict
+        n = rest if requested < 0 else min(requested, rest)
+        return min(n, server) if server and server > 0 else n
+
+    def start(self, prompt_ids: list[int], sampling: SamplingParams,
+              llama: bool = False) -> Generation:
+        """llama: answer a prompt over the context with llama-server's error shape."""
+        if len(prompt_ids) >= self.max_model_len:
+            raise self.overflow(len(prompt_ids), llama)
         try:
             return Generation(self.loop, self.metrics, prompt_ids, sampling)
         except PromptError as exc:
-            raise ApiError(400, str(exc), "context_length_exceeded", "prompt") from None
+            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
         except EngineDead as exc:
             raise ApiError(503, f"the engine is not running ({exc}); see the server log",
                            "engine_dead") from None
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy ({exc}); retry later",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from None
+
+
+    def overflow(self, num_prompt: int, llama: bool) -> ApiError:
+        if llama:
+            return ApiError(400, "the request exceeds the available context size, try "
+                            "increasing it", "context_length_exceeded", "prompt",
+                            kind="exceed_context_size_error",
+                            extra={"n_prompt_tokens": num_prompt, "n_ctx": self.max_model_len})
+        return ApiError(400, f"the prompt has {num_prompt} tokens; the context holds "
+                        f"{self.max_model_len} (prompt + at least one new token)",
+                        "context_length_exceeded", "prompt")
+
+
+def with_defaults(body: BodyT, ctx: ServerContext) -> BodyT:
+    """The server's --temp / --seed where the request left them out."""
+    d = ctx.options.defaults
+    given = {"temperature": d.temperature, "seed": d.seed}
+    update = {k: v for k, v in given.items()
+              if v is not None and k not in body.model_fields_set and k in type(body).model_fields}
+    return body.model_copy(update=update) if update else body
+
+
+async def collect_outputs(gen: Generation, http: Request) -> list[StepOutput]:
+    """Every output of `gen` until it finishes; aborted if the client goes away meanwhile."""
+    outs: list[StepOutput] = []
+
+    async def drain() -> None:
+        async for out in gen.outputs():
+            outs.append(out)
+
+    task = asyncio.ensure_future(drain())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if not task.done() and await http.is_disconnected():
+                task.cancel()
+                break
+    finally:
+        gen.close()
+    return outs
+
+
+def is_llama_path(request: Request) -> bool:
+    """llama-server's dialect (error shapes, stream framing) off /v1/*; OpenAI's on it."""
+    return not request.url.path.startswith("/v1/")
 
 
 def sampling_or_400(build: Any, max_tokens: int) -> SamplingParams:

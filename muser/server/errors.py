@@ -10,22 +10,25 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
-          429: "rate_limit_error", 503: "server_error", 500: "server_error"}
+          429: "rate_limit_error", 503: "server_error", 500: "server_error",
+          501: "not_supported_error"}
 
 
 class ApiError(Exception):
     """An HTTP error with an OpenAI-style body: {"error": {message, type, param, code}}."""
 
     def __init__(self, status: int, message: str, code: str | None = None,
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None,
+                 kind: str | None = None, extra: dict[str, Any] | None = None) -> None:
+        """kind: the body's `type` (default: from the status); extra: more `error` fields."""
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
-        self.headers = headers
+        self.headers, self.kind, self.extra = headers, kind, extra or {}
 
     def body(self) -> dict[str, Any]:
-        kind = _TYPES.get(self.status, "invalid_request_error")
+        kind = self.kind or _TYPES.get(self.status, "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.code}}
+                          "code": self.code, **self.extra}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

@@ -1,7 +1,9 @@
-"""llama.cpp-compatible routes: /completion, /tokenize, /detokenize, /health, /props, /slots."""
+"""llama.cpp-compatible routes: /completion, /apply-template, /tokenize, /detokenize, /health,
+/props, /slots, /infill (501)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -9,12 +11,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from muser.core import StepOutput
-from muser.server.context import ServerContext, sampling_or_400
+from muser.core import SamplingParams
+from muser.server.context import ServerContext, collect_outputs, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
 from muser.server.openai_routes import sse
-from muser.server.protocol import DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest
+from muser.server.protocol import (
+    ApplyTemplateRequest,
+    DetokenizeRequest,
+    LlamaCompletionRequest,
+    OnePrompt,
+    PromptObject,
+    TokenizeRequest,
+    split_prompts,
+)
+from muser.server.results import is_truncated, stop_type, stopping_word, timings
 
 router = APIRouter()
 admin_router = APIRouter()
@@ -26,6 +37,7 @@ def _ctx(request: Request) -> ServerContext:
 
 
 @health_router.get("/health")
+@health_router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
     if getattr(request.app.state, "draining", False):
         return JSONResponse({"status": "shutting down"}, status_code=503)
@@ -40,10 +52,13 @@ async def health(request: Request) -> JSONResponse:
 @router.get("/props")
 async def props(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
-    defaults = LlamaCompletionRequest(prompt="").model_dump(exclude={"prompt"})
-    return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": defaults},
+    params = with_defaults(LlamaCompletionRequest(prompt=""), ctx).model_dump(
+        exclude={"prompt", "grammar", "json_schema", "logit_bias", "response_fields"})
+    if ctx.options.defaults.n_predict is not None:
+        params["n_predict"] = ctx.options.defaults.n_predict
+    return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},
             "total_slots": ctx.max_num_seqs, "model_alias": ctx.model_name,
-            "model_path": ctx.model_path, "chat_template": ctx.tokenizer.chat_template or "",
+            "model_path": ctx.model_path, "chat_template": ctx.template.source,
             "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching}
 
 
@@ -79,48 +94,142 @@ async def detokenize(request: Request) -> dict[str, Any]:
 
 
 @router.post("/completion")
+@router.post("/completions")
 async def completion(request: Request) -> Any:
+    """One prompt -> one result object; several prompts -> a list of them, in order."""
     ctx = _ctx(request)
-    body = await ctx.read_body(request, LlamaCompletionRequest)
-    ids = await ctx.encode(body.prompt)
-    limit = max(1, ctx.max_model_len - len(ids))
-    n = ctx.max_tokens(None if body.n_predict < 0 else body.n_predict, limit, "n_predict")
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n))
+    body = with_defaults(await ctx.read_body(request, LlamaCompletionRequest), ctx)
+    prompts = [await _encode(ctx, p) for p in split_prompts(body.prompt)]
+    if body.stream and len(prompts) > 1:
+        raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
+                       "prompt")
+    for ids in prompts:
+        if len(ids) >= ctx.max_model_len:
+            raise ctx.overflow(len(ids), llama=True)
+    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids)))
+                 for ids in prompts]
+    gens: list[Generation] = []
+    try:
+        for ids, sampling in zip(prompts, samplings):
+            gens.append(ctx.start(ids, sampling, llama=True))
+    except ApiError:
+        for gen in gens:
+            gen.close()
+        raise
     if body.stream:
-        return GenerationStream(gen, _events(ctx, gen))
-    result = await gen.collect(request)
-    if result.finish_reason in ("error", "cancelled"):
-        raise ApiError(500, f"generation {result.finish_reason}", result.finish_reason)
-    return {"content": result.text, **_final(ctx, gen, _stop_type(gen.last))}
+        return GenerationStream(gens[0], _events(ctx, body, gens[0], prompts[0], samplings[0]))
+    outs = await asyncio.gather(*(collect_outputs(gen, request) for gen in gens))
+    results = []
+    for i, (gen, ids, sampling, out) in enumerate(zip(gens, prompts, samplings, outs)):
+        if gen.finish_reason in ("error", "cancelled"):
+            raise ApiError(500, f"generation {gen.finish_reason}", gen.finish_reason)
+        text = "".join(o.text_delta for o in out)
+        tokens = [o.token_id for o in out if o.token_id is not None]
+        result = {"index": i, "content": text, "tokens": tokens if body.return_tokens else [],
+                  **_final(ctx, body, gen, ids, sampling, text, tokens)}
+        results.append(pick_fields(result, body.response_fields) if body.response_fields
+                       else result)
+    return results[0] if len(results) == 1 else results
 
 
-async def _events(ctx: ServerContext, gen: Generation) -> AsyncIterator[str]:
+async def _encode(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
+    if isinstance(prompt, PromptObject):
+        return await ctx.encode(prompt.prompt_string)
+    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        return await ctx.encode(prompt)
+    if isinstance(prompt, list):
+        return await ctx.encode_mixed(prompt)
+    if isinstance(prompt, int):
+        raise ApiError(400, "prompt: a token id alone is not a prompt; send [id]",
+                       "invalid_value", "prompt")
+    return await ctx.encode(prompt)
+
+
+async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
+                  prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[str]:
+    """Every token in a `stop: false` chunk, then one `stop: true` chunk with the final fields
+    and no content (llama-server's framing)."""
+    parts, tokens = [], []
     async for out in gen.outputs():
         if out.finish_reason in ("error", "cancelled"):
             yield sse(ApiError(500, f"generation {out.finish_reason}").body())
             return
-        tokens = [] if out.token_id is None else [out.token_id]
-        chunk = {"content": out.text_delta, "tokens": tokens, "stop": False}
-        if out.finished:
-            chunk.update(_final(ctx, gen, _stop_type(out)))
-        yield sse(chunk)
+        ids = [] if out.token_id is None else [out.token_id]
+        parts.append(out.text_delta)
+        tokens += ids
+        if ids or out.text_delta:
+            yield sse({"index": 0, "content": out.text_delta, "tokens": ids, "stop": False,
+                       "id_slot": -1})
+    text = "".join(parts)
+    yield sse({"index": 0, "content": "", "tokens": [],
+               **_final(ctx, body, gen, prompt_ids, sampling, text, tokens)})
 
 
-def _stop_type(out: StepOutput | None) -> str:
-    if out is None or out.finish_reason == "length":
-        return "limit"
-    return "eos" if out.token_id is None else "word"
+def _final(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
+           prompt_ids: list[int], sampling: SamplingParams, text: str,
+           tokens: list[int]) -> dict[str, Any]:
+    kind = stop_type(gen.last)
+    word = stopping_word(text, ctx.tokenizer.decode(tokens), sampling.stop) if (
+        kind == "word") else ""
+    ctx.metrics.observe_finished(gen)
+    return {"id_slot": -1, "stop": True, "model": ctx.model_name,
+            "tokens_predicted": gen.num_output, "tokens_evaluated": gen.num_prompt,
+            "generation_settings": generation_settings(ctx, body, sampling),
+            "prompt": ctx.tokenizer.decode(prompt_ids), "has_new_line": "\n" in text,
+            "truncated": is_truncated(gen, ctx.max_model_len), "stop_type": kind,
+            "stopping_word": word, "tokens_cached": gen.num_prompt + gen.num_output,
+            "timings": timings(gen)}
 
 
-def _final(ctx: ServerContext, gen: Generation, stop_type: str) -> dict[str, Any]:
-    return {"stop": True, "model": ctx.model_name, "tokens_predicted": gen.num_output,
-            "tokens_evaluated": gen.num_prompt, "stop_type": stop_type, "truncated": False,
-            "timings": gen.timings()}
+def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,
+                        sampling: SamplingParams) -> dict[str, Any]:
+    """The settings a request ran with, in llama-server's names. ignore_eos shows as a -inf
+    (null) bias on each end-of-generation token, as llama-server reports it."""
+    eog = sorted(ctx.tokenizer.eot_ids) if sampling.ignore_eos else []
+    return {"n_predict": sampling.max_tokens, "seed": -1 if sampling.seed is None else
+            sampling.seed, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "top_p": sampling.top_p, "min_p": sampling.min_p,
+            "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
+            "stop": list(sampling.stop), "ignore_eos": sampling.ignore_eos,
+            "logit_bias": [{"token": t, "bias": None} for t in eog], "n_probs": 0,
+            "stream": body.stream, "cache_prompt": body.cache_prompt}
+
+
+def pick_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """response_fields: each 'a/b' path that exists, as a top-level key."""
+    picked = {}
+    for path in paths:
+        node: Any = result
+        for key in path.split("/"):
+            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            picked[path] = node
+    return picked
+
+
+_MISSING = object()
+
+
+@router.post("/apply-template")
+async def apply_template(request: Request) -> dict[str, str]:
+    ctx = _ctx(request)
+    body = await ctx.read_body(request, ApplyTemplateRequest)
+    return {"prompt": await ctx.render_chat(body.chat(), body.add_generation_prompt,
+                                            body.tools)}
+
+
+@router.post("/infill")
+async def infill() -> None:
+    raise ApiError(501, "/infill needs fill-in-the-middle tokens, which this model (Gemma 3) "
+                   "does not have", "not_supported")
 
 
 @admin_router.get("/slots")
 async def slots(request: Request) -> list[dict[str, Any]]:
     ctx = _ctx(request)
+    if not ctx.options.slots:
+        raise ApiError(501, "/slots is disabled: start the server without --no-slots",
+                       "not_supported")
     by_slot = {s.slot: s for s in ctx.loop.stats.slots if s.slot is not None}
     out = []
     for i in range(ctx.max_num_seqs):

@@ -1,9 +1,10 @@
 """Prometheus metrics: per-route requests and errors, TTFT/TPOT, tokens, per-work-class queues,
-KV pages and memory by category."""
+KV pages and memory by category; llama-server's `llamacpp:` families beside them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -15,7 +16,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from muser.kvcache.reuse import PrefixStats
+from muser.server.llama_metrics import LlamaTotals, render_llama
 from muser.server.loop import LoopStats
+
+if TYPE_CHECKING:
+    from muser.server.generation import Generation
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -96,6 +101,13 @@ class Metrics:
         self.tokens_in = Counter("muser_prompt_tokens", "Prompt tokens admitted", registry=r)
         self.tokens_out = Counter("muser_generation_tokens", "Tokens generated", registry=r)
         r.register(_EngineCollector(stats))
+        self.stats, self.llama = stats, LlamaTotals()
+
+    def observe_finished(self, gen: Generation) -> None:
+        """A generation's phases, for the llamacpp: families (once per generation)."""
+        t = gen.timings()
+        self.llama.observe(t["prompt_ms"] / 1e3, t["predicted_ms"] / 1e3,
+                           gen.num_prompt + gen.num_output)
 
     def observe_request(self, route: str, code: int) -> None:
         self.requests.labels(route, str(code)).inc()
@@ -103,7 +115,10 @@ class Metrics:
             self.errors.labels(route, str(code)).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        sample = self.registry.get_sample_value
+        llama = render_llama(self.llama, self.stats(), sample("muser_prompt_tokens_total") or 0,
+                             sample("muser_generation_tokens_total") or 0)
+        return generate_latest(self.registry) + llama
 
 
 def _disagg(d: dict) -> Iterator[Metric]:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from importlib.metadata import version
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 
-from muser.server.context import ServerContext, sampling_or_400
+from muser.server.context import ServerContext, is_llama_path, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
 from muser.server.protocol import ChatRequest, CompletionRequest
+from muser.server.results import timings
 
 router = APIRouter()
 
 _DEFAULT_COMPLETION_TOKENS = 16
+SYSTEM_FINGERPRINT = f"b{version('muser')}-muser"
 
 
 def sse(obj: Any) -> str:
@@ -35,73 +37,106 @@ def _usage(gen: Generation) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
+@router.get("/models")
 async def models(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
-    return {"object": "list", "data": [{"id": ctx.model_name, "object": "model",
-                                        "created": 0, "owned_by": "muser"}]}
+    return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
+                                        "owned_by": "muser", "aliases": list(ctx.aliases)}]}
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Any:
     ctx = _ctx(request)
-    body = await ctx.read_body(request, CompletionRequest)
+    body = with_defaults(await ctx.read_body(request, CompletionRequest), ctx)
     ctx.check_model(body.model)
     prompt = body.prompt[0] if isinstance(body.prompt, list) and isinstance(
         body.prompt[0], str) else body.prompt
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n))
-    head = {"id": f"cmpl-{gen.uid}", "object": "text_completion", "created": int(time.time()),
-            "model": ctx.model_name}
+    llama = is_llama_path(request)
+    gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
+    head = _head(ctx, f"cmpl-{gen.uid}", "text_completion")
 
     def choice(text: str, reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
 
     if body.stream:
-        return _stream(gen, head, body.include_usage, lambda out: choice(out.text_delta, (
-            out.finish_reason if out.finished else None)), None)
+        return _stream(ctx, gen, head, body.include_usage, llama, lambda text: choice(text, None),
+                       lambda reason: choice("", reason), None)
     result = await gen.collect(request)
     _raise_if_failed(result.finish_reason)
-    return {**head, "choices": [choice(result.text, result.finish_reason)], "usage": _usage(gen)}
+    ctx.metrics.observe_finished(gen)
+    return {**head, "choices": [choice(result.text, result.finish_reason)],
+            "usage": _usage(gen)}
 
 
 @router.post("/v1/chat/completions")
+@router.post("/chat/completions")
 async def chat_completions(request: Request) -> Any:
     ctx = _ctx(request)
-    body = await ctx.read_body(request, ChatRequest)
+    body = with_defaults(await ctx.read_body(request, ChatRequest), ctx)
     ctx.check_model(body.model)
-    try:
-        text = await run_in_threadpool(ctx.tokenizer.apply_chat_template, body.chat())
-    except Exception as exc:  # noqa: BLE001 (the GGUF's template may raise anything)
-        raise ApiError(400, f"cannot apply the chat template: {exc}", "invalid_value",
-                       "messages") from None
-    ids = await ctx.encode(text)
+    llama = is_llama_path(request)
+    prompt = await _chat_prompt(ctx, body, llama)
+    ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n))
-    head = {"id": f"chatcmpl-{gen.uid}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": ctx.model_name}
+    gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
+    head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
 
-    def choice(out: Any) -> dict[str, Any]:
-        delta = {"content": out.text_delta} if out.text_delta or not out.finished else {}
-        return {"index": 0, "delta": delta, "logprobs": None,
-                "finish_reason": out.finish_reason if out.finished else None}
+    def choice(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
 
     if body.stream:
-        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None}
-        return _stream(gen, head, body.include_usage, choice, first)
+        # NOTE: the role chunk's content: "" as OpenAI sends it, null as llama-server does
+        first = choice({"role": "assistant", "content": None if llama else ""}, None)
+        return _stream(ctx, gen, head, body.include_usage, llama,
+                       lambda text: choice({"content": text}, None),
+                       lambda reason: choice({}, reason), first)
     result = await gen.collect(request)
     _raise_if_failed(result.finish_reason)
+    ctx.metrics.observe_finished(gen)
     message = {"role": "assistant", "content": result.text}
+    verbose = {"__verbose": {"prompt": prompt}} if body.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
             "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": result.finish_reason}]}
+                         "finish_reason": result.finish_reason}], **verbose}
 
 
-def _stream(gen: Generation, head: dict[str, Any], include_usage: bool,
-            choice: Callable[[Any], dict[str, Any]], first: dict[str, Any] | None
+@router.post("/v1/chat/completions/input_tokens")
+@router.post("/chat/completions/input_tokens")
+async def chat_input_tokens(request: Request) -> dict[str, int]:
+    """How many tokens the conversation's prompt takes (nothing is generated)."""
+    ctx = _ctx(request)
+    body = await ctx.read_body(request, ChatRequest)
+    ids = await ctx.encode(await _chat_prompt(ctx, body, is_llama_path(request)))
+    return {"input_tokens": len(ids)}
+
+
+async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool) -> str:
+    """The rendered conversation. Off /v1/* a final assistant message is continued (llama-server's
+    prefill); on /v1/* only when continue_final_message asks."""
+    if body.continue_final_message and body.add_generation_prompt:
+        raise ApiError(400, "continue_final_message: set add_generation_prompt to false with it",
+                       "invalid_value", "continue_final_message")
+    messages = body.chat()
+    prefill = llama and body.add_generation_prompt and messages[-1]["role"] == "assistant"
+    continued = body.continue_final_message or prefill
+    return await ctx.render_chat(messages, body.add_generation_prompt and not continued,
+                                 continue_final_message=continued)
+
+
+def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:
+    return {"id": uid, "object": kind, "created": int(time.time()), "model": ctx.model_name,
+            "system_fingerprint": SYSTEM_FINGERPRINT}
+
+
+def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_usage: bool,
+            llama: bool, content: Callable[[str], dict[str, Any]],
+            finish: Callable[[str], dict[str, Any]], first: dict[str, Any] | None
             ) -> GenerationStream:
+    """[first], one chunk per non-empty text delta, the finish reason in a chunk of its own,
+    [usage (with llama-server's timings off /v1/*)], [DONE]."""
     async def events() -> AsyncIterator[str]:
         if first is not None:
             yield sse({**head, "choices": [first]})
@@ -110,9 +145,13 @@ def _stream(gen: Generation, head: dict[str, Any], include_usage: bool,
                 yield sse(ApiError(500, f"generation {out.finish_reason}", out.finish_reason)
                           .body())
                 return
-            yield sse({**head, "choices": [choice(out)]})
+            if out.text_delta:
+                yield sse({**head, "choices": [content(out.text_delta)]})
+        yield sse({**head, "choices": [finish(gen.finish_reason)]})
+        ctx.metrics.observe_finished(gen)
         if include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(gen)})
+            usage = {**head, "choices": [], "usage": _usage(gen)}
+            yield sse({**usage, "timings": timings(gen)} if llama else usage)
         yield "data: [DONE]\n\n"
 
     return GenerationStream(gen, events())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from muser.core import SamplingParams
 
@@ -15,6 +15,17 @@ Stop = Annotated[str, Field(min_length=1, max_length=256)]
 
 MAX_STOPS = 16
 MAX_MESSAGES = 1024
+MAX_PROMPTS = 16
+MAX_INT32 = 2**31 - 1
+
+
+def _integral(value: Any) -> Any:
+    """40.0 -> 40 (clients written for llama-server send whole numbers as floats)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+TopK = Annotated[int, BeforeValidator(_integral), Field(ge=0)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
 
 
 class Body(BaseModel):
@@ -32,7 +43,7 @@ class OpenAISampling(Body):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] = 1.0
     top_p: TopP = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
+    top_k: TopK = 0
     min_p: Prob = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
     frequency_penalty: Penalty = 0.0
@@ -91,6 +102,12 @@ class ChatRequest(OpenAISampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: Literal[False] | None = None
     tools: None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the reply continues the last (assistant) message
+    verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
+    # NOTE: llama-server extensions refused by name (no constrained decoding yet)
+    grammar: None = None
+    json_schema: None = None
 
     def chat(self) -> list[dict[str, Any]]:
         """Messages as the chat template takes them ('developer' is a system turn)."""
@@ -98,13 +115,34 @@ class ChatRequest(OpenAISampling):
                 for m in self.messages]
 
 
+class PromptObject(Body):
+    """llama-server's {"prompt_string": ...} prompt; multimodal_data is refused by name."""
+
+    prompt_string: str
+    multimodal_data: None = None
+
+
+OnePrompt = str | list[int | str] | PromptObject
+PromptItem = int | str | TokenIds | PromptObject
+
+
+def split_prompts(prompt: str | PromptObject | list[PromptItem]) -> list[OnePrompt]:
+    """llama-server's rules: text, an object, or a list of ids and texts (one sequence: each text
+    part tokenized without BOS) is one prompt; any other list is a list of prompts."""
+    if not isinstance(prompt, list):
+        return [prompt]
+    if all(isinstance(p, (int, str)) for p in prompt) and any(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt)
+
+
 class LlamaCompletionRequest(Body):
     """llama.cpp's /completion body (its defaults)."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1)]
-    n_predict: Annotated[int, Field(ge=-1)] = -1
+    prompt: str | PromptObject | Annotated[list[PromptItem], Field(min_length=1)]
+    n_predict: Annotated[int, Field(ge=-1, le=MAX_INT32)] = -1
     temperature: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.8
-    top_k: Annotated[int, Field(ge=0)] = 40
+    top_k: TopK = 40
     top_p: TopP = 0.95
     min_p: Prob = 0.05
     repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
@@ -114,12 +152,23 @@ class LlamaCompletionRequest(Body):
     stream: bool = False
     ignore_eos: bool = False
     cache_prompt: bool = True
+    id_slot: Annotated[int, Field(ge=-1, le=-1)] = -1
+    return_tokens: bool = False
+    response_fields: Annotated[list[str], Field(max_length=64)] | None = None
     n_probs: Annotated[int, Field(ge=0, le=0)] = 0
     # NOTE: refused unless 0 (400 naming the field): llama.cpp's penalties are not applied here
     presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     grammar: None = None
     json_schema: None = None
+    logit_bias: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _few_prompts(cls, value: Any) -> Any:
+        if len(split_prompts(value)) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
+        return value
 
     @field_validator("n_predict")
     @classmethod
@@ -134,6 +183,16 @@ class LlamaCompletionRequest(Body):
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
             repeat_last_n=self.repeat_last_n, seed=None if self.seed < 0 else self.seed,
             stop=tuple(self.stop), ignore_eos=self.ignore_eos)
+
+
+class ApplyTemplateRequest(Body):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    add_generation_prompt: bool = True
+    tools: Annotated[list[dict[str, Any]], Field(max_length=256)] | None = None
+
+    def chat(self) -> list[dict[str, Any]]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in self.messages]
 
 
 class TokenizeRequest(Body):

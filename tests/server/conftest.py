@@ -61,26 +61,41 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float)
     raise RuntimeError(f"server not healthy after {timeout_s}s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def server(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
-    tmp = tmp_path_factory.mktemp("server")
-    key_file = tmp / "keys.txt"
-    key_file.write_text("# keys\n" + "\n".join(FILE_KEYS) + "\n\n")
+def start_server(gguf_path: Path, tmp: Path, args: list[str]) -> Server:
+    """`muser serve` on a free loopback port with `args`, once /health answers 200."""
     port = _free_port()
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "muser", "serve", "--model", str(gguf_path), "--device", "cpu",
-           "--port", str(port), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue",
-           str(MAX_QUEUE), "--max-model-len", str(MAX_MODEL_LEN), "--max-body-bytes",
-           str(MAX_BODY), "--api-key", API_KEY, "--api-key-file", str(key_file),
-           "--admin-key", ADMIN_KEY, "--log-level", "warning", "--drain-timeout", "60"]
+           "--port", str(port), "--log-level", "warning", *args]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log, 300)
-        yield Server(url, proc, gguf_path.stem, log)
+    except BaseException:
+        stop_server(proc)
+        raise
+    return Server(url, proc, gguf_path.stem, log)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(60)
+
+
+@pytest.fixture(scope="session")
+def server(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    tmp = tmp_path_factory.mktemp("server")
+    key_file = tmp / "keys.txt"
+    key_file.write_text("# keys\n" + "\n".join(FILE_KEYS) + "\n\n")
+    s = start_server(gguf_path, tmp, [
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--max-model-len",
+        str(MAX_MODEL_LEN), "--max-body-bytes", str(MAX_BODY), "--api-key", API_KEY,
+        "--api-key-file", str(key_file), "--admin-key", ADMIN_KEY, "--drain-timeout", "60",
+        "--strict-model-name"])
+    try:
+        yield s
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
+        stop_server(s.proc)

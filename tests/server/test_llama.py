@@ -22,7 +22,10 @@ def test_completion_whole_and_streamed_agree(server: Server) -> None:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == whole["content"]
-    assert [e["stop"] for e in events] == [False] * 4 + [True]
+    # llama-server's framing: every token in a stop: false chunk, then an empty stop: true one
+    assert [e["stop"] for e in events] == [False] * 5 + [True]
+    assert all(len(e["tokens"]) == 1 for e in events[:-1]) and events[-1]["content"] == ""
+    assert events[-1]["tokens_predicted"] == 5 and events[-1]["stop_type"] == "limit"
 
 
 def test_tokenize_detokenize_round_trip(server: Server) -> None:

@@ -1,0 +1,62 @@
+"""llama-server's Prometheus families (`llamacpp:*`), written out by hand: their names carry no
+`_total` suffix rule that prometheus_client could produce (`llamacpp:n_tokens_max` is a counter)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from muser.server.loop import LoopStats
+
+
+@dataclass
+class LlamaTotals:
+    """Sums over finished generations; any thread may observe."""
+
+    prompt_s: float = 0.0
+    predicted_s: float = 0.0
+    max_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe(self, prompt_s: float, predicted_s: float, num_tokens: int) -> None:
+        with self._lock:
+            self.prompt_s += prompt_s
+            self.predicted_s += predicted_s
+            self.max_tokens = max(self.max_tokens, num_tokens)
+
+
+def render_llama(totals: LlamaTotals, stats: LoopStats, prompt_tokens: float,
+                 predicted_tokens: float) -> bytes:
+    """Prometheus text of the llamacpp: families. muser keeps no prompt cache across requests
+    (prompt_tokens_cached_total is 0) and does not decode speculatively (spec_* are 0)."""
+    decode_steps = stats.steps.get("decode", 0) + stats.steps.get("mixed", 0)
+    busy = sum(1 for s in stats.slots if s.slot is not None)
+    rows = [
+        ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", prompt_tokens),
+        ("prompt_tokens_cached_total", "counter", "Number of prompt tokens taken from the cache.",
+         0),
+        ("prompt_seconds_total", "counter", "Prompt process time", totals.prompt_s),
+        ("tokens_predicted_total", "counter", "Number of generation tokens processed.",
+         predicted_tokens),
+        ("tokens_predicted_seconds_total", "counter", "Predict process time",
+         totals.predicted_s),
+        ("n_decode_total", "counter", "Total number of engine steps.", sum(stats.steps.values())),
+        ("n_tokens_max", "counter", "Largest observed n_tokens.", totals.max_tokens),
+        ("spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens.", 0),
+        ("spec_decode_num_accepted_tokens_total", "counter", "Accepted draft tokens.", 0),
+        ("spec_decode_num_drafts_total", "counter", "Speculative drafts.", 0),
+        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+         prompt_tokens / totals.prompt_s if totals.prompt_s else 0.0),
+        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+         predicted_tokens / totals.predicted_s if totals.predicted_s else 0.0),
+        ("requests_processing", "gauge", "Number of requests processing.", busy),
+        ("requests_deferred", "gauge", "Number of requests deferred.",
+         len(stats.slots) - busy),
+        ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per decode step.",
+         stats.rows.get("decode", 0) / decode_steps if decode_steps else 0.0),
+    ]
+    lines = []
+    for name, kind, help_text, value in rows:
+        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {float(value)}"]
+    return ("\n".join(lines) + "\n").encode()

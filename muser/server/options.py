@@ -1,0 +1,72 @@
+"""ServerOptions: the `muser serve` switches the routes read (CORS, model names, defaults...)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from muser.errors import MuserError
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Server-side sampling defaults, used where a request leaves the field out (None: the
+    route's own default)."""
+
+    n_predict: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    strict_model_name: bool = False
+    cors_origins: tuple[str, ...] = ("localhost",)
+    metrics: bool = True
+    slots: bool = True
+    chat_template: str | None = None  # Jinja source overriding the GGUF's
+    defaults: Defaults = Defaults()
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict-model-name", action="store_true",
+                   help="answer 404 to a request naming another model (default: a server with "
+                   "one model serves it whatever name a request gives)")
+    p.add_argument("--cors-origins", default="localhost", metavar="LIST",
+                   help="comma-separated origins browsers may call from; 'localhost' stands for "
+                   "any http(s) origin on localhost, 127.0.0.1 or [::1], '*' for any "
+                   "(default: %(default)s)")
+    p.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve /metrics (default: on)")
+    p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve /slots (default: on)")
+    p.add_argument("--chat-template", metavar="JINJA",
+                   help="Jinja chat template replacing the GGUF's tokenizer.chat_template")
+    p.add_argument("--chat-template-file", metavar="F", help="--chat-template read from F")
+    p.add_argument("--n-predict", type=int, metavar="N",
+                   help="default n_predict / max_tokens of a request (-1: to the context)")
+    p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
+    p.add_argument("--seed", type=int, metavar="S",
+                   help="default seed of a request (-1: a fresh one per request)")
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    """Parsed `muser serve` flags -> ServerOptions; a bad value raises MuserError."""
+    template = args.chat_template
+    if args.chat_template_file:
+        try:
+            template = Path(args.chat_template_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise MuserError(f"cannot read --chat-template-file: {exc.strerror}: "
+                             f"{args.chat_template_file}") from None
+    if args.temp is not None and args.temp < 0:
+        raise MuserError("--temp must be >= 0")
+    if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
+        raise MuserError("--n-predict must be -1 or >= 1")
+    return ServerOptions(
+        strict_model_name=args.strict_model_name,
+        cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+        metrics=args.metrics, slots=args.slots, chat_template=template,
+        defaults=Defaults(args.n_predict, args.temp,
+                          None if args.seed is None or args.seed < 0 else args.seed))

@@ -1,0 +1,68 @@
+"""The llama.cpp server suite's `pytest -v` log -> per-file counts (printed) and a JSON receipt.
+
+Usage: python scripts/llama_server_report.py pytest.log out.json
+A log cut short (the run stopped early) gives a receipt with `complete: false` and the tests
+that never ran counted as `not_run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import sys
+from collections import Counter
+from pathlib import Path
+
+_WRAPPER = runpy.run_path(str(Path(__file__).with_name("llama_server_wrapper.py")))
+EXCLUDED, FILES, is_excluded = (_WRAPPER[k] for k in ("EXCLUDED", "FILES", "is_excluded"))
+_LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s+\[\s*\d+%\]$")
+_REASON = re.compile(r"^FAILURE-REASON unit/(.*?) (setup|call|teardown): (.*)$")
+_COLLECTED = re.compile(r"collected (\d+) items / (\d+) deselected")
+
+
+def main(log: str, out: str) -> None:
+    text = Path(log).read_text(errors="replace")
+    outcomes: dict[str, tuple[str, str]] = {}
+    late = set()  # run, then excluded (a log older than the list)
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and is_excluded(f"unit/{m[1]}::{m[2]}"):
+            late.add(m[1] + m[2])
+        elif m:
+            name, test, result = m.groups()
+            if outcomes.get(f"{name}::{test}", ("", ""))[1] not in ("FAILED", "ERROR"):
+                outcomes[f"{name}::{test}"] = (name, result)
+    reasons = {f"unit/{m[1]}": f"{m[2]}: {m[3]}" for m in map(_REASON.match, text.splitlines())
+               if m}
+    per_file = {name: Counter() for name in FILES}
+    for name, result in outcomes.values():
+        per_file[name][result.lower()] += 1
+    total = sum(per_file.values(), Counter())
+    ran = total["passed"] + total["failed"] + total["error"]
+    collected = _COLLECTED.search(text)
+    included = (int(collected[1]) - int(collected[2]) - len(late) if collected
+                else len(outcomes))
+    receipt = {
+        "suite": "llama.cpp tools/server/tests from the llama-cpp-python 0.3.36 sdist",
+        "pass_fraction_of_included": round(total["passed"] / ran, 4) if ran else 0.0,
+        "complete": len(outcomes) == included,
+        "cpus": os.cpu_count(), "load_average_at_report": [round(x, 1) for x in os.getloadavg()],
+        "totals": {**total, "included": included, "not_run": included - len(outcomes)},
+        "files": {name: dict(counts) for name, counts in per_file.items()},
+        "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in
+                   sorted(outcomes.items()) if r in ("FAILED", "ERROR")},
+        "excluded": EXCLUDED,
+    }
+    for name, counts in per_file.items():
+        print(f"{name:26s} passed {counts['passed']:3d}  failed "
+              f"{counts['failed'] + counts['error']:3d}  skipped {counts['skipped']:3d}")
+    print(f"pass_fraction_of_included {receipt['pass_fraction_of_included']} "
+          f"({total['passed']}/{ran} run; {included} included, "
+          f"{receipt['totals']['not_run']} not run; {len(EXCLUDED)} exclusion entries)")
+    Path(out).write_text(json.dumps(receipt, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

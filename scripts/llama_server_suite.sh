@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# llama.cpp's own server tests (tools/server/tests of the llama.cpp tree in the llama-cpp-python
+# sdist pinned below) against `muser serve`, through scripts/llama_server_wrapper.py.
+# Needs PyPI (network); not part of CI. Run from the repository root with muser installed in the
+# active Python (`. .venv/bin/activate`). Writes bench/results/llama_server_suite.json.
+#   LLAMA_SUITE_DIR  scratch directory (default: ~/.cache/muser/llama-server-suite)
+#   PORT             first port the tests' servers use (default: 18080)
+set -euo pipefail
+
+VERSION=0.3.36
+SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${LLAMA_SUITE_DIR:-$HOME/.cache/muser/llama-server-suite}
+MUSER_PY=$(command -v python)
+SDIST=$WORK/llama_cpp_python-$VERSION.tar.gz
+mkdir -p "$WORK"
+
+if [ ! -f "$SDIST" ]; then
+  python -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK"
+fi
+echo "$SHA256  $SDIST" | sha256sum --check --quiet
+
+TREE=$WORK/llama.cpp
+rm -rf "$TREE" && mkdir -p "$TREE"
+tar xzf "$SDIST" -C "$TREE" --strip-components=3 \
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/tools/server/tests" \
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/models/templates"
+TESTS=$TREE/tools/server/tests
+
+if [ ! -x "$WORK/venv/bin/python" ]; then
+  python -m venv "$WORK/venv"
+  "$WORK/venv/bin/python" -m pip install --quiet -r "$TESTS/requirements.txt"
+fi
+
+# NOTE: PYTHONPATH: the servers run this checkout's muser whatever the active Python installed
+cat > "$WORK/llama-server" <<EOF
+#!/bin/sh
+PYTHONPATH="$REPO" exec "$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" "\$@"
+EOF
+chmod +x "$WORK/llama-server"
+
+mapfile -t FILES < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --files)
+cd "$TESTS"
+# NOTE: the wrapper doubles as a pytest plugin that deselects its EXCLUDED list
+LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=${PORT:-18080} PYTHONPATH=$REPO/scripts \
+  "$WORK/venv/bin/python" -m pytest -v -p no:cacheprovider -p llama_server_wrapper \
+  "${FILES[@]/#/unit/}" > "$WORK/pytest.log" 2>&1 || true
+tail -n 1 "$WORK/pytest.log"
+"$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/pytest.log" \
+  "$REPO/bench/results/llama_server_suite.json"

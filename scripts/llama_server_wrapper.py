@@ -1,0 +1,172 @@
+"""`llama-server` for llama.cpp's server test suite: its flags mapped onto `muser serve`.
+
+Run as `python scripts/llama_server_wrapper.py LLAMA-SERVER-FLAGS...` (the suite starts it through
+LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mapping:
+
+    --ctx-size C, --parallel P   --max-model-len C/P, --max-num-seqs P  (llama-server splits its
+                                 context between its slots: C/P is one request's context; C defaults
+                                 to 4096, P to 4, llama-server's automatic slot count)
+    --batch-size N               --max-batched-tokens max(N, P): rows per step
+    --alias A[,B...]             --model-name A[,B...]
+    --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
+    --port, --host, --seed, --temp, --n-predict, --chat-template, --chat-template-file,
+    --cors-origins               the same flags
+    no --cors-origins            --cors-origins '*' (llama-server reflects any origin by default,
+                                 localhost origins only with --tools; muser's own default is
+                                 localhost origins only)
+    --metrics (else --no-metrics), --slots | --no-slots       the same switches
+    --threads N                  --threads N
+    everything else              dropped: model selection (--model, --hf-repo, --hf-file,
+                                 --model-url, --offline: the embedded Gemma 3 270M answers),
+                                 GPU and KV layout (--n-gpu-layers, -ctk, -ctv, -fa, --kv-unified,
+                                 --swa-full, --ubatch-size, --cont-batching: muser always batches),
+                                 --jinja / --no-jinja (muser always renders Jinja), --verbose,
+                                 --slot-save-path (muser has no slot save / restore);
+                                 features muser lacks are listed in EXCLUDED, not mapped.
+
+EXCLUDED lists the suite's tests that cannot pass against muser, with the reason; the suite
+script loads this file as a pytest plugin (`-p llama_server_wrapper`), which deselects them, and
+records the list in its receipt. A key names one test (all its parameters), or ends in '[' (a
+prefix of parameter ids) or '.py' (a whole file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+FILES = ("test_basic.py", "test_tokenize.py", "test_completion.py", "test_chat_completion.py",
+         "test_ctx_shift.py", "test_ignore_eos.py", "test_infill.py", "test_security.py",
+         "test_metrics.py", "test_slot_save.py", "test_template.py", "test_stream.py")
+
+_TEXT = "asserts the tests' own model's (stories260K) text, token counts or vocabulary"
+_ROUTER = "llama-server's router mode (several models behind one server, loaded on demand)"
+_MTMD = "needs multimodal inputs (an mmproj and images); Gemma 3 270M is text only"
+_UI = "llama-server's web UI (static pages, its MCP/CORS proxy)"
+_FIM = "fill-in-the-middle: Gemma 3 has no FIM tokens (muser's /infill answers 501)"
+_U = "unit/"
+EXCLUDED: dict[str, str] = {
+    _U + "test_basic.py::test_load_split_model": "loads a split GGUF from a model hub; " + _TEXT,
+    _U + "test_basic.py::test_no_ui": _UI,
+    _U + "test_basic.py::test_server_model_aliases_and_tags": "--tags and an id picked "
+    "alphabetically among aliases: " + _ROUTER,
+    _U + "test_tokenize.py::test_tokenize_with_bos": _TEXT + " (BOS id 1; Gemma's is 2)",
+    _U + "test_completion.py::test_completion[": _TEXT,
+    _U + "test_completion.py::test_completion_stream[": _TEXT,
+    _U + "test_completion.py::test_completion_with_openai_library": _TEXT,
+    _U + "test_completion.py::test_completion_stream_with_openai_library": _TEXT,
+    _U + "test_completion.py::test_completion_stream_with_openai_library_stops": "fetches "
+    "Phi-3.5-mini from a model hub and asserts its text",
+    _U + "test_completion.py::test_completion_prompt_cache": _TEXT,
+    _U + "test_completion.py::test_nocache_long_input_prompt": _TEXT + " (a prompt over 256 "
+    "of its tokens is under 256 of Gemma's)",
+    _U + "test_completion.py::test_completion_response_fields[I believe the meaning of life "
+    "is-32-response_fields1]": _TEXT + " (the prompt echoed as '<s> ...')",
+    _U + "test_chat_completion.py::test_chat_completion[": _TEXT,
+    _U + "test_chat_completion.py::test_chat_completion_cached_tokens": _TEXT,
+    _U + "test_chat_completion.py::test_chat_completion_stream[": _TEXT,
+    _U + "test_chat_completion.py::test_chat_completion_with_openai_library": _TEXT,
+    _U + "test_chat_completion.py::test_chat_template": _TEXT + " (the prompt echoed with "
+    "its '<s> ' BOS)",
+    _U + "test_ctx_shift.py::test_ctx_shift_enabled": _TEXT + " (prompt_n == 226)",
+    _U + "test_ctx_shift.py::test_ctx_shift_disabled_short_prompt": _TEXT + " (an 8-token "
+    "prompt; 64 tokens without an end-of-generation token)",
+    _U + "test_infill.py": _FIM,
+    _U + "test_security.py::test_access_static_assets_without_api_key": _UI,
+    _U + "test_security.py::test_cors_proxy_only_forwards_explicit_proxy_headers": _UI,
+    _U + "test_security.py::test_local_media_file": _MTMD,
+    _U + "test_metrics.py::test_metrics_embedding_prompt_is_counted": "selects another model "
+    "(an embedding model, bert-bge-small); the wrapper ignores model selection",
+    _U + "test_slot_save.py::test_slot_save_restore": _TEXT + " (n_saved == 84, 'Whiskers')",
+    _U + "test_slot_save.py::test_slot_restore_legacy_token_list": _TEXT + " (84 tokens in "
+    "llama.cpp's own state-file layout)",
+    _U + "test_slot_save.py::test_slot_erase": _TEXT + " (prompt_n == 21, 'Whiskers')",
+    _U + "test_slot_save.py::test_slot_save_restore_text_only_on_multimodal": _MTMD,
+    _U + "test_slot_save.py::test_slot_save_restore_with_": _MTMD,
+    _U + "test_stream.py": _ROUTER,
+}
+
+_PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template", "--chat-template-file", "--cors-origins", "--threads")
+_DROPPED_VALUE = ("--slot-save-path", "--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
+                  "--n-gpu-layers", "-ngl", "-ctk", "-ctv", "-fa", "--ubatch-size", "--pooling",
+                  "--reasoning-format", "--reasoning", "--tags", "--models-dir", "--models-max",
+                  "--models-preset", "--media-path", "--mmproj-url", "--cache-ram",
+                  "--sleep-idle-seconds", "--grp-attn-n", "--grp-attn-w", "--lora",
+                  "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-synth-len",
+                  "--spec-synth-rates", "--tools", "--tools-runtime", "--mcp-servers-config",
+                  "--mcp-servers-json")
+_DROPPED_SWITCH = ("--offline", "--cont-batching", "--kv-unified", "--swa-full", "--jinja",
+                   "--no-jinja", "--verbose", "--no-ui", "--no-mmproj", "--embedding",
+                   "--reranking", "--context-shift", "--no-models-autoload",
+                   "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling")
+
+
+def muser_args(argv: list[str]) -> list[str]:
+    """llama-server flags -> `muser serve` flags (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="llama-server", allow_abbrev=False)
+    for flag in _PASSTHROUGH + _DROPPED_VALUE:
+        p.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"))
+    for flag in _DROPPED_SWITCH:
+        p.add_argument(flag, action="store_true", dest=flag.lstrip("-").replace("-", "_"))
+    p.add_argument("--ctx-size", "-c", type=int, default=4096)
+    p.add_argument("--parallel", "-np", type=int, default=4)
+    p.add_argument("--batch-size", "-b", type=int)
+    p.add_argument("--alias")
+    p.add_argument("--api-key")
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True)
+    a = p.parse_args(argv)
+    out = ["serve", "--device", "cpu", "--max-model-len", str(a.ctx_size // a.parallel),
+           "--max-num-seqs", str(a.parallel), "--log-level", "warning"]
+    if a.cors_origins is None:
+        a.cors_origins = "localhost" if a.tools else "*"
+    for flag in _PASSTHROUGH:
+        value = getattr(a, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            out += [flag, value]
+    if a.batch_size:
+        out += ["--max-batched-tokens", str(max(a.batch_size, a.parallel))]
+    if a.alias:
+        out += ["--model-name", a.alias]
+    if a.api_key:
+        out += ["--api-key", a.api_key, "--admin-key", a.api_key]
+    out += ["--metrics" if a.metrics else "--no-metrics", "--slots" if a.slots else "--no-slots"]
+    return out
+
+
+def is_excluded(nodeid: str) -> bool:
+    return any(nodeid == key or nodeid.startswith(key + "[") or
+               (key.endswith(("[", ".py")) and nodeid.startswith(key)) for key in EXCLUDED)
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """As a pytest plugin: deselect the EXCLUDED tests."""
+    dropped = [item for item in items if is_excluded(item.nodeid)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not is_excluded(item.nodeid)]
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """As a pytest plugin: a failure's last traceback line at once, so that a run cut short
+    still says why each test failed (the report reads these lines)."""
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = crash.message if crash else str(report.longrepr).strip().splitlines()[-1]
+        reason = " ".join(reason.split())[:300]
+        print(f"\nFAILURE-REASON {report.nodeid} {report.when}: {reason}", flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--files"]:
+        print("\n".join(FILES))
+        return
+    args = [sys.executable, "-m", "muser", *muser_args(sys.argv[1:])]
+    print("llama-server wrapper:", " ".join(args), file=sys.stderr, flush=True)
+    os.execv(sys.executable, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""ChatTemplate: the default Gemma template renders as the built-in format; the sandbox holds."""
+
+from __future__ import annotations
+
+import datetime
+
+import gguf
+import pytest
+from jinja2.exceptions import SecurityError
+
+from muser.server.templates import ChatTemplate
+from muser.tokenizer import Tokenizer, gemma_chat_format
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "x"}],
+    [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": " Hi\n"},
+     {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Q?"}],
+    [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"},
+     {"role": "user", "content": "U"}, {"role": "system", "content": "T"}],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(gguf_reader: gguf.GGUFReader) -> Tokenizer:
+    return Tokenizer.from_gguf(gguf_reader)
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_default_template_is_the_gemma_format(tokenizer: Tokenizer, messages: list[dict],
+                                              add_generation_prompt: bool) -> None:
+    assert tokenizer.chat_template is None  # the embedded GGUF carries none
+    rendered = ChatTemplate(tokenizer).render(messages, add_generation_prompt)
+    assert rendered == gemma_chat_format(messages, add_generation_prompt)
+
+
+def test_template_helpers_and_sandbox(tokenizer: Tokenizer) -> None:
+    t = ChatTemplate(tokenizer, "{{ bos_token }}{{ strftime_now('%Y') }}"
+                     "{% if tools %}{{ tools | length }}{% endif %}")
+    assert t.render([], tools=[{"type": "function"}]).endswith("1")  # leading BOS dropped
+    assert not t.render([]).startswith("<bos>")
+    context = ChatTemplate(tokenizer, "{% for m in messages %}{{ m.content }}{% break %}{% endfor %}"
+                           "{{ enable_thinking }} {{ date_string }}")
+    today = datetime.date.today().strftime("%d %b %Y")
+    assert context.render([{"content": "a"}, {"content": "b"}]) == f"aTrue {today}"
+    with pytest.raises(SecurityError):
+        ChatTemplate(tokenizer, "{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
+    with pytest.raises(Exception, match="no system turns"):
+        ChatTemplate(tokenizer, "{{ raise_exception('no system turns') }}").render([])
