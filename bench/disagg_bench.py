@@ -233,8 +233,9 @@ def main() -> None:
         # NOTE: dummy weights drawn where the worker draws them, so both hold the same values
         kwargs = {"load_format": "dummy", "model_config": args.model_config,
                   "dummy_made_on": args.worker_device} if args.load_format == "dummy" else {}
+        # NOTE: no prefix reuse here: every rep must prefill its whole prompt
         llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len,
-                  progress=False, **kwargs)
+                  progress=False, prefix_cache=False, **kwargs)
         remote = attach(llm, [address], 1, 600.0)
         llm.engine.remote = None
         lengths = [n for n in args.lengths if n < llm.config.max_model_len]

@@ -86,7 +86,7 @@ def run_worker(args: argparse.Namespace) -> int:
     llm = LLM(args.model, progress=sys.stderr.isatty(),
               log=StartupLog(logging.getLogger("muser.startup").info),
               **(model_kwargs(args) if args.load_format == "dummy" else {}),
-              **kwargs, max_num_seqs=1)
+              **(kwargs | {"prefix_cache": False}), max_num_seqs=1)  # NOTE: fresh sequences only
     print_ = fingerprint(llm.model_config, llm.path)
     listener = Listener(host, port, args.backend, args.timeout, llm.runner.device)
     log.info("prefill worker ready on %s:%d (model %s, fingerprint %s)", host, port, llm.path,
