@@ -9,10 +9,11 @@ the EngineLoop; the server keeps the tokenizer and talks to the child over two p
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
                       ("step", [(uid, token_id, text_delta, finished, finish_reason,
                       num_reused)...],
-                      LoopStats | None)
+                      LoopStats | (steps per kind, rows per work class, preemptions))
 
-Outputs travel as plain tuples (a few us to pickle per step); the LoopStats snapshot rides along
-when a request finished or left, and otherwise at most every STATS_INTERVAL_S. The child ignores
+Outputs travel as plain tuples (a few us to pickle per step), and so do the step counters, every
+step; the whole LoopStats snapshot (slots, pages...) rides along when a request produced its
+first output, finished or left, and otherwise at most every STATS_INTERVAL_S. The child ignores
 SIGINT (the server decides when it stops) and exits when its pipe from the server closes, so it
 never outlives a killed server. If the child dies, every request in flight ends with "error",
 new requests are refused with 503 and /health reports it.
@@ -20,6 +21,7 @@ new requests are refused with 503 and /health reports it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
@@ -181,8 +183,12 @@ class EngineProcess:
                 continue
             for out in outputs:
                 self._deliver(StepOutput(*out))
-            if stats is not None:
+            if isinstance(stats, LoopStats):
                 self.stats = stats
+            else:
+                steps, rows, preemptions = stats
+                self.stats = dataclasses.replace(self.stats, steps=steps, rows=rows,
+                                                 preemptions=preemptions)
         self._proc.join(5)
         with self._lock:
             code = self._proc.exitcode
@@ -282,6 +288,7 @@ class _PipeLoop(EngineLoop):
         self._outputs = outputs
         self._send_lock = threading.Lock()  # the loop thread's steps, the main thread's refusals
         self._pending: list[tuple] = []
+        self._seen: set[int] = set()  # requests with an output sent and not finished
         self._stats_due = True
         self._stats_sent = 0.0
 
@@ -289,7 +296,12 @@ class _PipeLoop(EngineLoop):
         """The sink of every request (called on the loop thread)."""
         self._pending.append((out.uid, out.token_id, out.text_delta, out.finished,
                               out.finish_reason, out.num_reused))
-        self._stats_due = self._stats_due or out.finished
+        if out.finished:
+            self._stats_due = True
+            self._seen.discard(out.uid)
+        elif out.uid not in self._seen:
+            self._stats_due = True
+            self._seen.add(out.uid)
 
     def _snapshot(self) -> None:
         now = time.perf_counter()
@@ -299,14 +311,18 @@ class _PipeLoop(EngineLoop):
         if not (self._pending or send_stats):
             return
         pending, self._pending = self._pending, []
-        if not self._send(("step", pending, self.stats if send_stats else None)):
+        st = self.engine.scheduler.stats
+        counts = self.stats if send_stats else (dict(st.steps), dict(st.rows), st.preemptions)
+        if not self._send(("step", pending, counts)):
             return  # NOTE: the server is gone; the request pipe's EOF stops the loop
         if send_stats:
             self._stats_due, self._stats_sent = False, now
 
     def refuse(self, uid: int) -> None:
         """End a request the engine could not take (from the main thread)."""
-        self._send(("step", [(uid, None, "", True, "error")], None))
+        st = self.engine.scheduler.stats
+        self._send(("step", [(uid, None, "", True, "error", 0)],
+                    (dict(st.steps), dict(st.rows), st.preemptions)))
 
     def _send(self, msg: tuple) -> bool:
         with self._send_lock:
