@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import socket
@@ -169,6 +170,10 @@ def cross_check(llm, remote, args: argparse.Namespace) -> dict:
             "first_token_argmax_equal": int(near.argmax()) == int(far.argmax())}
 
 
+def write(receipt: dict, path: Path) -> None:
+    path.write_text(json.dumps(receipt, indent=1) + "\n")
+
+
 def label(args: argparse.Namespace) -> str:
     return args.model_config if args.load_format == "dummy" else Path(
         args.model or "gemma-3-270m-q4_k_m.gguf").stem
@@ -223,9 +228,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path)
     args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("muser.disagg").setLevel(logging.INFO)  # the crossover's timings
 
     from muser import LLM
-    from muser.disagg.client import attach
+    from muser.disagg.client import attach, crossover
 
     log = Path(tempfile.mkdtemp()) / "worker.log"
     worker, address = start_worker(args, log)
@@ -244,18 +251,24 @@ def main() -> None:
                    "machine": {"cpu": platform.processor() or platform.machine(),
                                "cores": os.cpu_count(), "torch": torch.__version__},
                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                   "cells": ttft_cells(llm, remote, args, lengths)}
+                   "cells": []}
+        receipt["crossover_tokens"] = crossover(llm, remote)  # what `--disagg-min-tokens auto` picks
+        say(f"crossover: {receipt['crossover_tokens']} tokens")
+        for n in lengths:  # NOTE: the receipt is rewritten after each phase (a bounded run keeps them)
+            receipt["cells"] += ttft_cells(llm, remote, args, [n])
+            write(receipt, args.out)
         receipt["stream_gaps"] = {"colocated": stream_gaps(llm, None, args),
                                   "disaggregated": stream_gaps(llm, remote, args)}
         for kind, g in receipt["stream_gaps"].items():
             say(f"stream gaps {kind}: p50/p99/max {g['gap_p50_ms']:.1f}/{g['gap_p99_ms']:.1f}/"
                 f"{g['gap_max_ms']:.1f} ms over {g['gaps']} gaps")
+        write(receipt, args.out)
         receipt["cross_check"] = cross_check(llm, remote, args)
         say(f"cross check: {receipt['cross_check']}")
     finally:
         worker.kill()
         worker.wait(30)
-    args.out.write_text(json.dumps(receipt, indent=1) + "\n")
+    write(receipt, args.out)
     if args.plot:
         plot(receipt, args.plot)
     say(f"wrote {args.out}")
