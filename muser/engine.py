@@ -80,9 +80,9 @@ class Engine:
         return Request(list(prompt_ids), sampling, uid=uid)
 
     def add(self, req: Request) -> None:
-        """Queue a request made by make_request (a long prompt goes to a prefill worker when
-        there are any); raises scheduler.QueueFull."""
-        remote = self.remote is not None and self.remote.wants(req.num_prompt)
+        """Queue a request made by make_request (a prompt with many tokens not cached here
+        goes to a prefill worker when there are any); raises scheduler.QueueFull."""
+        remote = self.remote is not None and self.remote.wants(self._uncached(req.prompt_ids))
         if remote:
             req.status = Status.REMOTE
         else:
@@ -94,6 +94,11 @@ class Engine:
                                    StopMatcher(req.sampling.stop))
         if remote:
             self.remote.start(req.uid, req.prompt_ids)
+
+    def _uncached(self, prompt_ids: list[int]) -> int:
+        """Tokens of the prompt a local prefill would compute (after a prefix-cache hit)."""
+        prefix = self.runner.prefix
+        return len(prompt_ids) - (prefix.cached_tokens(prompt_ids) if prefix is not None else 0)
 
     def add_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
         """Queue a request; raises PromptError or scheduler.QueueFull."""

@@ -66,20 +66,32 @@ class PrefixCache:
                            self.index.capacity, self.pages.num_cached, self.pages.num_evictions,
                            self.index.num_evictions)
 
-    def restore(self, seq: SeqState, token_ids: list[int]) -> None:
-        """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any."""
+    def _match(self, token_ids: list[int]):
+        """The longest cached prefix of token_ids[:-1] -> (page keys, its pages' count k, its
+        checkpoint), or None."""
         ps, limit = self.page_size, len(token_ids) - 1
-        self._lookups += 1
         keys = chain_keys(token_ids[:limit], ps)
         cached = self.pages.lookup(keys)
         for k in range(len(cached), -1, -1):
             ckpt = self.index.find(keys[k - 1] if k else ROOT, token_ids[k * ps:(k + 1) * ps],
                                    limit - k * ps)
             if ckpt is not None:
-                break
-        else:
+                return keys, cached[:k], ckpt
+        return None
+
+    def cached_tokens(self, token_ids: list[int]) -> int:
+        """How many of token_ids a restore would reuse now (takes nothing)."""
+        match = self._match(token_ids)
+        return match[2].num_tokens if match else 0
+
+    def restore(self, seq: SeqState, token_ids: list[int]) -> None:
+        """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any."""
+        self._lookups += 1
+        match = self._match(token_ids)
+        if match is None:
             return
-        shared = cached[:k]
+        keys, shared, ckpt = match
+        k = len(shared)
         self.pages.share(shared)  # NOTE: first, so the tail page cannot evict one of them
         tail = []
         if ckpt.tail_ids:

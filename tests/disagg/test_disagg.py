@@ -46,13 +46,13 @@ def test_remote_prefill_is_bitwise_the_local_one(llm: LLM, gguf_path: Path,
     try:
         far = remote._workers[0].transfer(7, PROMPT)
         assert far.outcome == "remote", far.reason
+        served = llm.generate(PROMPT, GREEDY)  # NOTE: first, while no prefix of it is cached here
+        assert remote.stats()["outcomes"]["remote"] == 1
+        assert remote.stats()["bytes"]["count"] == 1
         near = prefill(llm, PROMPT)
         assert far.snapshot.ring == near.ring and near.ring.logical_origin > 0
         for name in ("sliding", "full", "logits"):
             assert torch.equal(getattr(far.snapshot, name), getattr(near, name)), name
-        served = llm.generate(PROMPT, GREEDY)
-        assert remote.stats()["outcomes"]["remote"] == 1
-        assert remote.stats()["bytes"]["count"] == 1
     finally:
         llm.engine.remote = None
     assert served.token_ids == llm.generate(PROMPT, GREEDY).token_ids
@@ -63,6 +63,27 @@ def test_a_short_prompt_stays_local(llm: LLM, gguf_path: Path, worker_factory,
     worker = worker_factory(["--model", str(gguf_path)])
     tokens, outcomes = _served(llm, worker.address, min_tokens=len(SHORT) + 1)
     assert tokens == local_tokens and outcomes["local_short"] == 1 and outcomes["remote"] == 0
+
+
+def test_a_prompt_mostly_cached_here_stays_local(llm: LLM, gguf_path: Path,
+                                                 worker_factory) -> None:
+    """The decision counts the tokens a local prefill would compute: a chat's next turn whose
+    earlier turns are in the prefix cache is prefilled here, a fresh prompt as long goes out."""
+    first = llm.generate(PROMPT, GREEDY).token_ids
+    turn = PROMPT + first + [(7 * j) % 5000 + 10 for j in range(40)]
+    fresh = [(11 * j) % 5000 + 10 for j in range(len(turn))]
+    worker = worker_factory(["--model", str(gguf_path)])
+    remote = attach(llm, [worker.address], 100, 60.0)
+    try:
+        assert llm.engine.runner.prefix.cached_tokens(turn) >= len(PROMPT)
+        served = llm.generate(turn, GREEDY).token_ids
+        assert remote.stats()["outcomes"]["local_short"] == 1
+        assert remote.stats()["outcomes"]["remote"] == 0
+        llm.generate(fresh, GREEDY)
+        assert remote.stats()["outcomes"]["remote"] == 1
+    finally:
+        llm.engine.remote = None
+    assert served == llm.generate(turn, GREEDY).token_ids
 
 
 def test_no_worker_running(llm: LLM, local_tokens: list[int], caplog) -> None:
