@@ -120,6 +120,7 @@ def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, splits: int | None = None, block_n: int = 32,
+    num_warps: int = 4, num_stages: int | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
     starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts).
@@ -148,8 +149,8 @@ def decode_attention(
         dst, block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
         k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
         block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g,
-        D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=4,
-        **options(q.device),
+        D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages else {}), **options(q.device),
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
            SPLITS=splits, **options(q.device))
