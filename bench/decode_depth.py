@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from muser.ops import ref
-from muser.ops.triton.decode_attention import decode_attention, num_splits
+from muser.ops.triton.decode_attention import decode_attention, launch_config
 
 DEV, BF16, PAGE = torch.device("cuda"), torch.bfloat16, 256
 SHAPES = {"gemma3-27b": (32, 16, 128), "gemma3-1b": (4, 1, 256)}  # heads, kv heads, head dim
@@ -95,13 +95,14 @@ def main() -> None:
             if depth == ints(args.depths)[0]:
                 want = ref.decode_attention(q.float(), k.float(), v.float(), table, starts, lens,
                                             origins, PAGE, scale)
-            default = num_splits(1, kv_heads, table.shape[1] * PAGE)
-            for splits, block_n, warps, stages in [(None, 32, 4, None), *configs]:
+            default = launch_config(1, kv_heads, dim, table.shape[1] * PAGE)
+            for splits, block_n, warps, stages in [(None, None, None, None), *configs]:
                 run = lambda: decode_attention(q, k, v, table, starts, lens, origins, PAGE,  # noqa: E731
                                                scale, splits=splits, block_n=block_n,
                                                num_warps=warps, num_stages=stages)
-                cell = {"model": shape, "keys": depth, "splits": splits or default,
-                        "block_n": block_n, "num_warps": warps, "num_stages": stages,
+                cell = {"model": shape, "keys": depth, "splits": splits or default[0],
+                        "block_n": block_n or default[1], "num_warps": warps or default[2],
+                        "num_stages": stages,
                         "default": splits is None, "bytes": nbytes}
                 try:
                     out = run()

@@ -364,8 +364,8 @@ def gemv_bandwidth(cfg) -> list[dict]:
 def attention_sweep(cfg) -> list[dict]:
     """Decode attention at batch 1 (new row stored in the launch, as the model runs it) over a
     full sliding ring and a 2,080-key global cache: microseconds per layer for each split
-    count and key block, timed in CUDA graphs (the default is num_splits' pick, BLOCK_N 32)."""
-    from muser.ops.triton.decode_attention import num_splits
+    count and key block, timed in CUDA graphs (the default is launch_config's pick)."""
+    from muser.ops.triton.decode_attention import launch_config
     from muser.ops.triton.linear import _graph_ms
 
     out = []
@@ -379,14 +379,14 @@ def attention_sweep(cfg) -> list[dict]:
         t = lambda v: torch.tensor([v], device=DEV, dtype=torch.int32)  # noqa: E731
         meta = (table, t(0), t(keys), t(0), bs, cfg.attn_scale)
         new = (kn, vn, t(0), t(keys - 1))
-        default = num_splits(1, kvh, table.shape[1] * bs)
+        default = launch_config(1, kvh, d, table.shape[1] * bs)
         for splits in (1, 2, 4, 8, 16, 32, 64):
             for block_n in (32, 64):
                 fn = lambda w, s=splits, b=block_n: tops.decode_attention(  # noqa: E731
                     q, w, vc, *meta, new=new, splits=s, block_n=b)
                 us = _graph_ms(fn, [kc]) * 1e3
                 out.append({"layer": label, "keys": keys, "splits": splits, "block_n": block_n,
-                            "us": us, "default": splits == default and block_n == 32})
+                            "us": us, "default": (splits, block_n) == default[:2]})
         best = min((r for r in out if r["layer"] == label), key=lambda r: r["us"])
         dflt = next(r for r in out if r["layer"] == label and r["default"])
         say(f"  decode attention {label} ({keys} keys): default {dflt['splits']} splits "

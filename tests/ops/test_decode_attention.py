@@ -50,6 +50,26 @@ def test_decode_ring_and_pages(gen, dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
+def test_decode_over_a_long_page_table(gen, dtype):
+    """A table of LONG_KEYS keys or more takes the long-range launch configuration (its own
+    split count, 64 keys per iteration): pages in scattered order, a partial last page, and a
+    sequence far shorter than the table (most splits empty)."""
+    from muser.ops.triton.decode_attention import LONG_KEYS, launch_config
+
+    bs, kv_heads, heads, head_dim = 256, 2, 4, 64
+    pages = LONG_KEYS // bs
+    k_rows, v_rows = (rand(gen, pages * bs, kv_heads, head_dim, dtype=dtype) for _ in range(2))
+    q = rand(gen, 2, heads, head_dim)
+    order = torch.randperm(pages, generator=gen).to(torch.int32)
+    table = torch.stack([order, order.flip(0)]).to(DEVICE)
+    z = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([LONG_KEYS - 37, 300], dtype=torch.int32, device=DEVICE)
+    assert launch_config(2, kv_heads, head_dim, LONG_KEYS)[1] == 64
+    args = (q, k_rows, v_rows, table, z, lens, z, bs, head_dim**-0.5)
+    check(decode_attention(*args).float(), _reference(*args), dtype)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
 def test_decode_stores_the_new_rows_first(gen, dtype):
     """new=(k, v, src, dst): the kernel stores each sequence's new row (its newest key) and
     attends it, as ref.store_kv followed by the attention over the cache."""

@@ -107,20 +107,33 @@ def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.con
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-def num_splits(batch: int, num_kv_heads: int, max_keys: int) -> int:
-    """Enough programs to cover the chip (~2 per SM of 132), at least 16 keys per split, at
-    most 64 splits (the merge reads every split's partial). Measured on the H200 at batch 1
-    (gemma3-1b, one KV head): a 512-key ring takes 7.2 us in 32 splits, 8.9 us in 8."""
-    want = max(1, 256 // max(1, batch * num_kv_heads))
-    by_keys = next_power_of_2(-(-max_keys // 16))
-    return max(1, min(next_power_of_2(want), by_keys, 64))
+LONG_KEYS = 4096  # key ranges at least this long take the long-range launch configuration
+
+
+def launch_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int
+                  ) -> tuple[int, int, int]:
+    """(splits, keys per iteration, warps) for a step whose sequences hold up to `max_keys`
+    keys. Short ranges (rings, short contexts): 32 keys per iteration, ~2 programs per SM of
+    132, at least 16 keys per split, at most 64 splits; measured on the H200 at batch 1
+    (gemma3-1b, one KV head): a 512-key ring takes 7.2 us in 32 splits, 8.9 us in 8. Long
+    ranges (`bench/decode_depth.py`, bench/results/decode_depth_h200.json): 64 keys per
+    iteration and ~4 programs per SM, up to 128 splits; at 131,072 keys of gemma3-27b's full
+    layers (16 KV heads) 32 splits of 64 keys read K and V at 0.94 of the copy bandwidth, where
+    16 splits of 32 keys reached 0.56."""
+    if max_keys < LONG_KEYS:
+        want = max(1, 256 // max(1, batch * num_kv_heads))
+        by_keys = next_power_of_2(-(-max_keys // 16))
+        return max(1, min(next_power_of_2(want), by_keys, 64)), 32, 4
+    want = max(1, 512 // max(1, batch * num_kv_heads))
+    by_keys = next_power_of_2(-(-max_keys // 64))
+    return max(1, min(next_power_of_2(want), by_keys, 128)), 64, 8 if head_dim >= 256 else 4
 
 
 def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
-    scale: float, new: tuple | None = None, splits: int | None = None, block_n: int = 32,
-    num_warps: int = 4, num_stages: int | None = None,
+    scale: float, new: tuple | None = None, splits: int | None = None,
+    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
     starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts).
@@ -138,8 +151,8 @@ def decode_attention(
             assert t.stride(2) == 1 and t.stride(1) == head_dim and t.shape[1:] == k_rows.shape[1:]
     else:
         k_new, v_new, src, dst = q, q, lens, lens  # unused
-    if splits is None:
-        splits = num_splits(batch, kv_heads, block_table.shape[1] * block_size)
+    picked = launch_config(batch, kv_heads, head_dim, block_table.shape[1] * block_size)
+    splits, block_n, num_warps = splits or picked[0], block_n or picked[1], num_warps or picked[2]
     mid_o = empty((batch, heads, splits, head_dim), torch.float32, q.device)
     mid_ml = empty((batch, heads, splits, 2), torch.float32, q.device)
     out = empty((batch, heads, head_dim), k_rows.dtype, q.device)

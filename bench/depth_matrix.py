@@ -1,0 +1,99 @@
+"""Context depth on the GPU: TTFT of a whole prompt and TPOT after it, at depths up to 131,008,
+for one or more versions of muser side by side (each in its own process, one after another).
+
+    python3 bench/depth_matrix.py --model-config gemma3-27b --depths 2048,8192,32768,131008 \
+        --versions head=. --out $OUT/depth_h200.json
+    python3 bench/depth_matrix.py --versions base=.devcarry/ab_depth,head=. ...   # an A/B
+
+Per process: seeded dummy bf16 weights of the preset, no prefix reuse, one sequence. Per depth:
+--reps runs of `LLM.generate` over `depth` exact tokens with max_tokens = --decode-steps + 1
+(greedy, ignore_eos): TTFT is the whole prompt's prefill and first token, TPOT the mean of the
+decode steps after it; the median of each over the runs. fraction_of_floor = the step's bytes
+(every weight once, plus the K/V rows the step reads: the prompt's on full layers, the window's
+on sliding layers) / the copy bandwidth measured in the same process, / TPOT. The receipt is
+rewritten after each process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r"""
+import json, statistics, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from muser import LLM, SamplingParams
+
+name, depths, reps, steps = sys.argv[2], [int(t) for t in sys.argv[3].split(",")], int(sys.argv[4]), int(sys.argv[5])
+x = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+a.record()
+for _ in range(10):
+    y.copy_(x)
+b.record()
+b.synchronize()
+copy_bw = 2 * x.nbytes * 10 / (a.elapsed_time(b) / 1e3)
+del x, y
+llm = LLM(None, load_format="dummy", model_config=name, device="cuda", max_num_seqs=1,
+          max_model_len=max(depths) + steps + 8, prefix_cache=False, progress=False)
+cfg = llm.model_config
+weight_bytes = llm.runner.model.weights.nbytes()
+row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V of one position, bf16
+n_full, n_sliding = len(cfg.layers_of("global")), len(cfg.layers_of("sliding"))
+ids = torch.randint(10, cfg.vocab_size - 10, (max(depths),),
+                    generator=torch.Generator().manual_seed(1)).tolist()
+greedy = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+llm.generate(ids[:512], greedy)  # warm-up
+cells = []
+for depth in depths:
+    runs = [llm.generate(ids[:depth], greedy) for _ in range(reps)]
+    ttft = statistics.median(r.ttft_s for r in runs)
+    tpot = statistics.median(r.tpot_s for r in runs)
+    step_bytes = weight_bytes + row_bytes * (n_full * depth + n_sliding * min(depth, cfg.sliding_window))
+    cells.append({"model": name, "depth": depth, "reps": reps, "ttft_s": ttft,
+                  "tpot_ms": tpot * 1e3, "ttft_samples_s": [r.ttft_s for r in runs],
+                  "tpot_samples_ms": [r.tpot_s * 1e3 for r in runs],
+                  "prefill_tok_s": depth / ttft, "step_bytes": step_bytes,
+                  "floor_ms": step_bytes / copy_bw * 1e3,
+                  "fraction_of_floor": step_bytes / copy_bw / tpot})
+    print(f"{name} depth {depth}: TTFT {ttft:.3f} s, TPOT {tpot * 1e3:.2f} ms "
+          f"(floor {step_bytes / copy_bw * 1e3:.2f} ms)", file=sys.stderr, flush=True)
+print("RESULT " + json.dumps({"copy_bytes_per_s": copy_bw, "weight_bytes": weight_bytes,
+                              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "cells": cells}))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-config", default="gemma3-27b")
+    ap.add_argument("--depths", default="2048,8192,32768,131008")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--versions", default="head=.", help="name=dir,name=dir (a muser package in each)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    receipt = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
+    for entry in args.versions.split(","):
+        version, folder = entry.split("=", 1)
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(folder).resolve()),
+                               args.model_config, args.depths, str(args.reps),
+                               str(args.decode_steps)], stdout=subprocess.PIPE, text=True)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{version}: the process failed (exit {proc.returncode})", file=sys.stderr)
+            continue
+        receipt["runs"].setdefault(version, {})[args.model_config] = json.loads(line[7:])
+        args.out.write_text(json.dumps(receipt, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
