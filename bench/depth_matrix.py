@@ -44,6 +44,10 @@ del x, y
 llm = LLM(None, load_format="dummy", model_config=name, device="cuda", max_num_seqs=1,
           max_model_len=max(depths) + steps + 8, prefix_cache=False, progress=False)
 cfg = llm.model_config
+for depth in [d for d in depths if d + steps + 1 > llm.config.max_model_len]:
+    print(f"{name}: depth {depth} skipped: the context holds {llm.config.max_model_len}",
+          file=sys.stderr, flush=True)
+depths = [d for d in depths if d + steps + 1 <= llm.config.max_model_len]
 weight_bytes = llm.runner.model.weights.nbytes()
 row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V of one position, bf16
 n_full, n_sliding = len(cfg.layers_of("global")), len(cfg.layers_of("sliding"))
