@@ -157,7 +157,7 @@ class Runner:
         """Release the sequence's slot and pages (with the prefix cache: its pages stay cached
         and its state at its end is checkpointed first)."""
         if self.prefix is not None:
-            self.prefix.save(seq)
+            self.prefix.save(seq, final=True)
         self.pages.free(seq.page_ids)
         seq.page_ids, seq.token_ids, seq.keys = [], [], []
         self.free_slots.append(seq.slot)

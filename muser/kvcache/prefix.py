@@ -50,31 +50,36 @@ class Checkpoint(NamedTuple):
 
 
 class CheckpointIndex:
-    """At most `capacity` checkpoints, least recently used evicted first."""
+    """At most `capacity` checkpoints in two LRU segments. A checkpoint taken mid-prompt (at a
+    chunk boundary) starts on probation; one taken at a request's end, or found by a later
+    prompt, is protected. A full index evicts the least recently used checkpoint on
+    probation, and a protected one only when none is left there: a long prompt's chunk
+    checkpoints never push out the ends of the conversations that will come back."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._by_key: dict[bytes, dict[tuple[int, ...], Checkpoint]] = {}
-        self._lru: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
+        self._probation: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
+        self._protected: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
         self.num_evictions = 0
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._probation) + len(self._protected)
 
-    def add(self, key: bytes, tail_ids: tuple[int, ...], num_tokens: int,
-            ring: RingState) -> Checkpoint | None:
+    def add(self, key: bytes, tail_ids: tuple[int, ...], num_tokens: int, ring: RingState,
+            protected: bool = False) -> Checkpoint | None:
         """File a new checkpoint -> it (its `index`: the store row to fill), or None when it is
-        held already (then it is touched) or the capacity is 0."""
+        held already (then it is touched, and protected if asked) or the capacity is 0."""
         known = self._by_key.get(key, {}).get(tail_ids)
         if known is not None:
-            self._lru.move_to_end((key, tail_ids))
+            self._touch(known, protected)
             return None
         if not self.capacity:
             return None
-        if len(self._lru) < self.capacity:
-            index = len(self._lru)
+        if len(self) < self.capacity:
+            index = len(self)
         else:
-            old = self._lru.popitem(last=False)[1]
+            old = (self._probation or self._protected).popitem(last=False)[1]
             del self._by_key[old.key][old.tail_ids]
             if not self._by_key[old.key]:
                 del self._by_key[old.key]
@@ -82,18 +87,27 @@ class CheckpointIndex:
             self.num_evictions += 1
         ckpt = Checkpoint(key, tail_ids, num_tokens, ring, index)
         self._by_key.setdefault(key, {})[tail_ids] = ckpt
-        self._lru[(key, tail_ids)] = ckpt
+        (self._protected if protected else self._probation)[(key, tail_ids)] = ckpt
         return ckpt
 
-    def find(self, key: bytes, next_ids: list[int], max_tail: int) -> Checkpoint | None:
+    def find(self, key: bytes, next_ids: list[int], max_tail: int,
+             touch: bool = True) -> Checkpoint | None:
         """The longest checkpoint filed under `key` whose tail begins `next_ids` (the prompt's
-        tokens after that page) and is at most `max_tail` long; touched when found."""
+        tokens after that page) and is at most `max_tail` long; when found and `touch`, it is
+        touched and protected."""
         best = None
         for tail, ckpt in self._by_key.get(key, {}).items():
             n = len(tail)
             if n <= max_tail and (best is None or n > len(best.tail_ids)) and (
                     list(tail) == next_ids[:n]):
                 best = ckpt
-        if best is not None:
-            self._lru.move_to_end((key, best.tail_ids))
+        if best is not None and touch:
+            self._touch(best, True)
         return best
+
+    def _touch(self, ckpt: Checkpoint, protect: bool) -> None:
+        name = (ckpt.key, ckpt.tail_ids)
+        if name in self._probation and protect:
+            self._protected[name] = self._probation.pop(name)
+        else:
+            (self._probation if name in self._probation else self._protected).move_to_end(name)

@@ -66,22 +66,22 @@ class PrefixCache:
                            self.index.capacity, self.pages.num_cached, self.pages.num_evictions,
                            self.index.num_evictions)
 
-    def _match(self, token_ids: list[int]):
-        """The longest cached prefix of token_ids[:-1] -> (page keys, its pages' count k, its
+    def _match(self, token_ids: list[int], touch: bool = True):
+        """The longest cached prefix of token_ids[:-1] -> (page keys, its pages, its
         checkpoint), or None."""
         ps, limit = self.page_size, len(token_ids) - 1
         keys = chain_keys(token_ids[:limit], ps)
         cached = self.pages.lookup(keys)
         for k in range(len(cached), -1, -1):
             ckpt = self.index.find(keys[k - 1] if k else ROOT, token_ids[k * ps:(k + 1) * ps],
-                                   limit - k * ps)
+                                   limit - k * ps, touch)
             if ckpt is not None:
                 return keys, cached[:k], ckpt
         return None
 
     def cached_tokens(self, token_ids: list[int]) -> int:
         """How many of token_ids a restore would reuse now (takes nothing)."""
-        match = self._match(token_ids)
+        match = self._match(token_ids, touch=False)
         return match[2].num_tokens if match else 0
 
     def restore(self, seq: SeqState, token_ids: list[int]) -> None:
@@ -114,9 +114,9 @@ class PrefixCache:
             seq.keys += chain_keys(seq.token_ids[done * self.page_size:full * self.page_size],
                                    self.page_size, seq.keys[-1] if seq.keys else ROOT)
 
-    def save(self, seq: SeqState) -> None:
-        """Register the sequence's full pages and checkpoint its state now (at its end: before
-        its pages are freed)."""
+    def save(self, seq: SeqState, final: bool = False) -> None:
+        """Register the sequence's full pages and checkpoint its state now; `final`: at its
+        end, before its pages are freed (a protected checkpoint, see CheckpointIndex)."""
         n, ps = seq.num_cached, self.page_size
         if not n:
             return
@@ -124,6 +124,6 @@ class PrefixCache:
             self.pages.register(page, key)
         k = n // ps
         ckpt = self.index.add(seq.keys[k - 1] if k else ROOT, tuple(seq.token_ids[k * ps:n]), n,
-                              seq.ring)
+                              seq.ring, protected=final)
         if ckpt is not None:
             self.store.save(ckpt.index, seq.slot, seq.page_ids[k] if ckpt.tail_ids else None)

@@ -66,3 +66,21 @@ def test_checkpoint_index_finds_the_longest_matching_tail_and_evicts_lru() -> No
     assert c.index == b.index and index.num_evictions == 1
     assert index.find(ROOT, [1, 2, 3, 4], 9) is a and len(index) == 2
     assert CheckpointIndex(0).add(ROOT, (1,), 1, ring) is None
+
+
+def test_chunk_checkpoints_never_push_out_a_request_end() -> None:
+    """Checkpoints taken mid-prompt are evicted before those that end a request or were hit:
+    a long prompt's many chunk checkpoints leave the other conversations' ends in place."""
+    index = CheckpointIndex(3)
+    ring = RingState(8)
+    end_a = index.add(b"a", (1,), 1, ring, protected=True)
+    end_b = index.add(b"b", (2,), 1, ring, protected=True)
+    for i in range(5):  # one long prompt: a checkpoint at each chunk boundary
+        index.add(b"c", tuple(range(i + 1)), i + 1, ring)
+    assert index.find(b"a", [1, 5], 9) is end_a and index.find(b"b", [2, 5], 9) is end_b
+    assert len(index) == 3 and index.num_evictions == 4  # chunk checkpoints replaced each other
+    chunk = index.find(b"c", [0, 1, 2, 3, 4, 9], 9, touch=False)
+    assert chunk.num_tokens == 5
+    assert index.find(b"c", [0, 1, 2, 3, 4, 9], 9) is chunk  # hit: protected from now on
+    index.add(b"d", (7,), 1, ring)  # all protected: the least recently used (end_a) goes
+    assert index.find(b"a", [1, 5], 9) is None and index.find(b"c", [0, 1, 2, 3, 4], 9) is chunk
