@@ -4,6 +4,13 @@ for one or more versions of muser side by side (each in its own process, one aft
     python3 bench/depth_matrix.py --model-config gemma3-27b --depths 2048,8192,32768,131008 \
         --versions head=. --out $OUT/depth_h200.json
     python3 bench/depth_matrix.py --versions base=.devcarry/ab_depth,head=. ...   # an A/B
+    python3 bench/depth_matrix.py ... --llama-bench /tmp/llama/bin/llama-bench \
+        --gguf /dev/shm/gemma3-27b-bf16.gguf       # llama.cpp on the same shape, same call
+
+With --llama-bench (bench/llama_cpp_cuda.sh builds it; bench/synth_gguf.py writes the file of
+the preset's shape): `llama-bench -ngl 99 -fa 1 -d DEPTH` per depth, --reps runs, decode of
+--decode-steps tokens (tg) and a 512-token prompt appended at that depth (pp512); each
+version's cells gain llama_cpp_tpot_ms and decode_vs_llama_cpp (llama.cpp ms / muser ms).
 
 Per process: seeded dummy bf16 weights of the preset, no prefix reuse, one sequence. Per depth:
 --reps runs of `LLM.generate` over `depth` exact tokens with max_tokens = --decode-steps + 1
@@ -75,6 +82,26 @@ print("RESULT " + json.dumps({"copy_bytes_per_s": copy_bw, "weight_bytes": weigh
 """
 
 
+def llama_cpp(binary: str, gguf: str, depths: list[int], reps: int, steps: int) -> list[dict]:
+    cells = []
+    for depth in depths:
+        cell = {"depth": depth}
+        for label, flags in (("tg", ["-p", "0", "-n", str(steps)]),
+                             ("pp512", ["-p", "512", "-n", "0"])):
+            proc = subprocess.run([binary, "-m", gguf, "-ngl", "99", "-fa", "1", "-d", str(depth),
+                                   "-r", str(reps), "-o", "json", *flags],
+                                  stdout=subprocess.PIPE, text=True)
+            rows = json.loads(proc.stdout) if proc.returncode == 0 else []
+            if rows:
+                cell[f"{label}_tok_s"] = rows[0]["avg_ts"]
+                cell[f"{label}_samples_tok_s"] = rows[0].get("samples_ts")
+        if "tg_tok_s" in cell:
+            cell["tpot_ms"] = 1e3 / cell["tg_tok_s"]
+        print(f"llama.cpp depth {depth}: {cell}", file=sys.stderr, flush=True)
+        cells.append(cell)
+    return cells
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-config", default="gemma3-27b")
@@ -82,6 +109,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--versions", default="head=.", help="name=dir,name=dir (a muser package in each)")
+    ap.add_argument("--llama-bench", help="a CUDA llama-bench binary: llama.cpp beside muser")
+    ap.add_argument("--gguf", help="the GGUF llama-bench reads (the preset's shape)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     receipt = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
@@ -95,6 +124,20 @@ def main() -> int:
             print(f"{version}: the process failed (exit {proc.returncode})", file=sys.stderr)
             continue
         receipt["runs"].setdefault(version, {})[args.model_config] = json.loads(line[7:])
+        args.out.write_text(json.dumps(receipt, indent=1) + "\n")
+    if args.llama_bench:
+        depths = [int(t) for t in args.depths.split(",")]
+        theirs = llama_cpp(args.llama_bench, args.gguf, depths, args.reps, args.decode_steps)
+        receipt.setdefault("llama_cpp", {})[args.model_config] = {"gguf": args.gguf,
+                                                                  "cells": theirs}
+        by_depth = {c["depth"]: c for c in theirs if "tpot_ms" in c}
+        for run in receipt["runs"].values():
+            for cell in run.get(args.model_config, {}).get("cells", []):
+                other = by_depth.get(cell["depth"])
+                if other:
+                    cell["llama_cpp_tpot_ms"] = other["tpot_ms"]
+                    cell["decode_vs_llama_cpp"] = other["tpot_ms"] / cell["tpot_ms"]
+                    cell["llama_cpp_pp512_tok_s"] = other.get("pp512_tok_s")
         args.out.write_text(json.dumps(receipt, indent=1) + "\n")
     return 0
 
