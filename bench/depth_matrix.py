@@ -15,7 +15,9 @@ version's cells gain llama_cpp_tpot_ms and decode_vs_llama_cpp (llama.cpp ms / m
 Per process: seeded dummy bf16 weights of the preset, no prefix reuse, one sequence. Per depth:
 --reps runs of `LLM.generate` over `depth` exact tokens with max_tokens = --decode-steps + 1
 (greedy, ignore_eos): TTFT is the whole prompt's prefill and first token, TPOT the mean of the
-decode steps after it; the median of each over the runs. fraction_of_floor = the step's bytes
+decode steps after it; the median of each over the runs. Then --reps times a 512-token chunk
+appended at that depth: the prompt of `depth` tokens once with the prefix cache on, then it
+plus 512 new tokens, whose TTFT is the restore of the cached `depth` and the chunk's prefill. fraction_of_floor = the step's bytes
 (every weight once, plus the K/V rows the step reads: the prompt's on full layers, the window's
 on sliding layers) / the copy bandwidth measured in the same process, / TPOT. The receipt is
 rewritten after each process.
@@ -49,16 +51,17 @@ b.synchronize()
 copy_bw = 2 * x.nbytes * 10 / (a.elapsed_time(b) / 1e3)
 del x, y
 llm = LLM(None, load_format="dummy", model_config=name, device="cuda", max_num_seqs=1,
-          max_model_len=max(depths) + steps + 8, prefix_cache=False, progress=False)
+          max_model_len=max(depths) + 512 + steps + 8, prefix_cache=True, progress=False)
+cache, llm.runner.prefix = llm.runner.prefix, None  # NOTE: on only for the appended chunk
 cfg = llm.model_config
-for depth in [d for d in depths if d + steps + 1 > llm.config.max_model_len]:
+for depth in [d for d in depths if d + 512 + steps + 1 > llm.config.max_model_len]:
     print(f"{name}: depth {depth} skipped: the context holds {llm.config.max_model_len}",
           file=sys.stderr, flush=True)
-depths = [d for d in depths if d + steps + 1 <= llm.config.max_model_len]
+depths = [d for d in depths if d + 512 + steps + 1 <= llm.config.max_model_len]
 weight_bytes = llm.runner.model.weights.nbytes()
 row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V of one position, bf16
 n_full, n_sliding = len(cfg.layers_of("global")), len(cfg.layers_of("sliding"))
-ids = torch.randint(10, cfg.vocab_size - 10, (max(depths),),
+ids = torch.randint(10, cfg.vocab_size - 10, (max(depths) + 512,),
                     generator=torch.Generator().manual_seed(1)).tolist()
 greedy = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
 llm.generate(ids[:512], greedy)  # warm-up
@@ -67,11 +70,24 @@ for depth in depths:
     runs = [llm.generate(ids[:depth], greedy) for _ in range(reps)]
     ttft = statistics.median(r.ttft_s for r in runs)
     tpot = statistics.median(r.tpot_s for r in runs)
+    chunk = []  # 512 new tokens after a cached prefix of `depth`: restore + their prefill
+    for _ in range(reps):
+        llm.runner.prefix = cache
+        cache.reset(llm.runner.pages)
+        first = SamplingParams(max_tokens=1)
+        llm.generate(ids[:depth], first)  # leaves its end checkpoint at `depth`
+        before = cache.stats().tokens_reused
+        chunk.append(llm.generate(ids[:depth + 512], first).ttft_s)
+        assert cache.stats().tokens_reused - before == depth, "the prefix was not reused"
+        cache.reset(llm.runner.pages)
+        llm.runner.prefix = None
     step_bytes = weight_bytes + row_bytes * (n_full * depth + n_sliding * min(depth, cfg.sliding_window))
     cells.append({"model": name, "depth": depth, "reps": reps, "ttft_s": ttft,
                   "tpot_ms": tpot * 1e3, "ttft_samples_s": [r.ttft_s for r in runs],
                   "tpot_samples_ms": [r.tpot_s * 1e3 for r in runs],
                   "prefill_tok_s": depth / ttft, "step_bytes": step_bytes,
+                  "chunk512_at_depth_s": statistics.median(chunk),
+                  "chunk512_at_depth_tok_s": 512 / statistics.median(chunk),
                   "floor_ms": step_bytes / copy_bw * 1e3,
                   "fraction_of_floor": step_bytes / copy_bw / tpot})
     print(f"{name} depth {depth}: TTFT {ttft:.3f} s, TPOT {tpot * 1e3:.2f} ms "
