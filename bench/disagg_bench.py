@@ -54,7 +54,8 @@ def model_flags(args: argparse.Namespace) -> list[str]:
 def start_worker(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
     address = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "muser", "prefill-worker", "--listen", address,
-           "--device", args.worker_device, "--max-model-len", str(args.max_model_len),
+           "--device", args.worker_device, "--backend", args.backend,
+           "--max-model-len", str(args.max_model_len),
            "--log-level", "info", *model_flags(args)]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -216,6 +217,9 @@ def main() -> None:
     p.add_argument("--model-config", default="gemma3-270m")
     p.add_argument("--device", default="cpu", help="the serving node's (default: cpu)")
     p.add_argument("--worker-device", default="cpu", help="the worker's (default: cpu)")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                   help="the transport (nccl: --device and --worker-device two GPUs, e.g. "
+                   "cuda:1 and cuda:0)")
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
                    default=[512, 2048, 8192], help="prompt lengths (default: 512,2048,8192)")
@@ -239,15 +243,17 @@ def main() -> None:
     try:
         # NOTE: dummy weights drawn where the worker draws them, so both hold the same values
         kwargs = {"load_format": "dummy", "model_config": args.model_config,
-                  "dummy_made_on": args.worker_device} if args.load_format == "dummy" else {}
+                  "dummy_made_on": torch.device(args.worker_device).type
+                  } if args.load_format == "dummy" else {}
         # NOTE: no prefix reuse here: every rep must prefill its whole prompt
         llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len,
                   progress=False, prefix_cache=False, **kwargs)
-        remote = attach(llm, [address], 1, 600.0)
+        remote = attach(llm, [address], 1, 600.0, args.backend)
         llm.engine.remote = None
         lengths = [n for n in args.lengths if n < llm.config.max_model_len]
         receipt = {"model": label(args), "device": args.device, "worker_device": args.worker_device,
-                   "transport": "gloo over loopback TCP", "kv_dtype": llm.config.kv_dtype,
+                   "transport": "gloo over loopback TCP" if args.backend == "gloo" else
+                   "NCCL between two GPUs", "kv_dtype": llm.config.kv_dtype,
                    "machine": {"cpu": platform.processor() or platform.machine(),
                                "cores": os.cpu_count(), "torch": torch.__version__},
                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
