@@ -5,6 +5,8 @@ The logits [B, vocab] never leave the device. The host uploads small per-row tab
 recent ids), and the B chosen ids come back in one device->host copy.
 
 Per row, in this order (the order of the per-request sampler this replaced):
+0. a grammar's mask (muser/grammar.py), for the rows that have one: logits of the tokens it
+   does not allow -> -inf, so every later step sees only allowed tokens (greedy included).
 1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
    are divided by the penalty when positive, multiplied by it otherwise; then OpenAI's presence
    and frequency penalties over the tokens generated so far: logit -= frequency * count +
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from muser.core import SamplingParams
+from muser.grammar import Bitmask
 
 
 @dataclass(slots=True)
@@ -74,9 +77,12 @@ class BatchSampler:
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        """logits [B, vocab] float32 on the device (row b belongs to rows[b]) -> B token ids,
-        with one device->host copy."""
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 bitmask: Bitmask | None = None) -> list[int]:
+        """logits [B, vocab] float32 on the device (row b belongs to rows[b]); bitmask: the
+        allowed tokens of the constrained rows -> B token ids, with one device->host copy."""
+        if bitmask is not None:
+            logits = self.constrain(logits, bitmask)
         logits = self.penalize(logits, rows)
         greedy = [row.params.is_greedy for row in rows]
         if all(greedy):
@@ -85,6 +91,20 @@ class BatchSampler:
         if any(greedy):
             tokens = torch.where(self._upload(greedy, torch.bool), logits.argmax(-1), tokens)
         return tokens.tolist()
+
+    def constrain(self, logits: torch.Tensor, bitmask: Bitmask) -> torch.Tensor:
+        """[B, vocab] -> the logits with -inf wherever a constrained row's mask bit is clear
+        (token ids past the mask's words: clear)."""
+        vocab = logits.shape[1]
+        words = bitmask.words.to(self.device, non_blocking=True)
+        pad = (vocab + 31) // 32 - words.shape[1]
+        if pad:
+            words = F.pad(words, (0, pad)) if pad > 0 else words[:, :pad]
+        t = torch.arange(vocab, device=logits.device)
+        allowed = (words[:, t >> 5] >> (t & 31)) & 1  # [R, vocab]
+        index = self._upload(bitmask.rows, torch.int64)
+        rows = logits.index_select(0, index).masked_fill_(allowed == 0, float("-inf"))
+        return logits.index_copy(0, index, rows)
 
     def penalize(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """[B, vocab] -> the logits with each row's repetition, presence and frequency
