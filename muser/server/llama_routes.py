@@ -26,6 +26,7 @@ from muser.server.protocol import (
     split_prompts,
 )
 from muser.server.results import is_truncated, stop_type, stopping_word, timings
+from muser.server.structured import with_grammar
 
 router = APIRouter()
 admin_router = APIRouter()
@@ -53,7 +54,8 @@ async def health(request: Request) -> JSONResponse:
 async def props(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     params = with_defaults(LlamaCompletionRequest(prompt=""), ctx).model_dump(
-        exclude={"prompt", "grammar", "json_schema", "logit_bias", "response_fields"})
+        exclude={"prompt", "grammar", "json_schema", "logit_bias", "response_fields", "samplers",
+                 "lora", "dry_sequence_breakers"})
     if ctx.options.defaults.n_predict is not None:
         params["n_predict"] = ctx.options.defaults.n_predict
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},
@@ -106,8 +108,8 @@ async def completion(request: Request) -> Any:
     for ids in prompts:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
-    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids)))
-                 for ids in prompts]
+    samplings = [await with_grammar(body, sampling_or_400(
+        body.sampling, ctx.n_predict(body.n_predict, len(ids)))) for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):
