@@ -173,6 +173,8 @@ def _final(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
     kind = stop_type(gen.last)
     word = stopping_word(text, ctx.tokenizer.decode(tokens), sampling.stop) if (
         kind == "word") else ""
+    if kind == "word" and not word:
+        kind = "eos"  # NOTE: the grammar ended it (llama.cpp's grammar ends with an EOS)
     ctx.metrics.observe_finished(gen)
     return {"id_slot": -1, "stop": True, "model": ctx.model_name,
             "tokens_predicted": gen.num_output, "tokens_evaluated": gen.num_prompt,
