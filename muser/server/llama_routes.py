@@ -54,8 +54,9 @@ async def health(request: Request) -> JSONResponse:
 async def props(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     params = with_defaults(LlamaCompletionRequest(prompt=""), ctx).model_dump(
-        exclude={"prompt", "grammar", "json_schema", "logit_bias", "response_fields", "samplers",
-                 "lora", "dry_sequence_breakers"})
+        exclude={"prompt", "model", "max_tokens", "max_completion_tokens", "grammar",
+                 "json_schema", "logit_bias", "response_fields", "samplers", "lora",
+                 "dry_sequence_breakers"})
     if ctx.options.defaults.n_predict is not None:
         params["n_predict"] = ctx.options.defaults.n_predict
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},
@@ -101,6 +102,7 @@ async def completion(request: Request) -> Any:
     """One prompt -> one result object; several prompts -> a list of them, in order."""
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, LlamaCompletionRequest), ctx)
+    ctx.check_model(body.model)
     prompts = [await _encode(ctx, p) for p in split_prompts(body.prompt)]
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
@@ -109,7 +111,7 @@ async def completion(request: Request) -> Any:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
     samplings = [await with_grammar(body, sampling_or_400(
-        body.sampling, ctx.n_predict(body.n_predict, len(ids)))) for ids in prompts]
+        body.sampling, ctx.n_predict(body.num_predict, len(ids)))) for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):

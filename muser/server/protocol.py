@@ -162,7 +162,11 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     """llama.cpp's /completion body (its defaults)."""
 
     prompt: str | PromptObject | Annotated[list[PromptItem], Field(min_length=1)]
+    model: str | None = None
     n_predict: Annotated[int, Field(ge=-1, le=MAX_INT32)] = -1
+    # NOTE: llama-server's aliases of n_predict, read when n_predict is not given
+    max_tokens: Annotated[int, Field(ge=-1, le=MAX_INT32)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=-1, le=MAX_INT32)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.8
     top_k: TopK = 40
     top_p: TopP = 0.95
@@ -219,12 +223,20 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
         return value
 
-    @field_validator("n_predict")
+    @field_validator("n_predict", "max_tokens", "max_completion_tokens")
     @classmethod
-    def _not_zero(cls, value: int) -> int:
+    def _not_zero(cls, value: int | None) -> int | None:
         if value == 0:
-            raise ValueError("n_predict must be -1 (until the context is full) or >= 1")
+            raise ValueError("must be -1 (until the context is full) or >= 1")
         return value
+
+    @property
+    def num_predict(self) -> int:
+        """n_predict, else its alias max_tokens, else max_completion_tokens (llama-server's)."""
+        if "n_predict" in self.model_fields_set:
+            return self.n_predict
+        return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None),
+                    self.n_predict)
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         return SamplingParams(
