@@ -39,6 +39,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -96,14 +97,15 @@ class BatchSampler:
         """[B, vocab] -> the logits with -inf wherever a constrained row's mask bit is clear
         (token ids past the mask's words: clear)."""
         vocab = logits.shape[1]
-        words = bitmask.words.to(self.device, non_blocking=True)
-        pad = (vocab + 31) // 32 - words.shape[1]
-        if pad:
-            words = F.pad(words, (0, pad)) if pad > 0 else words[:, :pad]
-        t = torch.arange(vocab, device=logits.device)
-        allowed = (words[:, t >> 5] >> (t & 31)) & 1  # [R, vocab]
+        # NOTE: unpacked on the host (numpy: ~40 us a row, where torch's broadcast shifts on a
+        # CPU take ms), then one async upload of [R, vocab] bytes (256 KiB a row)
+        octets = bitmask.words.numpy().view(np.uint8)  # little-endian: byte k = tokens 8k..
+        allowed = np.unpackbits(octets, axis=1, count=vocab, bitorder="little")
+        disallowed = self._upload_array(allowed) == 0  # [R, vocab]
+        if bitmask.rows == list(range(logits.shape[0])):
+            return logits.masked_fill(disallowed, float("-inf"))
         index = self._upload(bitmask.rows, torch.int64)
-        rows = logits.index_select(0, index).masked_fill_(allowed == 0, float("-inf"))
+        rows = logits.index_select(0, index).masked_fill_(disallowed, float("-inf"))
         return logits.index_copy(0, index, rows)
 
     def penalize(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -189,7 +191,10 @@ class BatchSampler:
         return values, ids
 
     def _upload(self, table: list, dtype: torch.dtype) -> torch.Tensor:
-        host = torch.tensor(table, dtype=dtype)
+        return self._upload_array(torch.tensor(table, dtype=dtype))
+
+    def _upload_array(self, host: torch.Tensor | np.ndarray) -> torch.Tensor:
+        host = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
         if self.device.type == "cuda":
             # NOTE: pinned + non_blocking: the copy queues behind the forward pass instead of
             # waiting for it; the caching host allocator keeps the buffer until it is done.

@@ -10,7 +10,7 @@
 At most one of them per request. A schema or grammar llguidance cannot compile is a 400 whose
 param names the field and whose message carries llguidance's reason. `strict` is accepted
 either way: the output is always held to the schema (stricter than OpenAI's strict: false).
-JSON comes out with ", " and ": " between items and no other whitespace.
+JSON comes out compact: "," and ":" between items, no whitespace outside strings.
 llguidance checks the grammar without a tokenizer here (no torch in the server); the engine
 compiles it again against the vocabulary.
 """
@@ -27,7 +27,7 @@ from muser.core import SamplingParams
 from muser.server.errors import ApiError
 
 MAX_GRAMMAR_CHARS = 65536
-_COMPACT = {"whitespace_flexible": False}
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
 class Body(BaseModel):
@@ -99,9 +99,9 @@ def compile_grammar(kind: str, spec: Any) -> str:
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
     if kind == "schema":
-        # NOTE: fixed separators (", " and ": "), no free whitespace: a small model can
+        # NOTE: fixed separators ("," and ":"), no free whitespace: a small model can
         # otherwise fill max_tokens with newlines between two valid tokens
-        grammar = LLMatcher.grammar_from_json_schema(spec, defaults=_COMPACT)
+        grammar = LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
     else:
         try:
             lark = spec if spec.lstrip().startswith("%llguidance") else gbnf_to_lark(spec)
