@@ -86,7 +86,7 @@ LLAMA_FIELDS = (
     "generation_prompt parse_tool_calls chat_parser continue_final_message echo "
     "preserved_tokens grammar_triggers grammar_lazy reasoning_control reasoning_budget_tokens "
     "reasoning_budget_start_tag reasoning_budget_end_tags reasoning_budget_end_tag "
-    "reasoning_budget_message").split()
+    "reasoning_budget_message").split()  # noqa: SIM905 (one line of the docs a row)
 OFF = {"typical_p": (1.0, 0.9), "dynatemp_range": (0.0, 0.5), "top_n_sigma": (-1.0, 1.0),
        "xtc_probability": (0.0, 0.5), "mirostat": (0, 2), "dry_multiplier": (0.0, 0.8),
        "min_keep": (0, 5), "grammar_lazy": (False, True), "n_indent": (0, 4),
