@@ -73,7 +73,7 @@ CHAT = [p for p in SHARED if p[0] != "logprobs"] + [
 ]
 # llama.cpp's /completion options: tools/server/README.md and server-schema.cpp (llama.cpp as
 # vendored by llama-cpp-python 0.3.36)
-LLAMA_FIELDS = (
+LLAMA_FIELDS = (  # noqa: SIM905 (as the docs list them)
     "prompt temperature dynatemp_range dynatemp_exponent top_k top_p min_p n_predict n_indent "
     "n_keep n_cmpl n_cache_reuse stream stop typical_p repeat_penalty repeat_last_n "
     "presence_penalty frequency_penalty dry_multiplier dry_base dry_allowed_length "
@@ -86,7 +86,7 @@ LLAMA_FIELDS = (
     "generation_prompt parse_tool_calls chat_parser continue_final_message echo "
     "preserved_tokens grammar_triggers grammar_lazy reasoning_control reasoning_budget_tokens "
     "reasoning_budget_start_tag reasoning_budget_end_tags reasoning_budget_end_tag "
-    "reasoning_budget_message").split()  # noqa: SIM905 (one line of the docs a row)
+    "reasoning_budget_message").split()
 OFF = {"typical_p": (1.0, 0.9), "dynatemp_range": (0.0, 0.5), "top_n_sigma": (-1.0, 1.0),
        "xtc_probability": (0.0, 0.5), "mirostat": (0, 2), "dry_multiplier": (0.0, 0.8),
        "min_keep": (0, 5), "grammar_lazy": (False, True), "n_indent": (0, 4),
