@@ -66,7 +66,7 @@ class Engine:
         self.max_model_len = runner.engine.max_model_len
         self.live: dict[int, _Live] = {}
         self.sampler = BatchSampler(runner.device)
-        self.grammars = GrammarMasks(tokenizer, runner.device)
+        self.grammars = GrammarMasks(tokenizer)
         self.remote: RemotePrefill | None = None  # prefill workers (muser/disagg/client.py)
         self._woken = threading.Event()
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own

@@ -5,13 +5,14 @@ the model's vocabulary, advanced on the host by every token the request accepts.
 engine asks GrammarMasks for the bitmask of the constrained rows only (rows without a grammar
 pay nothing): [R, ceil(vocab / 32)] int32 words, bit t % 32 of word t // 32 set when token t
 may come next, computed for all R rows in parallel on llguidance's threads (the GIL released),
-while the device still runs the step's forward pass. The sampler applies it on the device
-(muser/sampler.py: disallowed logits -> -inf). A grammar that has ended (is_stopped) ends the
-request. The grammar text is llguidance's (Lark, or its JSON grammar form); the server builds
+while the device still runs the step's forward pass. The sampler unpacks it and applies it on
+the device (muser/sampler.py: disallowed logits -> -inf). A grammar that has ended
+(is_stopped) ends the request. The grammar text is llguidance's (Lark, or its JSON grammar form); the server builds
 it from JSON schemas and GBNF (muser/server/structured.py).
 
-The vocabulary table (LLTokenizer) costs ~1.5 s for Gemma 3's 262k tokens: built once per
-engine, on the first constrained request.
+The vocabulary table (LLTokenizer) costs 1.5-4 s for Gemma 3's 262k tokens (a loaded 2-core
+CPU): built once per engine, on the first constrained request, in the thread that submits it
+(Engine.make_request), not on the engine loop.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Bitmask(NamedTuple):
     """The allowed tokens of some rows of a step: rows[i] is row i of words."""
 
     rows: list[int]  # indices into the step's sampling rows
-    words: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32 on the host (pinned on CUDA)
+    words: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32 on the host
 
 
 def llg_tokenizer(tokenizer: Tokenizer):
@@ -79,8 +80,8 @@ class Constraint:
 class GrammarMasks:
     """Compiles grammars and computes the step's masks; one per engine."""
 
-    def __init__(self, tokenizer: Tokenizer, device: torch.device) -> None:
-        self.tokenizer, self.device = tokenizer, torch.device(device)
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
         self._llg = None
         self._executor = None
         self._lock = threading.Lock()
@@ -103,8 +104,7 @@ class GrammarMasks:
         rows = [i for i, c in enumerate(constraints) if c is not None]
         if not rows:
             return None
-        words = torch.empty(len(rows), self.num_words, dtype=torch.int32,
-                            pin_memory=self.device.type == "cuda")
+        words = torch.empty(len(rows), self.num_words, dtype=torch.int32)
         row_bytes = self.num_words * 4
         if len(rows) == 1:
             constraints[rows[0]].matcher.unsafe_compute_mask_ptr(words.data_ptr(), row_bytes)

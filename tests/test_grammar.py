@@ -23,7 +23,7 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
 
 @pytest.fixture(scope="module")
 def masks(gguf_reader: gguf.GGUFReader) -> GrammarMasks:
-    return GrammarMasks(Tokenizer.from_gguf(gguf_reader), torch.device("cpu"))
+    return GrammarMasks(Tokenizer.from_gguf(gguf_reader))
 
 
 def _allowed(bitmask: Bitmask, k: int, vocab: int) -> set[int]:
