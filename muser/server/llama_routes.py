@@ -81,7 +81,8 @@ def _memory(ctx: ServerContext) -> dict[str, Any]:
 async def tokenize(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     body = await ctx.read_body(request, TokenizeRequest)
-    ids = await run_in_threadpool(ctx.tokenizer.encode, body.content, body.add_special)
+    ids = await run_in_threadpool(ctx.tokenizer.encode, body.content, body.add_special,
+                                  body.parse_special)
     if not body.with_pieces:
         return {"tokens": ids}
     pieces = [ctx.tokenizer.token_to_piece(t).decode("utf-8", "replace") for t in ids]

@@ -259,6 +259,7 @@ class ApplyTemplateRequest(Body):
 class TokenizeRequest(Body):
     content: str
     add_special: bool = False
+    parse_special: bool = True  # control-token texts become their ids (llama-server's default)
     with_pieces: bool = False
 
 

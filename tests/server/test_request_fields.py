@@ -186,3 +186,15 @@ def test_chat_field(server: Server, probe: tuple) -> None:
 @pytest.mark.parametrize("probe", LLAMA, ids=lambda p: f"{p[0]}={p[1]!r}"[:60])
 def test_llama_completion_field(server: Server, probe: tuple) -> None:
     _probe(server, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0}, probe)
+
+
+def test_tokenize_fields(server: Server) -> None:
+    """/tokenize's options (llama.cpp's README): content, add_special, parse_special,
+    with_pieces are honoured; anything else is refused by name."""
+    c = server.client()
+    base = {"content": "<end_of_turn>x"}
+    seen = [c.post("/tokenize", json=base | extra).json() for extra in (
+        {}, {"add_special": True}, {"parse_special": False}, {"with_pieces": True})]
+    assert len({json.dumps(s) for s in seen}) == 4, seen
+    r = c.post("/tokenize", json=base | {"special": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "special", r.text
