@@ -6,6 +6,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # llguidance grammar text (muser/grammar.py): tokens outside it are never chosen, and the
+    # request ends when the grammar does; None = unconstrained
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -73,6 +77,7 @@ class Request:
     arrival_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
     finish_s: float | None = None
+    constraint: Any = None  # muser.grammar.Constraint when sampling.grammar is set (host state)
 
     @property
     def num_prompt(self) -> int:

@@ -18,6 +18,7 @@ from muser.core import Request, SamplingParams, Status, StepOutput
 from muser.disagg.client import RemotePrefill, Result
 from muser.disagg.snapshot import install
 from muser.errors import MuserError
+from muser.grammar import GrammarMasks
 from muser.kvcache.pages import OutOfPages
 from muser.runner import Runner, SeqState
 from muser.sampler import BatchSampler, SamplingRow, request_seed
@@ -65,6 +66,7 @@ class Engine:
         self.max_model_len = runner.engine.max_model_len
         self.live: dict[int, _Live] = {}
         self.sampler = BatchSampler(runner.device)
+        self.grammars = GrammarMasks(tokenizer)
         self.remote: RemotePrefill | None = None  # prefill workers (muser/disagg/client.py)
         self._woken = threading.Event()
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
@@ -73,11 +75,14 @@ class Engine:
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
                      uid: int | None = None) -> Request:
         """Validate a prompt -> a new Request (touches no engine state, so any thread may call it);
-        `uid` as the caller numbers its requests, else the next one. Raises PromptError."""
+        `uid` as the caller numbers its requests, else the next one; its grammar compiled here,
+        off the engine loop. Raises PromptError or GrammarError."""
         check_prompt(prompt_ids, self.max_model_len)
-        if uid is None:
-            return Request(list(prompt_ids), sampling)
-        return Request(list(prompt_ids), sampling, uid=uid)
+        req = Request(list(prompt_ids), sampling) if uid is None else Request(
+            list(prompt_ids), sampling, uid=uid)
+        if sampling.grammar is not None:
+            req.constraint = self.grammars.compile(sampling.grammar)
+        return req
 
     def add(self, req: Request) -> None:
         """Queue a request made by make_request (a prompt with many tokens not cached here
@@ -156,7 +161,7 @@ class Engine:
                                      rows or [flat - 1])
         if not done:
             return outputs
-        tokens = self.sampler(logits, [self._row(live) for live in done])
+        tokens = self._sample(logits, done)
         return outputs + [self._emit(live, token) for live, token in zip(done, tokens)]
 
     def _install_arrived(self) -> list[StepOutput]:
@@ -184,7 +189,7 @@ class Engine:
             live.req.num_cached = result.snapshot.num_tokens
             self.scheduler.add_prefilled(live.req)
             logits = result.snapshot.logits[None].to(self.runner.device)
-            outputs.append(self._emit(live, self.sampler(logits, [self._row(live)])[0]))
+            outputs.append(self._emit(live, self._sample(logits, [live])[0]))
         self._arrived = waiting
         return outputs
 
@@ -195,6 +200,13 @@ class Engine:
         self.runner.free(live.seq)
         live.seq = None
         return self.runner.pages.num_free - before
+
+    def _sample(self, logits, lives: list[_Live]) -> list[int]:
+        """One token per live row of logits [len(lives), vocab]. NOTE: called after the
+        forward pass is launched: on a GPU the constrained rows' masks are computed on the host
+        while it runs."""
+        bitmask = self.grammars.masks([live.req.constraint for live in lives])
+        return self.sampler(logits, [self._row(live) for live in lives], bitmask)
 
     @staticmethod
     def _row(live: _Live) -> SamplingRow:
@@ -227,7 +239,11 @@ class Engine:
             return self._finish(live, None, text, "stop")
         req.output_ids.append(token)
         text, hit_stop = live.stops.push(live.detok.push(token))
-        if hit_stop:
+        ended = req.constraint is not None and (
+            not req.constraint.consume(token) or req.constraint.is_stopped)
+        if hit_stop or ended:
+            if ended:
+                text += live.stops.push(live.detok.flush())[0] + live.stops.flush()
             return self._finish(live, token, text, "stop")
         if len(req.output_ids) >= p.max_tokens or req.num_cached + 1 >= self.max_model_len:
             text += live.stops.push(live.detok.flush())[0] + live.stops.flush()

@@ -23,9 +23,9 @@ class _Recorder:
     def __init__(self, sampler) -> None:
         self.sampler, self.last = sampler, None
 
-    def __call__(self, logits: torch.Tensor, rows: list) -> list[int]:
+    def __call__(self, logits: torch.Tensor, rows: list, bitmask=None) -> list[int]:
         self.last = logits.float().cpu().clone()
-        return self.sampler(logits, rows)
+        return self.sampler(logits, rows, bitmask)
 
 
 def _add(engine: Engine, ids: list[int]) -> int:

@@ -79,7 +79,8 @@ class ServerContext:
         except ValidationError as exc:
             err = exc.errors()[0]
             param = ".".join(str(p) for p in err["loc"])
-            raise ApiError(400, f"{param}: {err['msg']}", "invalid_value", param) from None
+            raise ApiError(400, f"{param}: {_MESSAGES.get(err['type'], err['msg'])}",
+                           "invalid_value", param) from None
 
     async def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                           tools: list[dict[str, Any]] | None = None,
@@ -203,6 +204,10 @@ def sampling_or_400(build: Any, max_tokens: int) -> SamplingParams:
         return build(max_tokens)
     except ValueError as exc:
         raise ApiError(400, str(exc), "invalid_value") from None
+
+
+_MESSAGES = {"extra_forbidden": "unknown field; this server does not support it",
+             "none_required": "not supported by this server (send null or leave it out)"}
 
 
 def _reject_constant(name: str) -> None:

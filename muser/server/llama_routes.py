@@ -26,6 +26,7 @@ from muser.server.protocol import (
     split_prompts,
 )
 from muser.server.results import is_truncated, stop_type, stopping_word, timings
+from muser.server.structured import with_grammar
 
 router = APIRouter()
 admin_router = APIRouter()
@@ -53,7 +54,9 @@ async def health(request: Request) -> JSONResponse:
 async def props(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     params = with_defaults(LlamaCompletionRequest(prompt=""), ctx).model_dump(
-        exclude={"prompt", "grammar", "json_schema", "logit_bias", "response_fields"})
+        exclude={"prompt", "model", "max_tokens", "max_completion_tokens", "grammar",
+                 "json_schema", "logit_bias", "response_fields", "samplers", "lora",
+                 "dry_sequence_breakers"})
     if ctx.options.defaults.n_predict is not None:
         params["n_predict"] = ctx.options.defaults.n_predict
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},
@@ -78,7 +81,8 @@ def _memory(ctx: ServerContext) -> dict[str, Any]:
 async def tokenize(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     body = await ctx.read_body(request, TokenizeRequest)
-    ids = await run_in_threadpool(ctx.tokenizer.encode, body.content, body.add_special)
+    ids = await run_in_threadpool(ctx.tokenizer.encode, body.content, body.add_special,
+                                  body.parse_special)
     if not body.with_pieces:
         return {"tokens": ids}
     pieces = [ctx.tokenizer.token_to_piece(t).decode("utf-8", "replace") for t in ids]
@@ -99,6 +103,7 @@ async def completion(request: Request) -> Any:
     """One prompt -> one result object; several prompts -> a list of them, in order."""
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, LlamaCompletionRequest), ctx)
+    ctx.check_model(body.model)
     prompts = [await _encode(ctx, p) for p in split_prompts(body.prompt)]
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
@@ -106,8 +111,8 @@ async def completion(request: Request) -> Any:
     for ids in prompts:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
-    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids)))
-                 for ids in prompts]
+    samplings = [await with_grammar(body, sampling_or_400(
+        body.sampling, ctx.n_predict(body.num_predict, len(ids)))) for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):
@@ -171,6 +176,8 @@ def _final(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
     kind = stop_type(gen.last)
     word = stopping_word(text, ctx.tokenizer.decode(tokens), sampling.stop) if (
         kind == "word") else ""
+    if kind == "word" and not word:
+        kind = "eos"  # NOTE: the grammar ended it (llama.cpp's grammar ends with an EOS)
     ctx.metrics.observe_finished(gen)
     return {"id_slot": -1, "stop": True, "model": ctx.model_name,
             "tokens_predicted": gen.num_output, "tokens_evaluated": gen.num_prompt,

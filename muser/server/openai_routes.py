@@ -15,6 +15,7 @@ from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
 from muser.server.protocol import ChatRequest, CompletionRequest
 from muser.server.results import timings
+from muser.server.structured import with_grammar
 
 router = APIRouter()
 
@@ -54,7 +55,8 @@ async def completions(request: Request) -> Any:
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
     llama = is_llama_path(request)
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
+    sampling = await with_grammar(body, sampling_or_400(body.sampling, n))
+    gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"cmpl-{gen.uid}", "text_completion")
 
     def choice(text: str, reason: str | None) -> dict[str, Any]:
@@ -81,7 +83,8 @@ async def chat_completions(request: Request) -> Any:
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
+    sampling = await with_grammar(body, sampling_or_400(body.sampling, n))
+    gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
 
     def choice(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from muser.core import SamplingParams
+from muser.server.structured import LlamaStructured, OpenAIStructured
 
 Prob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -28,15 +29,22 @@ TopK = Annotated[int, BeforeValidator(_integral), Field(ge=0)]
 TokenIds = Annotated[list[int], Field(min_length=1)]
 
 
+# NOTE: a field that is not declared is refused (400 naming it); a field declared with type
+# None (Unsupported) is known and refused unless null; a field pinned to one value (n: 1) is
+# accepted only with the value whose behaviour this server has
+Unsupported = None
+
+
 class Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(Body):
     include_usage: bool = False
+    include_obfuscation: Literal[False] = False  # no obfuscation padding is sent
 
 
-class OpenAISampling(Body):
+class OpenAISampling(OpenAIStructured, Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -54,11 +62,8 @@ class OpenAISampling(Body):
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     ignore_eos: bool = False
-    user: str | None = None
-    # NOTE: declared so that a request asking for them is refused (400 naming the field), not
-    # answered as if it had not: no structured output or logit bias yet
-    response_format: None = None
-    logit_bias: None = None
+    user: str | None = None  # an end user's id: no effect on the output (as at OpenAI)
+    logit_bias: Unsupported = None
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -79,7 +84,7 @@ class CompletionRequest(OpenAISampling):
     echo: Literal[False] = False
     logprobs: None = None
     best_of: Annotated[int, Field(ge=1, le=1)] | None = None
-    suffix: None = None
+    suffix: Unsupported = None
 
 
 class TextPart(Body):
@@ -101,13 +106,30 @@ class ChatRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: Literal[False] | None = None
-    tools: None = None
+    # NOTE: no tool calling: tools refused by name; tool_choice only "none" (nothing called)
+    tools: Unsupported = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: Unsupported = None
+    functions: Unsupported = None
+    function_call: Unsupported = None
+    # NOTE: OpenAI fields whose other values this server does not have
+    store: Literal[False] | None = None  # nothing is stored
+    service_tier: Literal["auto", "default"] | None = None
+    modalities: list[Literal["text"]] | None = None
+    audio: Unsupported = None
+    metadata: Unsupported = None
+    moderation: Unsupported = None
+    prediction: Unsupported = None
+    prompt_cache_key: Unsupported = None
+    prompt_cache_options: Unsupported = None
+    prompt_cache_retention: Unsupported = None
+    reasoning_effort: Unsupported = None
+    safety_identifier: Unsupported = None
+    verbosity: Unsupported = None
+    web_search_options: Unsupported = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
     verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
-    # NOTE: llama-server extensions refused by name (no constrained decoding yet)
-    grammar: None = None
-    json_schema: None = None
 
     def chat(self) -> list[dict[str, Any]]:
         """Messages as the chat template takes them ('developer' is a system turn)."""
@@ -136,11 +158,15 @@ def split_prompts(prompt: str | PromptObject | list[PromptItem]) -> list[OneProm
     return list(prompt)
 
 
-class LlamaCompletionRequest(Body):
+class LlamaCompletionRequest(LlamaStructured, Body):
     """llama.cpp's /completion body (its defaults)."""
 
     prompt: str | PromptObject | Annotated[list[PromptItem], Field(min_length=1)]
+    model: str | None = None
     n_predict: Annotated[int, Field(ge=-1, le=MAX_INT32)] = -1
+    # NOTE: llama-server's aliases of n_predict, read when n_predict is not given
+    max_tokens: Annotated[int, Field(ge=-1, le=MAX_INT32)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=-1, le=MAX_INT32)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = 0.8
     top_k: TopK = 40
     top_p: TopP = 0.95
@@ -159,9 +185,36 @@ class LlamaCompletionRequest(Body):
     # NOTE: refused unless 0 (400 naming the field): llama.cpp's penalties are not applied here
     presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    grammar: None = None
-    json_schema: None = None
-    logit_bias: None = None
+    logit_bias: Unsupported = None
+    # NOTE: llama.cpp's other samplers, accepted at the value that turns them off (what this
+    # server does) and refused at any other; their sub-parameters act only when they are on
+    typical_p: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
+    dynatemp_range: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    dynatemp_exponent: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+    top_n_sigma: Annotated[float, Field(le=0.0, allow_inf_nan=False)] = -1.0
+    xtc_probability: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    xtc_threshold: Annotated[float, Field(allow_inf_nan=False)] = 0.1
+    mirostat: Annotated[int, Field(ge=0, le=0)] = 0
+    mirostat_tau: Annotated[float, Field(allow_inf_nan=False)] = 5.0
+    mirostat_eta: Annotated[float, Field(allow_inf_nan=False)] = 0.1
+    dry_multiplier: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    dry_base: Annotated[float, Field(allow_inf_nan=False)] = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: Annotated[list[str], Field(max_length=64)] | None = None
+    min_keep: Annotated[int, Field(ge=0, le=1)] = 0  # at least one candidate always survives
+    grammar_lazy: Literal[False] = False
+    n_indent: Annotated[int, Field(ge=0, le=0)] = 0
+    n_keep: Annotated[int, Field(ge=-1, le=0)] = 0  # no context shift: the KV is never cut
+    n_discard: Annotated[int, Field(ge=0, le=0)] = 0
+    n_cache_reuse: Annotated[int, Field(ge=0, le=0)] = 0
+    t_max_predict_ms: Annotated[int, Field(ge=0, le=0)] = 0
+    t_max_prompt_ms: Annotated[int, Field(ge=-1, le=0)] = -1
+    timings_per_token: Literal[False] = False
+    return_progress: Literal[False] = False
+    post_sampling_probs: Literal[False] = False
+    lora: Annotated[list[Any], Field(max_length=0)] | None = None
+    samplers: Unsupported = None
 
     @field_validator("prompt")
     @classmethod
@@ -170,12 +223,20 @@ class LlamaCompletionRequest(Body):
             raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
         return value
 
-    @field_validator("n_predict")
+    @field_validator("n_predict", "max_tokens", "max_completion_tokens")
     @classmethod
-    def _not_zero(cls, value: int) -> int:
+    def _not_zero(cls, value: int | None) -> int | None:
         if value == 0:
-            raise ValueError("n_predict must be -1 (until the context is full) or >= 1")
+            raise ValueError("must be -1 (until the context is full) or >= 1")
         return value
+
+    @property
+    def num_predict(self) -> int:
+        """n_predict, else its alias max_tokens, else max_completion_tokens (llama-server's)."""
+        if "n_predict" in self.model_fields_set:
+            return self.n_predict
+        return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None),
+                    self.n_predict)
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         return SamplingParams(
@@ -198,6 +259,7 @@ class ApplyTemplateRequest(Body):
 class TokenizeRequest(Body):
     content: str
     add_special: bool = False
+    parse_special: bool = True  # control-token texts become their ids (llama-server's default)
     with_pieces: bool = False
 
 

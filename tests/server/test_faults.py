@@ -15,6 +15,20 @@ CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
 
 
+_BAD_GRAMMARS = ["root ::= [a-", "root ::= undefined", "x ::= \"a\"", "root ::= (\"a\"",
+                 "root ::= \"unterminated", "%llguidance {}\nstart: nothing_here", 5,
+                 ["root ::= \"a\""], "root ::= \"a\"" + " | \"b\"" * 40000]
+_BAD_SCHEMAS = [{"type": "nope"}, {"type": "object", "properties": 5}, {"enum": []},
+                {"type": "string", "pattern": "(?<=a)b"}, {"$ref": "#/definitions/none"},
+                {"type": "integer", "minimum": "0"}, {"not": {"type": "string"}}, "schema", 7,
+                {"type": "string", "format": "no-such-format"}]
+_BAD_FORMATS = [{"type": "json"}, {"type": "json_schema"}, {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
+                {"type": "json_object", "schema": {"enum": []}}, {"type": "text", "x": 1}, "json",
+                {"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}]
+
+
 def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
     """(method, path, body) triples, every one of which must be refused with a 4xx."""
     bad: list[tuple[str, str, bytes | None]] = []
@@ -55,10 +69,14 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
         {"messages": [{"role": "user", "content": "word " * 1500}]}, {"model": "gpt-4o"},
         {"max_tokens": -1}, {"max_completion_tokens": 0}, {"temperature": 3}, {"n": 3},
         {"tools": [{"type": "function"}]}, {"logprobs": True}, {"max_tokens": 10**9},
-        {"response_format": {"type": "json_object"}}, {"logit_bias": {"5": 1}})]
+        {"logit_bias": {"5": 1}}, {"no_such_field": 1}, {"tool_choice": "required"},
+        *({"response_format": f} for f in _BAD_FORMATS))]
     bad += [("POST", "/completion", json.dumps({"prompt": "Hello", "n_predict": 2, **c}).encode())
-            for c in ({"grammar": "root ::= \"x\""}, {"json_schema": {"type": "object"}},
-                      {"presence_penalty": 0.5}, {"frequency_penalty": -1})]
+            for c in ({"presence_penalty": 0.5}, {"frequency_penalty": -1}, {"mirostat": 1},
+                      {"unknown": True}, *({"grammar": g} for g in _BAD_GRAMMARS),
+                      *({"json_schema": j} for j in _BAD_SCHEMAS),
+                      {"grammar": "root ::= \"x\"", "json_schema": {"type": "object"}})]
+    bad += [("POST", CHAT, json.dumps({**chat, "grammar": g}).encode()) for g in _BAD_GRAMMARS]
     bad += [("POST", "/tokenize", json.dumps(b).encode()) for b in (
         {}, {"content": 5}, {"content": None}, {"content": "x", "add_special": "no"})]
     bad += [("POST", "/detokenize", json.dumps(b).encode()) for b in (

@@ -135,14 +135,16 @@ def test_context_overflow_error_shapes(compat: Server) -> None:
 
 
 @pytest.mark.parametrize("path,field,value", [
-    ("/completion", "logit_bias", [[15, -100]]), ("/completion", "grammar", "root ::= \"a\""),
-    ("/chat/completions", "grammar", "root ::= \"a\""),
-    ("/chat/completions", "json_schema", {"const": "42"}),
+    ("/completion", "logit_bias", [[15, -100]]), ("/completion", "grammar", "root ::= [a-"),
+    ("/chat/completions", "grammar", "root ::= undefined-rule"),
+    ("/chat/completions", "json_schema", {"type": "integer", "minimum": "zero"}),
     ("/chat/completions", "response_format", {"type": "sound"}),
-    ("/completion", "id_slot", 1), ("/completion", "top_k", 2.5)])
+    ("/completion", "id_slot", 1), ("/completion", "top_k", 2.5), ("/completion", "mirostat", 2),
+    ("/completion", "no_such_field", 1), ("/chat/completions", "no_such_field", 1)])
 def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field: str,
                                                 value: object) -> None:
-    body = {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], field: value}
+    body = ({"prompt": "Hi"} if path == "/completion" else
+            {"messages": [{"role": "user", "content": "Hi"}]}) | {field: value}
     r = compat.client(key=None).post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 

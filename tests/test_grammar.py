@@ -1,0 +1,90 @@
+"""Grammar masks on the real 262k vocabulary (the embedded model's tokenizer) and their use in
+the batched sampler: constrained rows choose only allowed tokens, other rows are untouched."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import pytest
+import torch
+from llguidance import LLMatcher
+
+from muser.core import SamplingParams
+from muser.grammar import Bitmask, GrammarMasks
+from muser.sampler import BatchSampler, SamplingRow
+from muser.tokenizer import Tokenizer
+
+CPU = BatchSampler(torch.device("cpu"))
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
+          "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["ok", "n"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def masks(gguf_reader: gguf.GGUFReader) -> GrammarMasks:
+    return GrammarMasks(Tokenizer.from_gguf(gguf_reader))
+
+
+def _allowed(bitmask: Bitmask, k: int, vocab: int) -> set[int]:
+    words = bitmask.words[k]
+    return {t for t in range(vocab) if (int(words[t >> 5]) >> (t & 31)) & 1}
+
+
+def test_mask_allows_exactly_the_tokens_that_continue_the_grammar(masks: GrammarMasks) -> None:
+    tok = masks.tokenizer
+    c = masks.compile(LLMatcher.grammar_from_lark('start: "yes" | "no"'))
+    allowed = _allowed(masks.masks([c]), 0, tok.vocab_size)
+    pieces = {t: tok.token_to_piece(t) for t in allowed}
+    assert allowed and all(p and (b"yes".startswith(p) or b"no".startswith(p))
+                           for p in pieces.values()), pieces
+    assert tok.token_id("yes") in allowed and tok.token_id("no") in allowed
+    assert not allowed & tok.eot_ids  # nothing accepted yet: no end of generation
+    assert c.consume(tok.token_id("yes")) and c.is_stopped
+
+
+def test_rows_without_a_grammar_pay_nothing(masks: GrammarMasks) -> None:
+    assert masks.masks([None, None]) is None
+
+
+def test_sampler_holds_constrained_rows_and_leaves_the_others(masks: GrammarMasks) -> None:
+    """Random logits, a batch of constrained and free rows (greedy and seeded): the constrained
+    rows walk the schema to its end and parse; the free rows' tokens equal a batch without
+    any mask."""
+    vocab = masks.tokenizer.vocab_size
+    grammar = LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False})
+    params = [SamplingParams(temperature=0.0, grammar=grammar), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=1.0, top_k=50, grammar=grammar),
+              SamplingParams(temperature=0.0)]
+    constraints = [masks.compile(grammar) if p.grammar else None for p in params]
+    outputs: list[list[int]] = [[] for _ in params]
+    gen = torch.Generator().manual_seed(0)
+    for draw in range(40):
+        if all(c is None or c.is_stopped for c in constraints):
+            break
+        logits = torch.randn(len(params), vocab, generator=gen) * 4
+        rows = [SamplingRow(p, 11 + b, draw, []) for b, p in enumerate(params)]
+        live = [c if c is not None and not c.is_stopped else None for c in constraints]
+        bitmask = masks.masks(live)
+        tokens = CPU(logits, rows, bitmask)
+        free = CPU(logits, rows)
+        for b, (c, t) in enumerate(zip(live, tokens)):
+            if c is None:
+                assert t == free[b]
+            else:
+                assert t in _allowed(bitmask, bitmask.rows.index(b), vocab)
+                assert c.consume(t)
+                outputs[b].append(t)
+    for b, c in enumerate(constraints):
+        if c is not None:
+            assert c.is_stopped
+            text = masks.tokenizer.decode(outputs[b])
+            value = json.loads(text)
+            assert isinstance(value["ok"], bool) and 0 <= value["n"] <= 99, text
+
+
+def test_a_grammar_that_does_not_compile_raises(masks: GrammarMasks) -> None:
+    from muser.grammar import GrammarError
+
+    with pytest.raises(GrammarError):
+        masks.compile(LLMatcher.grammar_from_lark("start: undefined_rule"))
