@@ -97,11 +97,13 @@ class BatchSampler:
         """[B, vocab] -> the logits with -inf wherever a constrained row's mask bit is clear
         (token ids past the mask's words: clear)."""
         vocab = logits.shape[1]
-        # NOTE: unpacked on the host (numpy: ~40 us a row, where torch's broadcast shifts on a
-        # CPU take ms), then one async upload of [R, vocab] bytes (256 KiB a row)
-        octets = bitmask.words.numpy().view(np.uint8)  # little-endian: byte k = tokens 8k..
-        allowed = np.unpackbits(octets, axis=1, count=vocab, bitorder="little")
-        disallowed = self._upload_array(allowed) == 0  # [R, vocab]
+        if self.device.type == "cpu":
+            # NOTE: numpy unpacks a row in ~40 us, where torch's broadcast shifts take ms here
+            octets = bitmask.words.numpy().view(np.uint8)  # little-endian: byte k = 8k..8k+7
+            disallowed = torch.from_numpy(np.unpackbits(octets, axis=1, count=vocab,
+                                                        bitorder="little")) == 0
+        else:  # NOTE: the words travel (32 KiB a row, not 256) and unpack on the device
+            disallowed = unpack_bits(self._upload_array(bitmask.words), vocab) == 0
         if bitmask.rows == list(range(logits.shape[0])):
             return logits.masked_fill(disallowed, float("-inf"))
         index = self._upload(bitmask.rows, torch.int64)
@@ -200,6 +202,14 @@ class BatchSampler:
             # waiting for it; the caching host allocator keeps the buffer until it is done.
             host = host.pin_memory()
         return host.to(self.device, non_blocking=True)
+
+
+def unpack_bits(words: torch.Tensor, count: int) -> torch.Tensor:
+    """[R, W] int32 words -> [R, count] uint8 bits, bit j % 32 of word j // 32 for column j
+    (an arithmetic shift copies the sign bit, and & 1 keeps only the bit shifted down)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words.unsqueeze(-1) >> shifts).bitwise_and_(1).to(torch.uint8)
+    return bits.view(words.shape[0], -1)[:, :count]
 
 
 def _penalizes(p: SamplingParams) -> bool:

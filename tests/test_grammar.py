@@ -88,3 +88,19 @@ def test_a_grammar_that_does_not_compile_raises(masks: GrammarMasks) -> None:
 
     with pytest.raises(GrammarError):
         masks.compile(LLMatcher.grammar_from_lark("start: undefined_rule"))
+
+
+def test_device_unpack_matches_numpys() -> None:
+    """The GPU path unpacks the mask words on the device (unpack_bits); it must give the bits
+    numpy's little-endian unpack gives the CPU path, sign bit and a partial last word too."""
+    import numpy as np
+
+    from muser.sampler import unpack_bits
+
+    gen = torch.Generator().manual_seed(5)
+    words = torch.randint(-2**31, 2**31 - 1, (3, 9), dtype=torch.int32, generator=gen)
+    words[0, 0] = -1
+    words[1, 3] = -2**31
+    count = 9 * 32 - 7
+    want = np.unpackbits(words.numpy().view(np.uint8), axis=1, count=count, bitorder="little")
+    assert torch.equal(unpack_bits(words, count), torch.from_numpy(want))
