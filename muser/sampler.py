@@ -8,7 +8,8 @@ Per row, in this order (the order of the per-request sampler this replaced):
 1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
    are divided by the penalty when positive, multiplied by it otherwise; then OpenAI's presence
    and frequency penalties over the tokens generated so far: logit -= frequency * count +
-   presence * (count > 0). Greedy rows get them too.
+   presence * (count > 0) (with penalties_over_last_n, llama.cpp's: counts over the same last
+   repeat_last_n ids as the repetition penalty). Greedy rows get them too.
 2. temperature 0 is greedy: torch.argmax of the row, the first index on ties.
 3. filters at temperature 1: top-k keeps the k best logits (torch.topk's k); top-p keeps the
    shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
@@ -40,7 +41,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from muser.core import SamplingParams
+from muser import logprobs
+from muser.core import Logprobs, SamplingParams
 
 
 @dataclass(slots=True)
@@ -51,7 +53,7 @@ class SamplingRow:
     seed: int  # request_seed(params), drawn once per request
     draw: int  # how many tokens the request has drawn before (0 for the first)
     history: list[int]  # prompt + output ids so far; only the last repeat_last_n are read
-    outputs: list[int] = field(default_factory=list)  # generated ids (presence/frequency)
+    outputs: list[int] = field(default_factory=list)  # ids presence/frequency count
 
 
 def request_seed(params: SamplingParams) -> int:
@@ -68,6 +70,11 @@ class Candidates(NamedTuple):
     keep: torch.Tensor  # [B, W] bool
 
 
+class Choice(NamedTuple):
+    tokens: list[int]
+    logprobs: list[Logprobs | None]  # per row, None where its params ask for none
+
+
 class BatchSampler:
     """Chooses one token per row of a step's logits; see the module docstring for the rules."""
 
@@ -77,14 +84,28 @@ class BatchSampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         """logits [B, vocab] float32 on the device (row b belongs to rows[b]) -> B token ids,
         with one device->host copy."""
+        return self.choose(logits, rows).tokens
+
+    def choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> Choice:
+        """As __call__, and each row's logprobs (muser/logprobs.py: of the raw logits, so asking
+        for them changes no token) in the same device->host copy."""
+        tokens = self._tokens(logits, rows)
+        ks = [row.params.logprobs for row in rows]
+        if all(k is None for k in ks):
+            return Choice(tokens.tolist(), [None] * len(rows))
+        return Choice(*logprobs.unpack(
+            logprobs.pack(logits, tokens, max(k or 0 for k in ks)).cpu(), ks))
+
+    def _tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """[B, vocab] -> [B] int64 chosen ids on the device."""
         logits = self.penalize(logits, rows)
         greedy = [row.params.is_greedy for row in rows]
         if all(greedy):
-            return logits.argmax(-1).tolist()
+            return logits.argmax(-1)
         tokens = self.sample(logits, rows)
         if any(greedy):
             tokens = torch.where(self._upload(greedy, torch.bool), logits.argmax(-1), tokens)
-        return tokens.tolist()
+        return tokens
 
     def penalize(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """[B, vocab] -> the logits with each row's repetition, presence and frequency
