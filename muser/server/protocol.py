@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from muser.core import SamplingParams
+from muser.core import MAX_LOGPROBS, SamplingParams
 
 Prob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -17,6 +17,9 @@ MAX_STOPS = 16
 MAX_MESSAGES = 1024
 MAX_PROMPTS = 16
 MAX_INT32 = 2**31 - 1
+MAX_SAMPLES = 128  # n / best_of beyond this are refused here; the server's --max-n is lower
+
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 def _integral(value: Any) -> Any:
@@ -52,7 +55,7 @@ class OpenAISampling(Body):
     stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = 1
     ignore_eos: bool = False
     user: str | None = None
     # NOTE: declared so that a request asking for them is refused (400 naming the field), not
@@ -60,13 +63,15 @@ class OpenAISampling(Body):
     response_format: None = None
     logit_bias: None = None
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def sampling(self, max_tokens: int, n: int = 1, logprobs: int | None = None,
+                 prompt_logprobs: int | None = None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
+            seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, n=n, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs)
 
     @property
     def include_usage(self) -> bool:
@@ -76,9 +81,10 @@ class OpenAISampling(Body):
 class CompletionRequest(OpenAISampling):
     prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[
         list[str], Field(min_length=1, max_length=1)]
-    echo: Literal[False] = False
-    logprobs: None = None
-    best_of: Annotated[int, Field(ge=1, le=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0: with echo only (prompt scoring)
+    echo: bool = False
+    logprobs: NumLogprobs | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     suffix: None = None
 
 
@@ -100,7 +106,8 @@ class ChatMessage(Body):
 class ChatRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: NumLogprobs | None = None
     tools: None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
@@ -146,7 +153,7 @@ class LlamaCompletionRequest(Body):
     top_p: TopP = 0.95
     min_p: Prob = 0.05
     repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
-    repeat_last_n: Annotated[int, Field(ge=0)] = 64
+    repeat_last_n: Annotated[int, Field(ge=-1)] = 64  # -1: the context size
     seed: int = -1
     stop: Annotated[list[Stop], Field(max_length=MAX_STOPS)] = []
     stream: bool = False
@@ -155,10 +162,11 @@ class LlamaCompletionRequest(Body):
     id_slot: Annotated[int, Field(ge=-1, le=-1)] = -1
     return_tokens: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
-    n_probs: Annotated[int, Field(ge=0, le=0)] = 0
-    # NOTE: refused unless 0 (400 naming the field): llama.cpp's penalties are not applied here
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    n_probs: NumLogprobs = 0
+    post_sampling_probs: Literal[False] = False  # NOTE: refused: only pre-sampling logprobs
+    # llama.cpp's scope: over the last repeat_last_n ids of prompt + output
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
     grammar: None = None
     json_schema: None = None
     logit_bias: None = None
@@ -177,12 +185,16 @@ class LlamaCompletionRequest(Body):
             raise ValueError("n_predict must be -1 (until the context is full) or >= 1")
         return value
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def sampling(self, max_tokens: int, context: int) -> SamplingParams:
+        """context: the context size, llama.cpp's repeat_last_n = -1."""
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
-            repeat_last_n=self.repeat_last_n, seed=None if self.seed < 0 else self.seed,
-            stop=tuple(self.stop), ignore_eos=self.ignore_eos)
+            repeat_last_n=context if self.repeat_last_n < 0 else self.repeat_last_n,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            penalties_over_last_n=True, seed=None if self.seed < 0 else self.seed,
+            stop=tuple(self.stop), ignore_eos=self.ignore_eos,
+            logprobs=self.n_probs or None)
 
 
 class ApplyTemplateRequest(Body):
