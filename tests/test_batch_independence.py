@@ -24,8 +24,11 @@ class _Recorder:
         self.sampler, self.last = sampler, None
 
     def __call__(self, logits: torch.Tensor, rows: list) -> list[int]:
+        return self.choose(logits, rows).tokens
+
+    def choose(self, logits: torch.Tensor, rows: list):
         self.last = logits.float().cpu().clone()
-        return self.sampler(logits, rows)
+        return self.sampler.choose(logits, rows)
 
 
 def _add(engine: Engine, ids: list[int]) -> int:
