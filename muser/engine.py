@@ -295,10 +295,10 @@ class Engine:
         return SamplingRow(p, live.seed, len(req.output_ids), history, outputs)
 
     def run(self, req: Request) -> Iterator[StepOutput]:
-        """Drive the engine until `req` finishes, yielding its outputs as they are produced.
-        Closing the iterator early cancels the request."""
+        """Drive the engine until `req` (each of its samples) finishes, yielding its outputs as
+        they are produced. Closing the iterator early cancels the request."""
         try:
-            while req.status != Status.FINISHED:
+            while req.status != Status.FINISHED or self._going(req.uid):
                 if not self.has_work:  # NOTE: only remote prefills in flight: wait for one
                     self._woken.wait(0.05)
                     self._woken.clear()

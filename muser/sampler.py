@@ -2,7 +2,8 @@
 temperature and seeded draws, vectorized over rows with per-row parameters.
 
 The logits [B, vocab] never leave the device. The host uploads small per-row tables (parameters,
-recent ids), and the B chosen ids come back in one device->host copy.
+recent ids), and the B chosen ids come back in one device->host copy, with the logprobs of the
+rows that ask for them (muser/logprobs.py: of the raw logits, before any step below).
 
 Per row, in this order (the order of the per-request sampler this replaced):
 1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
