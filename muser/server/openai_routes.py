@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,10 +35,13 @@ def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 
 
-def _usage(gen: Generation) -> dict[str, Any]:
-    return {"prompt_tokens": gen.num_prompt, "completion_tokens": gen.num_output,
-            "total_tokens": gen.num_prompt + gen.num_output,
-            "prompt_tokens_details": {"cached_tokens": gen.num_cached}}
+def _usage(*gens: Generation) -> dict[str, Any]:
+    """Every prompt once, every sample's tokens."""
+    num_prompt = sum(g.num_prompt for g in gens)
+    num_output = sum(g.num_output for g in gens)
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_output,
+            "total_tokens": num_prompt + num_output,
+            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached for g in gens)}}
 
 
 @router.get("/v1/models")
@@ -50,12 +54,17 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Any:
+    """One prompt, or a list of them (text or token ids; choice p * n + i is prompt p's
+    sample i; a stream takes one prompt)."""
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, CompletionRequest), ctx)
     ctx.check_model(body.model)
-    prompt = body.prompt[0] if isinstance(body.prompt, list) and isinstance(
-        body.prompt[0], str) else body.prompt
-    ids = await ctx.encode(prompt)
+    prompts = body.prompt if isinstance(body.prompt, list) and isinstance(
+        body.prompt[0], (str, list)) else [body.prompt]
+    if body.stream and len(prompts) > 1:
+        raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
+                       "prompt")
+    all_ids = [await ctx.encode(p) for p in prompts]
     if body.max_tokens == 0 and not body.echo:
         raise ApiError(400, "max_tokens: 0 only with echo (the prompt's logprobs)",
                        "invalid_value", "max_tokens")
@@ -68,12 +77,19 @@ async def completions(request: Request) -> Any:
     # NOTE: max_tokens 0 finishes when the prompt's logprobs are in, asked for or not
     echo_k = (k if k is not None else 0 if body.max_tokens == 0 else None) if body.echo else None
     llama = is_llama_path(request)
-    gen = ctx.start(ids, sampling_or_400(
-        lambda m: body.sampling(m, num_samples, wanted, echo_k), n), llama)
-    head = _head(ctx, f"cmpl-{gen.uid}", "text_completion")
+    sampling = sampling_or_400(lambda m: body.sampling(m, num_samples, wanted, echo_k), n)
+    gens: list[Generation] = []
+    try:
+        for ids in all_ids:
+            gens.append(ctx.start(ids, sampling, llama))
+    except ApiError:
+        for gen in gens:
+            gen.close()
+        raise
+    head = _head(ctx, f"cmpl-{gens[0].uid}", "text_completion")
     pieces = Pieces(ctx.tokenizer)
-    echoed = (prompt if isinstance(prompt, str) else ctx.tokenizer.decode(ids)) if (
-        body.echo) else ""
+    echoed = [(p if isinstance(p, str) else ctx.tokenizer.decode(ids)) if body.echo else ""
+              for p, ids in zip(prompts, all_ids)]
 
     def choice(index: int, text: str, entries: list[Entry], reason: str | None,
                offset: int = 0) -> dict[str, Any]:
@@ -81,26 +97,30 @@ async def completions(request: Request) -> Any:
         return {"index": index, "text": text, "logprobs": lps, "finish_reason": reason}
 
     if body.stream:
+        ids = all_ids[0]
+
         def content(out: StepOutput, first: bool, offsets: dict[int, int]) -> dict[str, Any]:
             entries = [(out.token_id, out.logprobs)] if out.token_id is not None else []
             text = out.text_delta
             if first and body.echo:
-                entries, text = prompt_entries(ids, [out]) + entries, echoed + text
+                entries, text = prompt_entries(ids, [out]) + entries, echoed[0] + text
             offset = offsets.get(out.index, 0)
             offsets[out.index] = offset + sum(len(pieces(t)[0]) for t, _ in entries)
             return choice(out.index, text, entries, None, offset)
 
-        return _stream(ctx, gen, head, body.include_usage, llama, content,
+        return _stream(ctx, gens[0], head, body.include_usage, llama, content,
                        lambda index, reason: choice(index, "", [], reason), None,
                        always=k is not None or body.echo)
-    result = await gen.collect(request)
-    _raise_if_failed(result.finish_reason)
-    ctx.metrics.observe_finished(gen)
-    echo_entries = prompt_entries(ids, result.outputs) if body.echo else []
-    chosen = best(split(result.outputs, num_samples), body.n)
-    return {**head, "usage": _usage(gen), "choices": [
-        choice(i, echoed + s.text, echo_entries + s.entries, s.finish_reason)
-        for i, s in enumerate(chosen)]}
+    results = await asyncio.gather(*(gen.collect(request) for gen in gens))
+    choices = []
+    for p, (gen, ids, result) in enumerate(zip(gens, all_ids, results)):
+        _raise_if_failed(result.finish_reason)
+        ctx.metrics.observe_finished(gen)
+        echo_entries = prompt_entries(ids, result.outputs) if body.echo else []
+        chosen = best(split(result.outputs, num_samples), body.n)
+        choices += [choice(p * body.n + i, echoed[p] + s.text, echo_entries + s.entries,
+                           s.finish_reason) for i, s in enumerate(chosen)]
+    return {**head, "usage": _usage(*gens), "choices": choices}
 
 
 @router.post("/v1/chat/completions")

@@ -79,8 +79,8 @@ class OpenAISampling(Body):
 
 
 class CompletionRequest(OpenAISampling):
-    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[
-        list[str], Field(min_length=1, max_length=1)]
+    prompt: str | TokenIds | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] | (
+        Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
     max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0: with echo only (prompt scoring)
     echo: bool = False
     logprobs: NumLogprobs | None = None

@@ -48,7 +48,8 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
         {"best_of": 3, "stream": True}, {"echo": "yes"}, {"echo": 1}, {"max_tokens": 0},
         {"logprobs": 21}, {"logprobs": -1}, {"logprobs": True}, {"logprobs": "3"},
         {"logprobs": 2.5}, {"frequency_penalty": 2.5}, {"presence_penalty": -3},
-        {"repetition_penalty": 0}, {"prompt": ["a", "b"]}, {"suffix": "x"},
+        {"repetition_penalty": 0}, {"prompt": ["a"] * 17}, {"prompt": [[]]}, {"prompt": [[1], "a"]},
+        {"prompt": [[1, 2], [10**9]]}, {"prompt": ["a", "b"], "stream": True}, {"suffix": "x"},
         {"stream_options": {"include_usage": "yes"}})]
     chat = {"model": model, "messages": USER, "max_tokens": 2}
     bad += [("POST", CHAT, json.dumps({**chat, **c}).encode()) for c in (

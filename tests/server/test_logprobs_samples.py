@@ -70,6 +70,25 @@ def test_echo_with_max_tokens_0_scores_the_prompt_as_lm_eval_asks(
             assert max(top, key=top.get) == token
 
 
+def test_a_batch_of_token_prompts_scored_as_lm_eval_sends_it(
+        client: openai.OpenAI, server: Server) -> None:
+    """lm-eval's local-completions: a list of token-id prompts, echo, logprobs=1, max_tokens 0;
+    choice i is prompt i's, each as if sent alone."""
+    prompts = [_ids(server, PROMPT), _ids(server, STORY)]
+    args = dict(model=server.model, max_tokens=0, temperature=0, logprobs=1, echo=True)
+    r = client.completions.create(prompt=prompts, **args)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.prompt_tokens == sum(map(len, prompts)) and r.usage.completion_tokens == 0
+    for ids, c in zip(prompts, r.choices):
+        alone = client.completions.create(prompt=ids, **args).choices[0]
+        assert c.logprobs.token_logprobs == alone.logprobs.token_logprobs
+        assert len(c.logprobs.tokens) == len(ids) and c.text == alone.text
+    texts = client.completions.create(model=server.model, prompt=[PROMPT, STORY], n=2,
+                                      max_tokens=3, temperature=0)
+    assert [c.index for c in texts.choices] == [0, 1, 2, 3]
+    assert texts.choices[0].text == texts.choices[1].text != texts.choices[2].text
+
+
 def test_n_samples_each_as_its_own_seed_would_draw(client: openai.OpenAI,
                                                    server: Server) -> None:
     args = dict(model=server.model, prompt=STORY, max_tokens=5, temperature=1.0,
