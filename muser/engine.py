@@ -17,10 +17,10 @@ step, and the logits of those rows give each prompt token's logprob (muser/logpr
 
 from __future__ import annotations
 
-import threading
-import time
 import dataclasses
 import itertools
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple

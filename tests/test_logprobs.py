@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,6 @@ PARAMS = [  # one row each: the sampling transforms must not reach the logprobs
 
 
 def _rows(params: list[SamplingParams], k: int | None) -> list[SamplingRow]:
-    import dataclasses
-
     return [SamplingRow(dataclasses.replace(p, logprobs=k), 7 + i, 3, [5, 9, 9, 17],
                         [9, 17, 17]) for i, p in enumerate(params)]
 
@@ -96,8 +95,6 @@ def _run_together(llm: LLM, prompts: list[list[int]], params: list[SamplingParam
 
 
 def test_asking_for_logprobs_changes_no_token(llm: LLM) -> None:
-    import dataclasses
-
     prompts = [llm.encode(t) for t in ("The capital of France is", "def fib(n):",
                                        "Once upon a time", "1, 2, 3, 5, 8,")]
     params = [dataclasses.replace(p, max_tokens=12, ignore_eos=True) for p in PARAMS[1:5]]

@@ -75,7 +75,8 @@ def test_a_batch_of_token_prompts_scored_as_lm_eval_sends_it(
     """lm-eval's local-completions: a list of token-id prompts, echo, logprobs=1, max_tokens 0;
     choice i is prompt i's, each as if sent alone."""
     prompts = [_ids(server, PROMPT), _ids(server, STORY)]
-    args = dict(model=server.model, max_tokens=0, temperature=0, logprobs=1, echo=True)
+    args = {"model": server.model, "max_tokens": 0, "temperature": 0, "logprobs": 1,
+            "echo": True}
     r = client.completions.create(prompt=prompts, **args)
     assert [c.index for c in r.choices] == [0, 1]
     assert r.usage.prompt_tokens == sum(map(len, prompts)) and r.usage.completion_tokens == 0
@@ -91,8 +92,8 @@ def test_a_batch_of_token_prompts_scored_as_lm_eval_sends_it(
 
 def test_n_samples_each_as_its_own_seed_would_draw(client: openai.OpenAI,
                                                    server: Server) -> None:
-    args = dict(model=server.model, prompt=STORY, max_tokens=5, temperature=1.0,
-                extra_body=NO_EOS)
+    args = {"model": server.model, "prompt": STORY, "max_tokens": 5, "temperature": 1.0,
+            "extra_body": NO_EOS}
     r = client.completions.create(n=3, seed=41, **args)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert r.usage.prompt_tokens == len(_ids(server, STORY))  # the prompt counted once
@@ -108,8 +109,8 @@ def test_n_samples_each_as_its_own_seed_would_draw(client: openai.OpenAI,
 
 def test_best_of_keeps_the_samples_of_highest_mean_logprob(client: openai.OpenAI,
                                                            server: Server) -> None:
-    args = dict(model=server.model, prompt=STORY, max_tokens=5, temperature=1.0, seed=5,
-                extra_body=NO_EOS)
+    args = {"model": server.model, "prompt": STORY, "max_tokens": 5, "temperature": 1.0,
+            "seed": 5, "extra_body": NO_EOS}
     every = client.completions.create(n=4, logprobs=0, **args).choices
     mean = {c.text: sum(c.logprobs.token_logprobs) / 5 for c in every}
     kept = client.completions.create(n=2, best_of=4, **args)
