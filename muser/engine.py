@@ -220,7 +220,8 @@ class Engine:
         """Rows of prefill logits -> the logprobs of the prompt tokens they predict."""
         k = max(live.req.sampling.prompt_logprobs for live in lives)
         for live, lp in zip(lives, logprobs.token_logprobs(logits, token_ids, k)):
-            live.prompt_lps.append(Logprobs(lp.logprob, lp.top[:live.req.sampling.prompt_logprobs]))
+            top = lp.top[:live.req.sampling.prompt_logprobs]
+            live.prompt_lps.append(Logprobs(lp.logprob, top))
             live.next_prompt_lp += 1
 
     def _fork(self, live: _Live) -> list[_Live]:
