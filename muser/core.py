@@ -6,7 +6,9 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
+
+MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (OpenAI's bound)
 
 
 @dataclass(frozen=True)
@@ -22,16 +24,25 @@ class SamplingParams:
     # + presence * (count > 0); 0 = off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None
+    # llama.cpp's scope instead: presence and frequency count the last repeat_last_n ids of
+    # prompt + output, as its repeat penalty does
+    penalties_over_last_n: bool = False
+    seed: int | None = None  # sample i of n draws from seed + i
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     # llguidance grammar text (muser/grammar.py): tokens outside it are never chosen, and the
     # request ends when the grammar does; None = unconstrained
     grammar: str | None = None
+    # log-softmax of the raw logits (before penalties, filters and temperature): None = off, k =
+    # the chosen token's logprob and the k most likely tokens' (0 <= k <= MAX_LOGPROBS)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    n: int = 1  # samples of the prompt (prefilled once, its KV shared by the samples)
 
     def __post_init__(self) -> None:
         checks = [
-            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs is not None),
+             "max_tokens must be >= 1 (0 only with prompt logprobs)"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.top_k >= 0, "top_k must be >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
@@ -41,6 +52,11 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (all(self.stop), "stop strings must be non-empty"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"logprobs must be in [0, {MAX_LOGPROBS}]"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+             f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
+            (self.n >= 1, "n must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -78,6 +94,8 @@ class Request:
     first_token_s: float | None = None
     finish_s: float | None = None
     constraint: Any = None  # muser.grammar.Constraint when sampling.grammar is set (host state)
+    num_forks: int = 0  # samples still to fork from this one once its prompt is prefilled
+    max_chunk: int | None = None  # most prefill rows per step (None: the scheduler's chunk)
 
     @property
     def num_prompt(self) -> int:
@@ -104,6 +122,13 @@ class Request:
         return self.all_ids[start:start + n]
 
 
+class Logprobs(NamedTuple):
+    """One token's log-probability and the `k` most likely tokens' (id, logprob), best first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     uid: int
@@ -112,3 +137,8 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "cancelled"
     num_reused: int = 0  # prompt tokens the request found in the prefix cache
+    logprobs: Logprobs | None = None  # of token_id, when the request asks
+    # with prompt logprobs, in the request's first output: prompt tokens 1.. in order
+    prompt_logprobs: tuple[Logprobs, ...] | None = None
+    index: int = 0  # which of the request's n samples
+    ends_request: bool = True  # finished, and no other sample of the request is still going

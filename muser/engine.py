@@ -4,27 +4,41 @@ One step: newly admitted requests get a sequence (starting after their longest c
 with the prefix cache) -> the scheduler's batch (decode rows first, then prefill rows;
 preempted sequences' KV dropped as they are chosen) -> one runner forward -> the tokens of
 every sequence whose rows are all computed, chosen together on the device (one copy to the
-host) -> text, stops, finishes."""
+host) -> text, stops, finishes.
+
+n samples of one prompt (SamplingParams.n): the request is prefilled once; when its first
+token is due, n - 1 sequences fork from it (muser/runner.py: its full pages shared by
+reference, its partial page and sliding rings copied), the scheduler having kept their seats
+since it admitted the request. Sample i draws from seed + i; every sample's outputs carry the
+request's uid and index i. A fork that finds no free page prefills the prompt on its own.
+
+Prompt logprobs: the request is prefilled without its cached prefix, at most ECHO_ROWS rows per
+step, and the logits of those rows give each prompt token's logprob (muser/logprobs.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from muser.core import Request, SamplingParams, Status, StepOutput
+from muser import logprobs
+from muser.core import Logprobs, Request, SamplingParams, Status, StepOutput
 from muser.disagg.client import RemotePrefill, Result
 from muser.disagg.snapshot import install
 from muser.errors import MuserError
 from muser.grammar import GrammarMasks
 from muser.kvcache.pages import OutOfPages
 from muser.runner import Runner, SeqState
-from muser.sampler import BatchSampler, SamplingRow, request_seed
+from muser.sampler import BatchSampler, Choice, SamplingRow, request_seed
 from muser.scheduler import Scheduler
 from muser.stopping import StopMatcher
 from muser.tokenizer import IncrementalDecoder, Tokenizer
+
+ECHO_ROWS = 64  # prefill rows per step of a request that wants prompt logprobs
 
 
 class PromptError(MuserError, ValueError):
@@ -49,6 +63,10 @@ class _Live:
     seed: int
     detok: IncrementalDecoder
     stops: StopMatcher
+    uid: int  # the uid its outputs carry (a fork's: its request's)
+    index: int = 0  # which sample of its request
+    next_prompt_lp: int = 1  # the next prompt position whose logprob is due
+    prompt_lps: list[Logprobs] = field(default_factory=list)  # not yet sent
 
 
 class SlotInfo(NamedTuple):
@@ -71,6 +89,8 @@ class Engine:
         self._woken = threading.Event()
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
         self._arrived: list[Result] = []  # remote prefills done, not yet installed
+        self.forks: dict[int, list[int]] = {}  # a request's uid -> its forks' engine uids
+        self._fork_uids = itertools.count(-1, -1)  # NOTE: negative: callers number from 0
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
                      uid: int | None = None) -> Request:
@@ -87,16 +107,23 @@ class Engine:
     def add(self, req: Request) -> None:
         """Queue a request made by make_request (a prompt with many tokens not cached here
         goes to a prefill worker when there are any); raises scheduler.QueueFull."""
-        remote = self.remote is not None and self.remote.wants(self._uncached(req.prompt_ids))
+        p = req.sampling
+        if p.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"n = {p.n} samples need as many sequence slots; the engine has "
+                             f"{self.scheduler.max_num_seqs}")
+        req.num_forks = p.n - 1
+        if p.prompt_logprobs is not None:
+            req.max_chunk = ECHO_ROWS
+        # NOTE: forks and prompt logprobs need the prompt's logits and KV here
+        remote = (self.remote is not None and self.remote.wants(self._uncached(req.prompt_ids))
+                  and p.n == 1 and p.prompt_logprobs is None)
         if remote:
             req.status = Status.REMOTE
         else:
             self.scheduler.add(req)
             if self.remote is not None:
                 self.remote.count_local()
-        self.live[req.uid] = _Live(req, None, request_seed(req.sampling),
-                                   IncrementalDecoder(self.tokenizer),
-                                   StopMatcher(req.sampling.stop))
+        self.live[req.uid] = self._new_live(req, request_seed(p), req.uid)
         if remote:
             self.remote.start(req.uid, req.prompt_ids)
 
@@ -104,6 +131,9 @@ class Engine:
         """Tokens of the prompt a local prefill would compute (after a prefix-cache hit)."""
         prefix = self.runner.prefix
         return len(prompt_ids) - (prefix.cached_tokens(prompt_ids) if prefix is not None else 0)
+    def _new_live(self, req: Request, seed: int, uid: int, index: int = 0) -> _Live:
+        return _Live(req, None, seed, IncrementalDecoder(self.tokenizer),
+                     StopMatcher(req.sampling.stop), uid, index)
 
     def add_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
         """Queue a request; raises PromptError or scheduler.QueueFull."""
@@ -113,18 +143,20 @@ class Engine:
 
     def slots(self) -> list[SlotInfo]:
         """Host-side view of every live request, for /slots and metrics."""
-        return [SlotInfo(live.req.uid, live.seq.slot if live.seq else None, live.req.status.value,
+        return [SlotInfo(live.uid, live.seq.slot if live.seq else None, live.req.status.value,
                          live.req.num_prompt, live.req.num_cached, len(live.req.output_ids))
                 for live in self.live.values()]
 
     def abort(self, uid: int) -> StepOutput | None:
-        """Cancel a request and free its sequence and KV at once."""
-        if uid not in self.live:
+        """Cancel a request (every sample of it) and free its sequences and KV at once."""
+        lives = [self.live[u] for u in [uid, *self.forks.pop(uid, [])] if u in self.live]
+        if not lives:
             return None
-        if self.live[uid].req.status == Status.REMOTE and self.remote is not None:
-            self.remote.cancel(uid)
-        self._release(self.live[uid], "cancelled")
-        return StepOutput(uid, None, "", True, "cancelled")
+        for live in lives:
+            if live.req.status == Status.REMOTE and self.remote is not None:
+                self.remote.cancel(live.req.uid)
+            self._release(live, "cancelled")
+        return StepOutput(lives[0].uid, None, "", True, "cancelled")
 
     @property
     def has_work(self) -> bool:
@@ -138,7 +170,8 @@ class Engine:
         outputs = self._install_arrived() if self.remote is not None else []
         for req in self.scheduler.admit():
             live = self.live[req.uid]
-            live.seq = self.runner.allocate(req.all_ids)
+            echo = req.sampling.prompt_logprobs is not None
+            live.seq = self.runner.allocate(None if echo else req.all_ids)
             req.num_cached = live.seq.num_cached
             if not req.output_ids:
                 req.num_reused = req.num_cached
@@ -148,7 +181,15 @@ class Engine:
         lives = [self.live[r.uid] for r in batch.reqs]
         inputs = [r.next_rows(n) for r, n in zip(batch.reqs, batch.num_tokens)]
         done, rows, flat = [], [], 0
+        echo_rows, echo_ids, echo_lives = [], [], []  # rows whose next token is a prompt's
         for live, ids in zip(lives, inputs):
+            start = live.req.num_cached
+            if live.req.sampling.prompt_logprobs is not None:
+                for pos in range(max(start, live.next_prompt_lp - 1),
+                                 min(start + len(ids), live.req.num_prompt - 1)):
+                    echo_rows.append(flat + pos - start)
+                    echo_ids.append(live.req.prompt_ids[pos + 1])
+                    echo_lives.append(live)
             flat += len(ids)
             live.req.num_cached += len(ids)
             if live.req.num_pending == 0:  # every row computed: the next token is due
@@ -156,13 +197,65 @@ class Engine:
                 rows.append(flat - 1)
         # NOTE: every sequence done (a decode step): each one's last row, the runner's default;
         # none done: still one row (never read)
+        all_done = len(done) == len(lives) and not echo_rows
         logits = self.runner.forward([live.seq for live in lives], inputs,
-                                     logit_rows=None if len(done) == len(lives) else
-                                     rows or [flat - 1])
+                                     logit_rows=None if all_done else
+                                     rows + echo_rows or [flat - 1])
+        if echo_rows:
+            self._prompt_logprobs(logits[len(rows):], echo_ids, echo_lives)
         if not done:
             return outputs
-        tokens = self._sample(logits, done)
-        return outputs + [self._emit(live, token) for live, token in zip(done, tokens)]
+        sample_rows = list(range(len(done)))
+        for i, live in enumerate(list(done)):
+            if live.req.num_forks:
+                forks = self._fork(live)
+                done += forks
+                sample_rows += [i] * len(forks)
+        for live in [live for live in done if live.req.sampling.max_tokens == 0]:
+            outputs.append(self._finish(live, None, "", "length"))
+        chosen = [(live, row) for live, row in zip(done, sample_rows)
+                  if live.req.sampling.max_tokens]
+        if not chosen:
+            return outputs
+        picked = [row for _, row in chosen]
+        if picked != list(range(len(chosen))):
+            logits = logits[picked]
+        tokens, lps = self._sample(logits[:len(chosen)], [live for live, _ in chosen])
+        return outputs + [self._emit(live, token, lp)
+                          for (live, _), token, lp in zip(chosen, tokens, lps)]
+
+    def _prompt_logprobs(self, logits, token_ids: list[int], lives: list[_Live]) -> None:
+        """Rows of prefill logits -> the logprobs of the prompt tokens they predict."""
+        k = max(live.req.sampling.prompt_logprobs for live in lives)
+        for live, lp in zip(lives, logprobs.token_logprobs(logits, token_ids, k)):
+            top = lp.top[:live.req.sampling.prompt_logprobs]
+            live.prompt_lps.append(Logprobs(lp.logprob, top))
+            live.next_prompt_lp += 1
+
+    def _fork(self, live: _Live) -> list[_Live]:
+        """The request's other n - 1 samples, as sequences forked from its prefilled prompt
+        (each admitted to decode); one without a free page waits to prefill on its own."""
+        req, forks = live.req, []
+        params = dataclasses.replace(req.sampling, n=1)
+        for index in range(req.sampling.n - req.num_forks, req.sampling.n):
+            child = Request(req.prompt_ids, params, uid=next(self._fork_uids))
+            if params.grammar is not None:  # NOTE: each sample walks its own grammar
+                child.constraint = self.grammars.compile(params.grammar)
+            fork = self._new_live(child, live.seed + index, live.uid, index)
+            fork.next_prompt_lp = req.num_prompt  # NOTE: the prompt's are the first sample's
+            self.live[child.uid] = fork
+            self.forks.setdefault(live.uid, []).append(child.uid)
+            try:
+                fork.seq = self.runner.fork(live.seq)
+            except (OutOfPages, RuntimeError):
+                self.scheduler.release_seat(req)
+                self.scheduler.add(child, first=True)
+                continue
+            child.num_cached = fork.seq.num_cached
+            self.scheduler.release_seat(req)
+            self.scheduler.add_prefilled(child)
+            forks.append(fork)
+        return forks
 
     def _install_arrived(self) -> list[StepOutput]:
         """Verified remote prefills -> sequences admitted for decode (their first token chosen
@@ -178,7 +271,7 @@ class Engine:
                 live.req.status = Status.WAITING
                 self.scheduler.add(live.req)
                 continue
-            if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+            if self.scheduler.num_seats >= self.scheduler.max_num_seqs:
                 waiting.append(result)
                 continue
             try:
@@ -189,7 +282,8 @@ class Engine:
             live.req.num_cached = result.snapshot.num_tokens
             self.scheduler.add_prefilled(live.req)
             logits = result.snapshot.logits[None].to(self.runner.device)
-            outputs.append(self._emit(live, self._sample(logits, [live])[0]))
+            tokens, lps = self._sample(logits, [live])
+            outputs.append(self._emit(live, tokens[0], lps[0]))
         self._arrived = waiting
         return outputs
 
@@ -201,25 +295,28 @@ class Engine:
         live.seq = None
         return self.runner.pages.num_free - before
 
-    def _sample(self, logits, lives: list[_Live]) -> list[int]:
-        """One token per live row of logits [len(lives), vocab]. NOTE: called after the
-        forward pass is launched: on a GPU the constrained rows' masks are computed on the host
-        while it runs."""
+    def _sample(self, logits, lives: list[_Live]) -> Choice:
+        """One token (and its logprobs, where asked) per live row of logits [len(lives),
+        vocab]. NOTE: called after the forward pass is launched: on a GPU the constrained rows'
+        masks are computed on the host while it runs."""
         bitmask = self.grammars.masks([live.req.constraint for live in lives])
-        return self.sampler(logits, [self._row(live) for live in lives], bitmask)
+        return self.sampler.choose(logits, [self._row(live) for live in lives], bitmask)
 
     @staticmethod
     def _row(live: _Live) -> SamplingRow:
         req, p = live.req, live.req.sampling
         history = req.all_ids if p.repeat_penalty != 1.0 and p.repeat_last_n else []
-        outputs = req.output_ids if p.presence_penalty or p.frequency_penalty else []
+        outputs = []
+        if p.presence_penalty or p.frequency_penalty:
+            outputs = req.output_ids if not p.penalties_over_last_n else (
+                req.all_ids[-p.repeat_last_n:] if p.repeat_last_n else [])
         return SamplingRow(p, live.seed, len(req.output_ids), history, outputs)
 
     def run(self, req: Request) -> Iterator[StepOutput]:
-        """Drive the engine until `req` finishes, yielding its outputs as they are produced.
-        Closing the iterator early cancels the request."""
+        """Drive the engine until `req` (each of its samples) finishes, yielding its outputs as
+        they are produced. Closing the iterator early cancels the request."""
         try:
-            while req.status != Status.FINISHED:
+            while req.status != Status.FINISHED or self._going(req.uid):
                 if not self.has_work:  # NOTE: only remote prefills in flight: wait for one
                     self._woken.wait(0.05)
                     self._woken.clear()
@@ -229,7 +326,7 @@ class Engine:
         finally:
             self.abort(req.uid)
 
-    def _emit(self, live: _Live, token: int) -> StepOutput:
+    def _emit(self, live: _Live, token: int, lp: Logprobs | None = None) -> StepOutput:
         req, p = live.req, live.req.sampling
         now = time.perf_counter()
         req.first_token_s = req.first_token_s or now
@@ -244,16 +341,31 @@ class Engine:
         if hit_stop or ended:
             if ended:
                 text += live.stops.push(live.detok.flush())[0] + live.stops.flush()
-            return self._finish(live, token, text, "stop")
+            return self._finish(live, token, text, "stop", lp)
         if len(req.output_ids) >= p.max_tokens or req.num_cached + 1 >= self.max_model_len:
             text += live.stops.push(live.detok.flush())[0] + live.stops.flush()
-            return self._finish(live, token, text, "length")
-        return StepOutput(req.uid, token, text, False, num_reused=req.num_reused)
+            return self._finish(live, token, text, "length", lp)
+        return self._output(live, token, text, False, None, lp)
 
-    def _finish(self, live: _Live, token: int | None, text: str, reason: str) -> StepOutput:
+    def _finish(self, live: _Live, token: int | None, text: str, reason: str,
+                lp: Logprobs | None = None) -> StepOutput:
         live.req.finish_s = time.perf_counter()
         self._release(live, reason)
-        return StepOutput(live.req.uid, token, text, True, reason, live.req.num_reused)
+        return self._output(live, token, text, True, reason, lp)
+
+    def _output(self, live: _Live, token: int | None, text: str, finished: bool,
+                reason: str | None, lp: Logprobs | None) -> StepOutput:
+        prompt_lps = None
+        if live.req.sampling.prompt_logprobs is not None and live.index == 0 and (
+                live.next_prompt_lp >= live.req.num_prompt):
+            prompt_lps, live.prompt_lps = tuple(live.prompt_lps), []
+            live.next_prompt_lp = live.req.num_prompt + 1  # NOTE: sent once
+        return StepOutput(live.uid, token, text, finished, reason, live.req.num_reused, lp,
+                          prompt_lps or None, live.index, finished and not self._going(live.uid))
+
+    def _going(self, uid: int) -> bool:
+        """Whether a sample of request `uid` is still live."""
+        return uid in self.live or any(u in self.live for u in self.forks.get(uid, ()))
 
     def _release(self, live: _Live, reason: str) -> None:
         live.req.finish_reason = live.req.finish_reason or reason
@@ -263,3 +375,7 @@ class Engine:
             self.runner.free(live.seq)
             live.seq = None
         self.live.pop(live.req.uid, None)
+        forks = self.forks.get(live.uid)
+        if forks is not None and live.uid not in self.live and not any(
+                uid in self.live for uid in forks):
+            del self.forks[live.uid]

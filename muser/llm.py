@@ -102,10 +102,13 @@ class LLM:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams) -> Iterator[StepOutput]:
-        """Yield StepOutputs as tokens are produced."""
+        """Yield StepOutputs as tokens are produced (with n samples, each output's `index`
+        says whose)."""
         return self.engine.run(self.engine.add_request(self.encode(prompt), sampling))
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams) -> Completion:
+        if sampling.n != 1:
+            raise ValueError("generate returns one completion: use stream for n samples")
         req = self.engine.add_request(self.encode(prompt), sampling)
         text = "".join(out.text_delta for out in self.engine.run(req))
         return Completion.of(req, text)

@@ -153,6 +153,22 @@ class Runner:
             self.prefix.restore(seq, token_ids)
         return seq
 
+    def fork(self, seq: SeqState) -> SeqState:
+        """A new sequence in a free slot holding what `seq` holds: its full pages shared by
+        reference (read-only: a sequence only appends), its partial last page and its sliding
+        rings copied. Raises RuntimeError (no free slot) or OutOfPages, taking nothing."""
+        if not self.free_slots:
+            raise RuntimeError("no free sequence slot")
+        full = seq.num_cached // self.engine.page_size
+        tail = self.pages.allocate(1) if seq.num_cached % self.engine.page_size else []
+        slot = self.free_slots.pop()
+        shared = seq.page_ids[:full]
+        self.pages.share(shared)
+        self.pool.copy_slot(seq.slot, slot, seq.page_ids[full] if tail else None,
+                            tail[0] if tail else None)
+        return SeqState(slot, seq.ring, seq.num_cached, shared + tail, list(seq.token_ids),
+                        list(seq.keys))
+
     def free(self, seq: SeqState) -> None:
         """Release the sequence's slot and pages (with the prefix cache: its pages stay cached
         and its state at its end is checkpointed first)."""

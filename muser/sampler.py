@@ -2,7 +2,8 @@
 temperature and seeded draws, vectorized over rows with per-row parameters.
 
 The logits [B, vocab] never leave the device. The host uploads small per-row tables (parameters,
-recent ids), and the B chosen ids come back in one device->host copy.
+recent ids), and the B chosen ids come back in one device->host copy, with the logprobs of the
+rows that ask for them (muser/logprobs.py: of the raw logits, before any step below).
 
 Per row, in this order (the order of the per-request sampler this replaced):
 0. a grammar's mask (muser/grammar.py), for the rows that have one: logits of the tokens it
@@ -10,7 +11,8 @@ Per row, in this order (the order of the per-request sampler this replaced):
 1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
    are divided by the penalty when positive, multiplied by it otherwise; then OpenAI's presence
    and frequency penalties over the tokens generated so far: logit -= frequency * count +
-   presence * (count > 0). Greedy rows get them too.
+   presence * (count > 0) (with penalties_over_last_n, llama.cpp's: counts over the same last
+   repeat_last_n ids as the repetition penalty). Greedy rows get them too.
 2. temperature 0 is greedy: torch.argmax of the row, the first index on ties.
 3. filters at temperature 1: top-k keeps the k best logits (torch.topk's k); top-p keeps the
    shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
@@ -43,7 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from muser.core import SamplingParams
+from muser import logprobs
+from muser.core import Logprobs, SamplingParams
 from muser.grammar import Bitmask
 
 
@@ -55,7 +58,7 @@ class SamplingRow:
     seed: int  # request_seed(params), drawn once per request
     draw: int  # how many tokens the request has drawn before (0 for the first)
     history: list[int]  # prompt + output ids so far; only the last repeat_last_n are read
-    outputs: list[int] = field(default_factory=list)  # generated ids (presence/frequency)
+    outputs: list[int] = field(default_factory=list)  # ids presence/frequency count
 
 
 def request_seed(params: SamplingParams) -> int:
@@ -72,6 +75,11 @@ class Candidates(NamedTuple):
     keep: torch.Tensor  # [B, W] bool
 
 
+class Choice(NamedTuple):
+    tokens: list[int]
+    logprobs: list[Logprobs | None]  # per row, None where its params ask for none
+
+
 class BatchSampler:
     """Chooses one token per row of a step's logits; see the module docstring for the rules."""
 
@@ -82,16 +90,30 @@ class BatchSampler:
                  bitmask: Bitmask | None = None) -> list[int]:
         """logits [B, vocab] float32 on the device (row b belongs to rows[b]); bitmask: the
         allowed tokens of the constrained rows -> B token ids, with one device->host copy."""
-        if bitmask is not None:
-            logits = self.constrain(logits, bitmask)
+        return self.choose(logits, rows, bitmask).tokens
+
+    def choose(self, logits: torch.Tensor, rows: list[SamplingRow],
+               bitmask: Bitmask | None = None) -> Choice:
+        """As __call__, and each row's logprobs (muser/logprobs.py: of the raw logits, before
+        the grammar's mask too, so asking for them changes no token) in the same copy."""
+        tokens = self._tokens(self.constrain(logits, bitmask) if bitmask is not None else logits,
+                              rows)
+        ks = [row.params.logprobs for row in rows]
+        if all(k is None for k in ks):
+            return Choice(tokens.tolist(), [None] * len(rows))
+        return Choice(*logprobs.unpack(
+            logprobs.pack(logits, tokens, max(k or 0 for k in ks)).cpu(), ks))
+
+    def _tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """[B, vocab] -> [B] int64 chosen ids on the device."""
         logits = self.penalize(logits, rows)
         greedy = [row.params.is_greedy for row in rows]
         if all(greedy):
-            return logits.argmax(-1).tolist()
+            return logits.argmax(-1)
         tokens = self.sample(logits, rows)
         if any(greedy):
             tokens = torch.where(self._upload(greedy, torch.bool), logits.argmax(-1), tokens)
-        return tokens.tolist()
+        return tokens
 
     def constrain(self, logits: torch.Tensor, bitmask: Bitmask) -> torch.Tensor:
         """[B, vocab] -> the logits with -inf wherever a constrained row's mask bit is clear

@@ -14,6 +14,9 @@ When the decode rows need more pages than are free, the newest running sequence 
 (its KV dropped; it waits at the head of the queue and is recomputed from its prompt and
 outputs when pages free up). A prompt whose chunk finds no free page waits.
 
+A request that will fork into n samples once prefilled (`num_forks` = n - 1) is admitted only
+when that many more sequence places are free, and keeps them (its seats) until it forks.
+
 A request admitted with a cached prefix (`num_cached` > 0 before its first step, set by the
 engine between `admit()` and `schedule()`) holds the pages of those rows already; pages shared
 with other sequences are not given back by its preemption, so the engine's `preempt` hook
@@ -94,15 +97,29 @@ class Scheduler:
         self.running: list[Request] = []
         self.stats = SchedulerStats()
 
-    def add(self, req: Request) -> None:
+    def add(self, req: Request, first: bool = False) -> None:
+        """Queue a request (first: at the head of the queue, past its bound)."""
+        if first:
+            self.waiting.appendleft(req)
+            return
         if self.is_full:
             raise QueueFull(f"{len(self.waiting)} requests already waiting")
         self.waiting.append(req)
 
+    @property
+    def num_seats(self) -> int:
+        """Sequence places taken: running requests and the forks they will make."""
+        return len(self.running) + sum(r.num_forks for r in self.running)
+
+    def release_seat(self, req: Request) -> None:
+        """One of `req`'s forks is made (its seat goes to it, or back to the pool)."""
+        req.num_forks -= 1
+
     def add_prefilled(self, req: Request) -> None:
-        """A request whose prompt is in the cache already (prefilled elsewhere) joins the
-        running sequences, its next row a decode row. The caller checks there is room."""
-        if len(self.running) >= self.max_num_seqs:
+        """A request whose prompt is in the cache already (prefilled elsewhere, or forked)
+        joins the running sequences, its next row a decode row. The caller checks there is
+        room."""
+        if self.num_seats >= self.max_num_seqs:
             raise QueueFull(f"{self.max_num_seqs} sequences already running")
         req.status = Status.DECODE
         self.running.append(req)
@@ -158,7 +175,8 @@ class Scheduler:
             for req in self.prefilling:
                 if room <= 0:
                     break
-                n = pages.fit(req, min(req.num_pending, self.prefill_chunk, room))
+                n = pages.fit(req, min(req.num_pending, self.prefill_chunk, room,
+                                       req.max_chunk or room))
                 if n:
                     reqs.append(req)
                     rows.append(n)
@@ -184,7 +202,8 @@ class Scheduler:
         """Move waiting requests into free sequence places -> those admitted (schedule() admits
         too; a caller that places cached prefixes admits first)."""
         admitted = []
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting and self.num_seats + 1 + self.waiting[0].num_forks <= (
+                self.max_num_seqs):
             req = self.waiting.popleft()
             req.status = Status.PREFILL
             self.running.append(req)

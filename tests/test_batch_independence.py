@@ -24,8 +24,11 @@ class _Recorder:
         self.sampler, self.last = sampler, None
 
     def __call__(self, logits: torch.Tensor, rows: list, bitmask=None) -> list[int]:
+        return self.choose(logits, rows, bitmask).tokens
+
+    def choose(self, logits: torch.Tensor, rows: list, bitmask=None):
         self.last = logits.float().cpu().clone()
-        return self.sampler(logits, rows, bitmask)
+        return self.sampler.choose(logits, rows, bitmask)
 
 
 def _add(engine: Engine, ids: list[int]) -> int:

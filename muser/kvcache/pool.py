@@ -43,6 +43,13 @@ class KVPool:
         self._rows = [tuple(t.flatten(0, 1) for t in self.layer(i))
                       for i in range(len(self._kinds))]
 
+    def copy_slot(self, src: int, dst: int, src_page: int | None, dst_page: int | None) -> None:
+        """Slot `dst`'s rings := slot `src`'s (and page `dst_page` := page `src_page` in every
+        full layer): a forked sequence's own copy of what it may overwrite."""
+        self.rings[:, :, dst].copy_(self.rings[:, :, src])
+        if src_page is not None:
+            self.pages[:, :, dst_page].copy_(self.pages[:, :, src_page])
+
     @property
     def num_pages(self) -> int:
         return self.pages.shape[2]

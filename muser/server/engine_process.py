@@ -8,10 +8,11 @@ the EngineLoop; the server keeps the tokenizer and talks to the child over two p
     server -> child   ("add", uid, prompt_ids, sampling) | ("abort", uid) | ("stop",)
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
                       ("step", [(uid, token_id, text_delta, finished, finish_reason,
-                      num_reused)...],
+                      num_reused, logprobs, prompt_logprobs, index, ends_request)...],
                       LoopStats | (steps per kind, rows per work class, preemptions))
 
-Outputs travel as plain tuples (a few us to pickle per step), and so do the step counters, every
+Outputs travel as plain tuples (a few us to pickle per step; logprobs as nested tuples of floats
+and ids, only for requests that ask), and so do the step counters, every
 step; the whole LoopStats snapshot (slots, pages...) rides along when a request produced its
 first output, finished or left, and otherwise at most every STATS_INTERVAL_S. The child ignores
 SIGINT (the server decides when it stops) and exits when its pipe from the server closes, so it
@@ -202,7 +203,8 @@ class EngineProcess:
 
     def _deliver(self, out: StepOutput) -> None:
         with self._lock:
-            sink = self._sinks.pop(out.uid, None) if out.finished else self._sinks.get(out.uid)
+            sink = (self._sinks.pop(out.uid, None) if out.finished and out.ends_request
+                    else self._sinks.get(out.uid))
         if sink is not None:
             _call(sink, out)
 
@@ -295,8 +297,9 @@ class _PipeLoop(EngineLoop):
     def on_output(self, out: StepOutput) -> None:
         """The sink of every request (called on the loop thread)."""
         self._pending.append((out.uid, out.token_id, out.text_delta, out.finished,
-                              out.finish_reason, out.num_reused))
-        if out.finished:
+                              out.finish_reason, out.num_reused, out.logprobs,
+                              out.prompt_logprobs, out.index, out.ends_request))
+        if out.finished and out.ends_request:
             self._stats_due = True
             self._seen.discard(out.uid)
         elif out.uid not in self._seen:

@@ -1,4 +1,5 @@
-"""Generation: one request's StepOutputs as an async iterator; leaving early aborts it."""
+"""Generation: one request's StepOutputs (of each of its n samples) as an async iterator;
+leaving early aborts it."""
 
 from __future__ import annotations
 
@@ -56,9 +57,18 @@ def mailbox(aloop: asyncio.AbstractEventLoop) -> Mailbox:
 
 @dataclass(slots=True)
 class Result:
-    text: str
-    num_output: int
+    text: str  # sample 0's
+    num_output: int  # tokens of every sample
     finish_reason: str
+    outputs: list[StepOutput]  # every output, of every sample, in order
+
+
+def samples(outputs: list[StepOutput], n: int) -> list[list[StepOutput]]:
+    """A request's outputs -> each sample's, by index."""
+    by_index: list[list[StepOutput]] = [[] for _ in range(n)]
+    for out in outputs:
+        by_index[out.index].append(out)
+    return by_index
 
 
 class Generation:
@@ -67,9 +77,11 @@ class Generation:
         """Submits at once; raises PromptError or QueueFull."""
         self.loop, self.metrics = loop, metrics
         self.num_prompt = len(prompt_ids)
-        self.num_output = 0
+        self.n = sampling.n
+        self.num_output = 0  # tokens of every sample
         self.num_cached = 0  # prompt tokens found in the prefix cache
-        self.finish_reason: str | None = None
+        self.finish_reason: str | None = None  # set when the request (every sample) ends
+        self.reasons: dict[int, str] = {}  # each finished sample's
         self.last: StepOutput | None = None
         self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
         box = mailbox(asyncio.get_running_loop())
@@ -90,7 +102,7 @@ class Generation:
 
     async def collect(self, http: HttpRequest) -> Result:
         """Wait for the whole text; abort if the client goes away meanwhile."""
-        parts = []
+        parts, outputs = [], []
         next_check = time.monotonic() + _DISCONNECT_POLL_S
         try:
             while self.finish_reason is None:
@@ -100,14 +112,16 @@ class Generation:
                     out = None
                 if out is not None:
                     self._account(out)
-                    parts.append(out.text_delta)
+                    outputs.append(out)
+                    if out.index == 0:
+                        parts.append(out.text_delta)
                 if time.monotonic() >= next_check:
                     if await http.is_disconnected():
                         break
                     next_check = time.monotonic() + _DISCONNECT_POLL_S
         finally:
             self.close()
-        return Result("".join(parts), self.num_output, self.finish_reason or "cancelled")
+        return Result("".join(parts), self.num_output, self.finish_reason or "cancelled", outputs)
 
     def timings(self) -> dict[str, float]:
         """llama.cpp-style timings: prompt (to the first token) and generation, in ms."""
@@ -136,6 +150,8 @@ class Generation:
             self.metrics.tokens_out.inc()
             self._last = now
         if out.finished:
+            self.reasons[out.index] = out.finish_reason
+        if out.finished and (out.ends_request or out.finish_reason in ("cancelled", "error")):
             self.finish_reason = out.finish_reason
             if self._first is not None and self.num_output > 1:
                 self.metrics.tpot.observe((self._last - self._first) / (self.num_output - 1))

@@ -12,9 +12,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from muser.core import SamplingParams
+from muser.server import logprob_shapes
 from muser.server.context import ServerContext, collect_outputs, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
+from muser.server.logprob_shapes import Pieces
 from muser.server.openai_routes import sse
 from muser.server.protocol import (
     ApplyTemplateRequest,
@@ -112,7 +114,8 @@ async def completion(request: Request) -> Any:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
     samplings = [await with_grammar(body, sampling_or_400(
-        body.sampling, ctx.n_predict(body.num_predict, len(ids)))) for ids in prompts]
+        lambda m: body.sampling(m, ctx.max_model_len), ctx.n_predict(body.num_predict, len(ids))))
+        for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):
@@ -130,8 +133,11 @@ async def completion(request: Request) -> Any:
             raise ApiError(500, f"generation {gen.finish_reason}", gen.finish_reason)
         text = "".join(o.text_delta for o in out)
         tokens = [o.token_id for o in out if o.token_id is not None]
+        probs = {"completion_probabilities": logprob_shapes.llama(
+            Pieces(ctx.tokenizer), [(o.token_id, o.logprobs) for o in out
+                                    if o.token_id is not None])} if body.n_probs else {}
         result = {"index": i, "content": text, "tokens": tokens if body.return_tokens else [],
-                  **_final(ctx, body, gen, ids, sampling, text, tokens)}
+                  **probs, **_final(ctx, body, gen, ids, sampling, text, tokens)}
         results.append(pick_fields(result, body.response_fields) if body.response_fields
                        else result)
     return results[0] if len(results) == 1 else results
@@ -152,9 +158,10 @@ async def _encode(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
 
 async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
                   prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[str]:
-    """Every token in a `stop: false` chunk, then one `stop: true` chunk with the final fields
-    and no content (llama-server's framing)."""
+    """Every token in a `stop: false` chunk (with n_probs, its completion_probabilities), then
+    one `stop: true` chunk with the final fields and no content (llama-server's framing)."""
     parts, tokens = [], []
+    pieces = Pieces(ctx.tokenizer)
     async for out in gen.outputs():
         if out.finish_reason in ("error", "cancelled"):
             yield sse(ApiError(500, f"generation {out.finish_reason}").body())
@@ -163,8 +170,10 @@ async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generat
         parts.append(out.text_delta)
         tokens += ids
         if ids or out.text_delta:
+            probs = {"completion_probabilities": logprob_shapes.llama(
+                pieces, [(i, out.logprobs) for i in ids])} if body.n_probs else {}
             yield sse({"index": 0, "content": out.text_delta, "tokens": ids, "stop": False,
-                       "id_slot": -1})
+                       "id_slot": -1, **probs})
     text = "".join(parts)
     yield sse({"index": 0, "content": "", "tokens": [],
                **_final(ctx, body, gen, prompt_ids, sampling, text, tokens)})
@@ -197,8 +206,10 @@ def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,
             sampling.seed, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
             "stop": list(sampling.stop), "ignore_eos": sampling.ignore_eos,
-            "logit_bias": [{"token": t, "bias": None} for t in eog], "n_probs": 0,
+            "logit_bias": [{"token": t, "bias": None} for t in eog], "n_probs": body.n_probs,
             "stream": body.stream, "cache_prompt": body.cache_prompt}
 
 

@@ -123,7 +123,8 @@ class EngineLoop:
     def _deliver(self, out: StepOutput | None) -> None:
         if out is None:
             return
-        sink = self._sinks.pop(out.uid, None) if out.finished else self._sinks.get(out.uid)
+        sink = (self._sinks.pop(out.uid, None) if out.finished and out.ends_request
+                else self._sinks.get(out.uid))
         if sink is not None:
             try:
                 sink(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -10,12 +11,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from muser.core import StepOutput
+from muser.server import logprob_shapes
 from muser.server.context import ServerContext, is_llama_path, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
+from muser.server.logprob_shapes import Entry, Pieces
 from muser.server.protocol import ChatRequest, CompletionRequest
 from muser.server.results import timings
 from muser.server.structured import with_grammar
+from muser.server.samples import best, check_samples, prompt_entries, split
 
 router = APIRouter()
 
@@ -31,10 +36,13 @@ def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 
 
-def _usage(gen: Generation) -> dict[str, Any]:
-    return {"prompt_tokens": gen.num_prompt, "completion_tokens": gen.num_output,
-            "total_tokens": gen.num_prompt + gen.num_output,
-            "prompt_tokens_details": {"cached_tokens": gen.num_cached}}
+def _usage(*gens: Generation) -> dict[str, Any]:
+    """Every prompt once, every sample's tokens."""
+    num_prompt = sum(g.num_prompt for g in gens)
+    num_output = sum(g.num_output for g in gens)
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_output,
+            "total_tokens": num_prompt + num_output,
+            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached for g in gens)}}
 
 
 @router.get("/v1/models")
@@ -47,29 +55,74 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Any:
+    """One prompt, or a list of them (text or token ids; choice p * n + i is prompt p's
+    sample i; a stream takes one prompt)."""
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, CompletionRequest), ctx)
     ctx.check_model(body.model)
-    prompt = body.prompt[0] if isinstance(body.prompt, list) and isinstance(
-        body.prompt[0], str) else body.prompt
-    ids = await ctx.encode(prompt)
-    n = ctx.max_tokens(body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
+    prompts = body.prompt if isinstance(body.prompt, list) and isinstance(
+        body.prompt[0], (str, list)) else [body.prompt]
+    if body.stream and len(prompts) > 1:
+        raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
+                       "prompt")
+    all_ids = [await ctx.encode(p) for p in prompts]
+    if body.max_tokens == 0 and not body.echo:
+        raise ApiError(400, "max_tokens: 0 only with echo (the prompt's logprobs)",
+                       "invalid_value", "max_tokens")
+    n = 0 if body.max_tokens == 0 else ctx.max_tokens(
+        body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
+    num_samples = check_samples(ctx, body.n, body.best_of, body.stream)
+    k = body.logprobs
+    # NOTE: ranking best_of samples needs their tokens' logprobs, asked for or not
+    wanted = k if k is not None or num_samples == body.n else 0
+    # NOTE: max_tokens 0 finishes when the prompt's logprobs are in, asked for or not
+    echo_k = (k if k is not None else 0 if body.max_tokens == 0 else None) if body.echo else None
     llama = is_llama_path(request)
-    sampling = await with_grammar(body, sampling_or_400(body.sampling, n))
-    gen = ctx.start(ids, sampling, llama)
-    head = _head(ctx, f"cmpl-{gen.uid}", "text_completion")
+    sampling = await with_grammar(body, sampling_or_400(
+        lambda m: body.sampling(m, num_samples, wanted, echo_k), n))
+    gens: list[Generation] = []
+    try:
+        for ids in all_ids:
+            gens.append(ctx.start(ids, sampling, llama))
+    except ApiError:
+        for gen in gens:
+            gen.close()
+        raise
+    head = _head(ctx, f"cmpl-{gens[0].uid}", "text_completion")
+    pieces = Pieces(ctx.tokenizer)
+    echoed = [(p if isinstance(p, str) else ctx.tokenizer.decode(ids)) if body.echo else ""
+              for p, ids in zip(prompts, all_ids)]
 
-    def choice(text: str, reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    def choice(index: int, text: str, entries: list[Entry], reason: str | None,
+               offset: int = 0) -> dict[str, Any]:
+        lps = None if k is None else logprob_shapes.completion(pieces, entries, offset)
+        return {"index": index, "text": text, "logprobs": lps, "finish_reason": reason}
 
     if body.stream:
-        return _stream(ctx, gen, head, body.include_usage, llama, lambda text: choice(text, None),
-                       lambda reason: choice("", reason), None)
-    result = await gen.collect(request)
-    _raise_if_failed(result.finish_reason)
-    ctx.metrics.observe_finished(gen)
-    return {**head, "choices": [choice(result.text, result.finish_reason)],
-            "usage": _usage(gen)}
+        ids = all_ids[0]
+
+        def content(out: StepOutput, first: bool, offsets: dict[int, int]) -> dict[str, Any]:
+            entries = [(out.token_id, out.logprobs)] if out.token_id is not None else []
+            text = out.text_delta
+            if first and body.echo:
+                entries, text = prompt_entries(ids, [out]) + entries, echoed[0] + text
+            offset = offsets.get(out.index, 0)
+            offsets[out.index] = offset + sum(len(pieces(t)[0]) for t, _ in entries)
+            return choice(out.index, text, entries, None, offset)
+
+        return _stream(ctx, gens[0], head, body.include_usage, llama, content,
+                       lambda index, reason: choice(index, "", [], reason), None,
+                       always=k is not None or body.echo)
+    results = await asyncio.gather(*(gen.collect(request) for gen in gens))
+    choices = []
+    for p, (gen, ids, result) in enumerate(zip(gens, all_ids, results)):
+        _raise_if_failed(result.finish_reason)
+        ctx.metrics.observe_finished(gen)
+        echo_entries = prompt_entries(ids, result.outputs) if body.echo else []
+        chosen = best(split(result.outputs, num_samples), body.n)
+        choices += [choice(p * body.n + i, echoed[p] + s.text, echo_entries + s.entries,
+                           s.finish_reason) for i, s in enumerate(chosen)]
+    return {**head, "usage": _usage(*gens), "choices": choices}
 
 
 @router.post("/v1/chat/completions")
@@ -78,32 +131,47 @@ async def chat_completions(request: Request) -> Any:
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, ChatRequest), ctx)
     ctx.check_model(body.model)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs: set logprobs to true with it", "invalid_value",
+                       "top_logprobs")
+    k = (body.top_logprobs or 0) if body.logprobs else None
     llama = is_llama_path(request)
     prompt = await _chat_prompt(ctx, body, llama)
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
-    sampling = await with_grammar(body, sampling_or_400(body.sampling, n))
+    num_samples = check_samples(ctx, body.n, None, body.stream)
+    sampling = await with_grammar(body, sampling_or_400(
+        lambda m: body.sampling(m, num_samples, k), n))
     gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
+    pieces = Pieces(ctx.tokenizer)
 
-    def choice(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+    def lps(entries: list[Entry]) -> dict[str, Any] | None:
+        return None if k is None else logprob_shapes.chat(pieces, entries)
 
     if body.stream:
+        def content(out: StepOutput, first: bool, offsets: dict[int, int]) -> dict[str, Any]:
+            entries = [(out.token_id, out.logprobs)] if out.token_id is not None else []
+            return {"index": out.index, "delta": {"content": out.text_delta},
+                    "logprobs": lps(entries), "finish_reason": None}
+
         # NOTE: the role chunk's content: "" as OpenAI sends it, null as llama-server does
-        first = choice({"role": "assistant", "content": None if llama else ""}, None)
-        return _stream(ctx, gen, head, body.include_usage, llama,
-                       lambda text: choice({"content": text}, None),
-                       lambda reason: choice({}, reason), first)
+        first = [{"index": i, "delta": {"role": "assistant", "content": None if llama else ""},
+                  "logprobs": None, "finish_reason": None} for i in range(num_samples)]
+        return _stream(ctx, gen, head, body.include_usage, llama, content,
+                       lambda index, reason: {"index": index, "delta": {}, "logprobs": None,
+                                              "finish_reason": reason},
+                       first, always=k is not None)
     result = await gen.collect(request)
     _raise_if_failed(result.finish_reason)
     ctx.metrics.observe_finished(gen)
-    message = {"role": "assistant", "content": result.text}
     verbose = {"__verbose": {"prompt": prompt}} if body.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": result.finish_reason}], **verbose}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
+                         "logprobs": lps(s.entries), "finish_reason": s.finish_reason}
+                        for i, s in enumerate(split(result.outputs, num_samples))],
+            **verbose}
 
 
 @router.post("/v1/chat/completions/input_tokens")
@@ -135,22 +203,29 @@ def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:
 
 
 def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_usage: bool,
-            llama: bool, content: Callable[[str], dict[str, Any]],
-            finish: Callable[[str], dict[str, Any]], first: dict[str, Any] | None
-            ) -> GenerationStream:
-    """[first], one chunk per non-empty text delta, the finish reason in a chunk of its own,
-    [usage (with llama-server's timings off /v1/*)], [DONE]."""
+            llama: bool, content: Callable[[StepOutput, bool, dict[int, int]], dict[str, Any]],
+            finish: Callable[[int, str], dict[str, Any]], first: list[dict[str, Any]] | None,
+            always: bool = False) -> GenerationStream:
+    """[first chunks], one chunk per output with a text delta (per token with `always`: logprobs
+    or echo asked), each sample's finish reason in a chunk of its own as it finishes (the
+    choice's index tells the samples apart), [usage (with llama-server's timings off /v1/*)],
+    [DONE]."""
     async def events() -> AsyncIterator[str]:
-        if first is not None:
-            yield sse({**head, "choices": [first]})
+        for chunk in first or []:
+            yield sse({**head, "choices": [chunk]})
+        seen: set[int] = set()
+        offsets: dict[int, int] = {}
         async for out in gen.outputs():
             if out.finish_reason in ("error", "cancelled"):
                 yield sse(ApiError(500, f"generation {out.finish_reason}", out.finish_reason)
                           .body())
                 return
-            if out.text_delta:
-                yield sse({**head, "choices": [content(out.text_delta)]})
-        yield sse({**head, "choices": [finish(gen.finish_reason)]})
+            is_first = out.index not in seen
+            seen.add(out.index)
+            if out.text_delta or (always and (out.token_id is not None or is_first)):
+                yield sse({**head, "choices": [content(out, is_first, offsets)]})
+            if out.finished:
+                yield sse({**head, "choices": [finish(out.index, out.finish_reason)]})
         ctx.metrics.observe_finished(gen)
         if include_usage:
             usage = {**head, "choices": [], "usage": _usage(gen)}

@@ -27,6 +27,7 @@ class ServerOptions:
     slots: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's
     defaults: Defaults = Defaults()
+    max_n: int = 8  # most samples (n, best_of) one request may ask for
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA",
                    help="Jinja chat template replacing the GGUF's tokenizer.chat_template")
     p.add_argument("--chat-template-file", metavar="F", help="--chat-template read from F")
+    p.add_argument("--max-n", type=int, default=8, metavar="N",
+                   help="most samples one request may ask for with n / best_of; each takes a "
+                   "sequence slot, so at most --max-num-seqs (default: %(default)s)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -64,7 +68,10 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--temp must be >= 0")
     if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
         raise MuserError("--n-predict must be -1 or >= 1")
+    if args.max_n < 1:
+        raise MuserError("--max-n must be >= 1")
     return ServerOptions(
+        max_n=args.max_n,
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template,

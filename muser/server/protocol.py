@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from muser.core import SamplingParams
+from muser.core import MAX_LOGPROBS, SamplingParams
 from muser.server.structured import LlamaStructured, OpenAIStructured
 
 Prob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -18,6 +18,9 @@ MAX_STOPS = 16
 MAX_MESSAGES = 1024
 MAX_PROMPTS = 16
 MAX_INT32 = 2**31 - 1
+MAX_SAMPLES = 128  # n / best_of beyond this are refused here; the server's --max-n is lower
+
+NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 def _integral(value: Any) -> Any:
@@ -60,18 +63,20 @@ class OpenAISampling(OpenAIStructured, Body):
     stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = 1
     ignore_eos: bool = False
     user: str | None = None  # an end user's id: no effect on the output (as at OpenAI)
     logit_bias: Unsupported = None
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def sampling(self, max_tokens: int, n: int = 1, logprobs: int | None = None,
+                 prompt_logprobs: int | None = None) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
+            seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, n=n, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs)
 
     @property
     def include_usage(self) -> bool:
@@ -79,11 +84,12 @@ class OpenAISampling(OpenAIStructured, Body):
 
 
 class CompletionRequest(OpenAISampling):
-    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[
-        list[str], Field(min_length=1, max_length=1)]
-    echo: Literal[False] = False
-    logprobs: None = None
-    best_of: Annotated[int, Field(ge=1, le=1)] | None = None
+    prompt: str | TokenIds | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] | (
+        Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0: with echo only (prompt scoring)
+    echo: bool = False
+    logprobs: NumLogprobs | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     suffix: Unsupported = None
 
 
@@ -105,7 +111,8 @@ class ChatMessage(Body):
 class ChatRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: NumLogprobs | None = None
     # NOTE: no tool calling: tools refused by name; tool_choice only "none" (nothing called)
     tools: Unsupported = None
     tool_choice: Literal["none"] | None = None
@@ -172,7 +179,7 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     top_p: TopP = 0.95
     min_p: Prob = 0.05
     repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
-    repeat_last_n: Annotated[int, Field(ge=0)] = 64
+    repeat_last_n: Annotated[int, Field(ge=-1)] = 64  # -1: the context size
     seed: int = -1
     stop: Annotated[list[Stop], Field(max_length=MAX_STOPS)] = []
     stream: bool = False
@@ -181,10 +188,10 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     id_slot: Annotated[int, Field(ge=-1, le=-1)] = -1
     return_tokens: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
-    n_probs: Annotated[int, Field(ge=0, le=0)] = 0
-    # NOTE: refused unless 0 (400 naming the field): llama.cpp's penalties are not applied here
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    n_probs: NumLogprobs = 0
+    # llama.cpp's scope: over the last repeat_last_n ids of prompt + output
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
     logit_bias: Unsupported = None
     # NOTE: llama.cpp's other samplers, accepted at the value that turns them off (what this
     # server does) and refused at any other; their sub-parameters act only when they are on
@@ -212,7 +219,7 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     t_max_prompt_ms: Annotated[int, Field(ge=-1, le=0)] = -1
     timings_per_token: Literal[False] = False
     return_progress: Literal[False] = False
-    post_sampling_probs: Literal[False] = False
+    post_sampling_probs: Literal[False] = False  # NOTE: refused: only pre-sampling logprobs
     lora: Annotated[list[Any], Field(max_length=0)] | None = None
     samplers: Unsupported = None
 
@@ -238,12 +245,16 @@ class LlamaCompletionRequest(LlamaStructured, Body):
         return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None),
                     self.n_predict)
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    def sampling(self, max_tokens: int, context: int) -> SamplingParams:
+        """context: the context size, llama.cpp's repeat_last_n = -1."""
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
-            repeat_last_n=self.repeat_last_n, seed=None if self.seed < 0 else self.seed,
-            stop=tuple(self.stop), ignore_eos=self.ignore_eos)
+            repeat_last_n=context if self.repeat_last_n < 0 else self.repeat_last_n,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            penalties_over_last_n=True, seed=None if self.seed < 0 else self.seed,
+            stop=tuple(self.stop), ignore_eos=self.ignore_eos,
+            logprobs=self.n_probs or None)
 
 
 class ApplyTemplateRequest(Body):

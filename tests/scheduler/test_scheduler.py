@@ -271,3 +271,30 @@ def test_admit_then_schedule_starts_after_a_cached_prefix() -> None:
     req.num_cached = 90  # the engine placed a cached prefix of 90 rows
     batch = sched.schedule(free_pages=1)
     assert batch.reqs == [req] and batch.num_tokens == [10]
+
+
+def test_a_request_with_forks_is_admitted_with_its_seats_and_keeps_them() -> None:
+    sched = Scheduler(max_num_seqs=4, prefill_chunk=16)
+    first, forking, last = _req(8), _req(8), _req(8)
+    forking.num_forks = 2  # n = 3
+    sched.add(first)
+    sched.add(forking)
+    sched.add(last)
+    assert sched.admit() == [first, forking]  # 1 + 3 seats of 4: `last` waits
+    assert sched.num_seats == 4 and not sched.admit()
+    sched.release_seat(forking)
+    fork = _req(8)
+    sched.add_prefilled(fork)  # the seat goes to the fork
+    assert sched.num_seats == 4 and not sched.admit()
+    sched.release_seat(forking)  # a fork that went to prefill on its own gives its seat back
+    assert sched.admit() == [last] and sched.num_seats == 4
+    with pytest.raises(QueueFull):
+        sched.add_prefilled(_req(8))
+    sched.finish(first)
+    sched.finish(forking)  # 2 seats now: fork, last
+    pair = _req(8)
+    pair.num_forks = 2
+    sched.add(pair)
+    assert not sched.admit()  # 2 + 3 > 4
+    sched.finish(last)
+    assert sched.admit() == [pair] and sched.num_seats == 4

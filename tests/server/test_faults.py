@@ -57,9 +57,13 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
                  .encode())]
     oa = {"model": model, "prompt": "Hello", "max_tokens": 2}
     bad += [("POST", "/v1/completions", json.dumps({**oa, **c}).encode()) for c in (
-        {"model": "gpt-4"}, {"model": "llama"}, {"model": model + "x"}, {"n": 2}, {"echo": True},
-        {"logprobs": 3}, {"best_of": 3}, {"frequency_penalty": 2.5}, {"presence_penalty": -3},
-        {"repetition_penalty": 0}, {"prompt": ["a", "b"]}, {"suffix": "x"},
+        {"model": "gpt-4"}, {"model": "llama"}, {"model": model + "x"}, {"n": 0}, {"n": 99},
+        {"n": "2"}, {"n": 1.5}, {"n": 2, "best_of": 1}, {"best_of": 0}, {"best_of": 99},
+        {"best_of": 3, "stream": True}, {"echo": "yes"}, {"echo": 1}, {"max_tokens": 0},
+        {"logprobs": 21}, {"logprobs": -1}, {"logprobs": True}, {"logprobs": "3"},
+        {"logprobs": 2.5}, {"frequency_penalty": 2.5}, {"presence_penalty": -3},
+        {"repetition_penalty": 0}, {"prompt": ["a"] * 17}, {"prompt": [[]]}, {"prompt": [[1], "a"]},
+        {"prompt": [[1, 2], [10**9]]}, {"prompt": ["a", "b"], "stream": True}, {"suffix": "x"},
         {"stream_options": {"include_usage": "yes"}})]
     chat = {"model": model, "messages": USER, "max_tokens": 2}
     bad += [("POST", CHAT, json.dumps({**chat, **c}).encode()) for c in (
@@ -67,13 +71,17 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
          "content": "hi"}]}, {"messages": [{"content": "hi"}]}, {"messages": [{"role": "user",
          "content": 5}]}, {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
         {"messages": [{"role": "user", "content": "word " * 1500}]}, {"model": "gpt-4o"},
-        {"max_tokens": -1}, {"max_completion_tokens": 0}, {"temperature": 3}, {"n": 3},
-        {"tools": [{"type": "function"}]}, {"logprobs": True}, {"max_tokens": 10**9},
-        {"logit_bias": {"5": 1}}, {"no_such_field": 1}, {"tool_choice": "required"},
-        *({"response_format": f} for f in _BAD_FORMATS))]
+        {"max_tokens": -1}, {"max_completion_tokens": 0}, {"temperature": 3}, {"n": 0},
+        {"n": 99}, {"n": [2]}, {"tools": [{"type": "function"}]}, {"logprobs": 1},
+        {"logprobs": "true"}, {"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21},
+        {"logprobs": True, "top_logprobs": -1}, {"logprobs": False, "top_logprobs": 1},
+        {"max_tokens": 10**9}, {"logit_bias": {"5": 1}}, {"no_such_field": 1},
+        {"tool_choice": "required"}, *({"response_format": f} for f in _BAD_FORMATS))]
     bad += [("POST", "/completion", json.dumps({"prompt": "Hello", "n_predict": 2, **c}).encode())
-            for c in ({"presence_penalty": 0.5}, {"frequency_penalty": -1}, {"mirostat": 1},
-                      {"unknown": True}, *({"grammar": g} for g in _BAD_GRAMMARS),
+            for c in ({"presence_penalty": 2.5}, {"frequency_penalty": -3},
+                      {"presence_penalty": "x"}, {"repeat_last_n": -2}, {"n_probs": 21},
+                      {"n_probs": -1}, {"n_probs": "5"}, {"post_sampling_probs": True},
+                      {"mirostat": 1}, {"unknown": True}, *({"grammar": g} for g in _BAD_GRAMMARS),
                       *({"json_schema": j} for j in _BAD_SCHEMAS),
                       {"grammar": "root ::= \"x\"", "json_schema": {"type": "object"}})]
     bad += [("POST", CHAT, json.dumps({**chat, "grammar": g}).encode()) for g in _BAD_GRAMMARS]

@@ -6,8 +6,6 @@ Verdicts per probe (field, value):
     accepted  200: the value is what this server does anyway (n_keep: 0, store: false, a model
               name, an end user's id), or its effect is asserted by another test (named)
     refused   400 whose error.param names the field
-    owned     the logprobs / n / penalties work: today refused, or accepted where already
-              applied (the penalties), as marked
 The walk fails when a schema gains a field that no probe covers.
 """
 
@@ -38,8 +36,9 @@ SHARED = [
     ("stop", [" "], "honoured", {}), ("stream", True, "honoured", {}),
     ("stream_options", {"include_usage": True}, "honoured", {"stream": True}),
     ("stream_options", {"include_obfuscation": True}, "refused", {"stream": True}),
-    ("frequency_penalty", 0.5, "owned", {}), ("presence_penalty", 0.5, "owned", {}),
-    ("n", 2, "owned", {}), ("logprobs", 2, "owned", {}),
+    # NOTE: the penalties' effect: tests/test_sampler.py, tests/server/test_logprobs_samples.py
+    ("frequency_penalty", 0.5, "accepted", {}), ("presence_penalty", 0.5, "accepted", {}),
+    ("n", 2, "honoured", {}), ("logprobs", 2, "honoured", {}),
     ("logit_bias", {"15": 5}, "refused", {}), ("user", "user-1", "accepted", {}),
     ("grammar", GBNF, "honoured", {}), ("json_schema", SCHEMA, "honoured", {}),
     ("response_format", {"type": "json_object"}, "honoured", {}),
@@ -47,13 +46,13 @@ SHARED = [
     ("model", None, "accepted", {}), ("no_such_field", 1, "refused", {}),
 ]
 COMPLETIONS = SHARED + [
-    ("prompt", "Once upon a time", "honoured", {}), ("echo", True, "owned", {}),
-    ("best_of", 2, "owned", {}), ("suffix", "!", "refused", {}),
+    ("prompt", "Once upon a time", "honoured", {}), ("echo", True, "honoured", {}),
+    ("best_of", 3, "honoured", HOT), ("suffix", "!", "refused", {}),
 ]
 CHAT = [p for p in SHARED if p[0] != "logprobs"] + [
     ("messages", [{"role": "user", "content": "Count to three."}], "honoured", {}),
-    ("max_completion_tokens", 1, "honoured", {}), ("logprobs", True, "owned", {}),
-    ("top_logprobs", 2, "owned", {}),
+    ("max_completion_tokens", 1, "honoured", {}), ("logprobs", True, "honoured", {}),
+    ("top_logprobs", 2, "honoured", {"logprobs": True}), ("top_logprobs", 2, "refused", {}),
     ("response_format", {"type": "json_schema", "json_schema": {
         "name": "city", "schema": SCHEMA, "strict": True}}, "honoured", {}),
     ("tools", [{"type": "function", "function": {"name": "f"}}], "refused", {}),
@@ -113,9 +112,10 @@ LLAMA_NAMED = [
     ("cache_prompt", False, "accepted", {}),  # the prefix cache gives the same tokens
     ("model", None, "accepted", {}), ("id_slot", -1, "accepted", {}),
     ("id_slot", 0, "refused", {}),
-    ("presence_penalty", 0.5, "owned", {}), ("frequency_penalty", 0.5, "owned", {}),
-    ("n_probs", 2, "owned", {}), ("logprobs", 2, "owned", {}), ("n", 2, "owned", {}),
-    ("n_cmpl", 2, "owned", {}), ("echo", True, "owned", {}),
+    # NOTE: the penalties' effect: tests/server/test_logprobs_samples.py
+    ("presence_penalty", 0.5, "accepted", {}), ("frequency_penalty", 0.5, "accepted", {}),
+    ("n_probs", 2, "honoured", {}), ("logprobs", 2, "refused", {}), ("n", 2, "refused", {}),
+    ("n_cmpl", 2, "refused", {}), ("echo", True, "refused", {}),
     ("logit_bias", [[15, -100]], "refused", {}), ("samplers", ["top_k"], "refused", {}),
     ("no_such_field", 1, "refused", {}),
 ]
@@ -124,11 +124,6 @@ LLAMA = LLAMA_NAMED + [(f, off, "accepted", {}) for f, (off, _) in OFF.items()] 
     (f, on, "refused", {}) for f, (_, on) in OFF.items()] + [
     (f, v, "accepted", {}) for f, v in SUBORDINATE.items()] + [
     (f, "x", "refused", {}) for f in LLAMA_FIELDS if f not in _COVERED]
-# NOTE: owned fields today: penalties applied on the OpenAI routes, refused on /completion
-# (llama.cpp's); logprobs / n / echo / best_of refused
-OWNED_ACCEPTED = {("/v1/completions", "frequency_penalty"), ("/v1/completions",
-                  "presence_penalty"), ("/v1/chat/completions", "frequency_penalty"),
-                  ("/v1/chat/completions", "presence_penalty")}
 
 
 def _fields(params: type) -> set[str]:
@@ -158,8 +153,6 @@ def _probe(server: Server, path: str, base: dict, probe: tuple) -> None:
     base = {k: v for k, v in (base | extra).items() if v != DROP}
     body = base | {field: server.model if field == "model" else value}
     r = c.post(path, json=body)
-    if verdict == "owned":
-        verdict = "accepted" if (path, field) in OWNED_ACCEPTED else "refused"
     if verdict == "refused":
         assert r.status_code == 400, (field, value, r.text)
         assert r.json()["error"]["param"].split(".")[0] == field, r.text
