@@ -125,3 +125,19 @@ def test_a_schema_or_grammar_that_does_not_compile_is_a_400(
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == param, r.text
     assert param.split(".")[0] in err["message"]
+
+
+def test_every_sample_of_n_keeps_to_the_schema(client: openai.OpenAI, server: Server) -> None:
+    """n samples fork from one prefill; each walks a grammar of its own, so every choice
+    validates, and the seeded samples differ."""
+    r = client.chat.completions.create(
+        model=server.model, messages=ASK, max_tokens=160, temperature=1.0, seed=3, n=3,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "answer", "schema": PERSON, "strict": True}})
+    assert len(r.choices) == 3 and r.usage.prompt_tokens > 0
+    texts = []
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+        texts.append(choice.message.content)
+    assert len(set(texts)) > 1, texts
