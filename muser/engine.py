@@ -69,6 +69,9 @@ class Engine:
         self._woken = threading.Event()
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
         self._arrived: list[Result] = []  # remote prefills done, not yet installed
+        # the token ids whose rows each slot's last sequence left in the prefix cache (what
+        # llama-server calls the slot's cache; muser/slot_actions.py saves and erases it)
+        self.slot_ids: dict[int, list[int]] = {}
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
                      uid: int | None = None) -> Request:
@@ -239,6 +242,7 @@ class Engine:
         self.scheduler.remove(live.req.uid)
         live.req.status = Status.FINISHED
         if live.seq is not None:
+            self.slot_ids[live.seq.slot] = list(live.seq.token_ids)
             self.runner.free(live.seq)
             live.seq = None
         self.live.pop(live.req.uid, None)

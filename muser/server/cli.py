@@ -115,11 +115,12 @@ def _context(args: argparse.Namespace, keys, metrics):
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
     from muser.disagg.cli import disagg_options
 
+    options = server_options(args)
     spec = EngineSpec(args.model, kwargs, args.log_level, sys.stderr.isatty(),
-                      disagg_options(args))
+                      disagg_options(args), options.slot_save_path)
     loop = EngineProcess(spec, args.max_queue)
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,
                          args.model_name or Path(ready.model_path).stem, ready.model_path,
                          ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
-                         batching=ready.batching, options=server_options(args))
+                         batching=ready.batching, options=options)

@@ -1,5 +1,5 @@
 """llama.cpp-compatible routes: /completion, /apply-template, /tokenize, /detokenize, /health,
-/props, /slots, /infill (501)."""
+/props, /infill (501); /slots is in muser/server/slot_routes.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from muser.server.protocol import (
 from muser.server.results import is_truncated, stop_type, stopping_word, timings
 
 router = APIRouter()
-admin_router = APIRouter()
 health_router = APIRouter()
 
 
@@ -222,38 +221,3 @@ async def apply_template(request: Request) -> dict[str, str]:
 async def infill() -> None:
     raise ApiError(501, "/infill needs fill-in-the-middle tokens, which this model (Gemma 3) "
                    "does not have", "not_supported")
-
-
-@admin_router.get("/slots")
-async def slots(request: Request) -> list[dict[str, Any]]:
-    ctx = _ctx(request)
-    if not ctx.options.slots:
-        raise ApiError(501, "/slots is disabled: start the server without --no-slots",
-                       "not_supported")
-    by_slot = {s.slot: s for s in ctx.loop.stats.slots if s.slot is not None}
-    out = []
-    for i in range(ctx.max_num_seqs):
-        s = by_slot.get(i)
-        out.append({"id": i, "id_task": s.uid if s else -1, "is_processing": s is not None,
-                    "n_ctx": ctx.max_model_len, "state": s.status if s else "idle",
-                    "n_prompt_tokens": s.num_prompt if s else 0,
-                    "n_past": s.num_cached if s else 0, "n_decoded": s.num_output if s else 0})
-    # NOTE: a prompt being prefilled by a prefill worker holds no slot yet: listed after them
-    out += [{"id": -1, "id_task": s.uid, "is_processing": True, "n_ctx": ctx.max_model_len,
-             "state": s.status, "n_prompt_tokens": s.num_prompt, "n_past": 0, "n_decoded": 0}
-            for s in ctx.loop.stats.slots if s.status == "remote"]
-    return out
-
-
-@admin_router.post("/slots/{slot_id}")
-async def slot_action(request: Request, slot_id: int, action: str) -> dict[str, Any]:
-    """action=erase cancels the request in the slot and frees its KV."""
-    ctx = _ctx(request)
-    if action != "erase":
-        raise ApiError(400, "only action=erase is supported", "invalid_value", "action")
-    if not 0 <= slot_id < ctx.max_num_seqs:
-        raise ApiError(404, f"no slot {slot_id}", "not_found", "id_slot")
-    held = [s for s in ctx.loop.stats.slots if s.slot == slot_id]
-    for s in held:
-        ctx.loop.abort(s.uid)
-    return {"id_slot": slot_id, "n_erased": sum(s.num_cached for s in held)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class ServerOptions:
     metrics: bool = True
     slots: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's
+    slot_save_path: str | None = None  # the folder of slot files (resolved; None: no files)
     defaults: Defaults = Defaults()
 
 
@@ -44,6 +46,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA",
                    help="Jinja chat template replacing the GGUF's tokenizer.chat_template")
     p.add_argument("--chat-template-file", metavar="F", help="--chat-template read from F")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="folder for POST /slots/{id}?action=save|restore (slot KV files; "
+                   "created if missing; default: save and restore are off)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -64,9 +69,17 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--temp must be >= 0")
     if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
         raise MuserError("--n-predict must be -1 or >= 1")
+    folder = None
+    if args.slot_save_path:
+        try:
+            Path(args.slot_save_path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise MuserError(f"cannot create --slot-save-path: {exc.strerror}: "
+                             f"{args.slot_save_path}") from None
+        folder = os.path.realpath(args.slot_save_path)
     return ServerOptions(
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-        metrics=args.metrics, slots=args.slots, chat_template=template,
+        metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,
         defaults=Defaults(args.n_predict, args.temp,
                           None if args.seed is None or args.seed < 0 else args.seed))

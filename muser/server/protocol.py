@@ -203,3 +203,9 @@ class TokenizeRequest(Body):
 
 class DetokenizeRequest(Body):
     tokens: list[int]
+
+
+class SlotFileRequest(Body):
+    """POST /slots/{id}?action=save|restore: a file name inside --slot-save-path."""
+
+    filename: str
