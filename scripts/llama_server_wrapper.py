@@ -10,7 +10,7 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --alias A[,B...]             --model-name A[,B...]
     --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
     --port, --host, --seed, --temp, --n-predict, --chat-template, --chat-template-file,
-    --cors-origins               the same flags
+    --cors-origins, --slot-save-path   the same flags
     no --cors-origins            --cors-origins '*' (llama-server reflects any origin by default,
                                  localhost origins only with --tools; muser's own default is
                                  localhost origins only)
@@ -20,8 +20,7 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
                                  --model-url, --offline: the embedded Gemma 3 270M answers),
                                  GPU and KV layout (--n-gpu-layers, -ctk, -ctv, -fa, --kv-unified,
                                  --swa-full, --ubatch-size, --cont-batching: muser always batches),
-                                 --jinja / --no-jinja (muser always renders Jinja), --verbose,
-                                 --slot-save-path (muser has no slot save / restore);
+                                 --jinja / --no-jinja (muser always renders Jinja), --verbose;
                                  features muser lacks are listed in EXCLUDED, not mapped.
 
 EXCLUDED lists the suite's tests that cannot pass against muser, with the reason; the suite
@@ -84,12 +83,17 @@ EXCLUDED: dict[str, str] = {
     "llama.cpp's own state-file layout)",
     _U + "test_slot_save.py::test_slot_erase": _TEXT + " (prompt_n == 21, 'Whiskers')",
     _U + "test_slot_save.py::test_slot_save_restore_text_only_on_multimodal": _MTMD,
-    _U + "test_slot_save.py::test_slot_save_restore_with_": _MTMD,
+    **{_U + "test_slot_save.py::" + name: _MTMD for name in (
+        "test_slot_save_restore_with_image", "test_slot_save_restore_with_two_images",
+        "test_slot_save_restore_with_image_across_restart",
+        "test_slot_save_restore_image_payload_larger_than_context",
+        "test_slot_restore_media_file_without_mmproj")},
     _U + "test_stream.py": _ROUTER,
 }
 
-_PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template", "--chat-template-file", "--cors-origins", "--threads")
-_DROPPED_VALUE = ("--slot-save-path", "--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
+_PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template",
+                "--chat-template-file", "--cors-origins", "--threads", "--slot-save-path")
+_DROPPED_VALUE = ("--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
                   "--n-gpu-layers", "-ngl", "-ctk", "-ctv", "-fa", "--ubatch-size", "--pooling",
                   "--reasoning-format", "--reasoning", "--tags", "--models-dir", "--models-max",
                   "--models-preset", "--media-path", "--mmproj-url", "--cache-ram",
