@@ -20,6 +20,7 @@ EXCLUDED, FILES, is_excluded = (_WRAPPER[k] for k in ("EXCLUDED", "FILES", "is_e
 _LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s+\[\s*\d+%\]$")
 _REASON = re.compile(r"^FAILURE-REASON unit/(.*?) (setup|call|teardown): (.*)$")
 _COLLECTED = re.compile(r"collected (\d+) items / (\d+) deselected")
+_WALL = re.compile(r"^suite wall time: (\d+) s$", re.M)
 
 
 def main(log: str, out: str) -> None:
@@ -49,6 +50,7 @@ def main(log: str, out: str) -> None:
         "pass_fraction_of_included": round(total["passed"] / ran, 4) if ran else 0.0,
         "complete": len(outcomes) == included,
         "cpus": os.cpu_count(), "load_average_at_report": [round(x, 1) for x in os.getloadavg()],
+        "wall_s": int(wall[1]) if (wall := _WALL.search(text)) else None,
         "totals": {**total, "included": included, "not_run": included - len(outcomes)},
         "files": {name: dict(counts) for name, counts in per_file.items()},
         "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in

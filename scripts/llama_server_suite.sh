@@ -39,12 +39,34 @@ PYTHONPATH="$REPO" exec "$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" "\$@
 EOF
 chmod +x "$WORK/llama-server"
 
+PORT=${PORT:-18080}
+# NOTE: a server still listening there (another run's) would answer the tests in place of theirs
+if ! "$MUSER_PY" -c "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))" \
+    "$PORT" 2>/dev/null; then
+  echo "port $PORT is in use: stop what listens there or set PORT" >&2
+  exit 1
+fi
+PIDS=$WORK/server.pids
+: > "$PIDS"
+# NOTE: a server the tests gave up on (a start past their timeout in a session fixture) is
+# never stopped by them: end the ones this run started that are still alive
+end_servers() {
+  while read -r pid; do
+    if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "muser serve"; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  done < "$PIDS"
+}
+trap end_servers EXIT
+
 mapfile -t FILES < <("$MUSER_PY" "$REPO/scripts/llama_server_wrapper.py" --files)
 cd "$TESTS"
 # NOTE: the wrapper doubles as a pytest plugin that deselects its EXCLUDED list
-LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=${PORT:-18080} PYTHONPATH=$REPO/scripts \
+START=$(date +%s)
+LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=$PORT PYTHONPATH=$REPO/scripts LLAMA_SUITE_PIDS=$PIDS \
   "$WORK/venv/bin/python" -m pytest -v -p no:cacheprovider -p llama_server_wrapper \
   "${FILES[@]/#/unit/}" > "$WORK/pytest.log" 2>&1 || true
-tail -n 1 "$WORK/pytest.log"
+echo "suite wall time: $(( $(date +%s) - START )) s" | tee -a "$WORK/pytest.log"
+tail -n 2 "$WORK/pytest.log" | head -n 1
 "$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/pytest.log" \
   "$REPO/bench/results/llama_server_suite.json"

@@ -169,6 +169,9 @@ def main() -> None:
         return
     args = [sys.executable, "-m", "muser", *muser_args(sys.argv[1:])]
     print("llama-server wrapper:", " ".join(args), file=sys.stderr, flush=True)
+    if os.environ.get("LLAMA_SUITE_PIDS"):  # NOTE: the suite script ends the ones left running
+        with open(os.environ["LLAMA_SUITE_PIDS"], "a") as f:
+            f.write(f"{os.getpid()}\n")
     os.execv(sys.executable, args)
 
 
