@@ -6,6 +6,8 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --ctx-size C, --parallel P   --max-model-len C/P, --max-num-seqs P  (llama-server splits its
                                  context between its slots: C/P is one request's context; C defaults
                                  to 4096, P to 4, llama-server's automatic slot count)
+    --kv-unified                 --max-model-len C  (one pool for every slot: any one request may
+                                 use the whole context; muser's pages are shared by all sequences)
     --batch-size N               --max-batched-tokens max(N, P): rows per step
     --alias A[,B...]             --model-name A[,B...]
     --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
@@ -18,7 +20,7 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --threads N                  --threads N
     everything else              dropped: model selection (--model, --hf-repo, --hf-file,
                                  --model-url, --offline: the embedded Gemma 3 270M answers),
-                                 GPU and KV layout (--n-gpu-layers, -ctk, -ctv, -fa, --kv-unified,
+                                 GPU and KV layout (--n-gpu-layers, -ctk, -ctv, -fa,
                                  --swa-full, --ubatch-size, --cont-batching: muser always batches),
                                  --jinja / --no-jinja (muser always renders Jinja), --verbose;
                                  features muser lacks are listed in EXCLUDED, not mapped.
@@ -122,7 +124,8 @@ def muser_args(argv: list[str]) -> list[str]:
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True)
     a = p.parse_args(argv)
-    out = ["serve", "--device", "cpu", "--max-model-len", str(a.ctx_size // a.parallel),
+    per_seq = a.ctx_size if a.kv_unified else a.ctx_size // a.parallel
+    out = ["serve", "--device", "cpu", "--max-model-len", str(per_seq),
            "--max-num-seqs", str(a.parallel), "--log-level", "warning"]
     if a.cors_origins is None:
         a.cors_origins = "localhost" if a.tools else "*"
