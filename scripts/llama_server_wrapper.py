@@ -172,6 +172,8 @@ def main() -> None:
         return
     args = [sys.executable, "-m", "muser", *muser_args(sys.argv[1:])]
     print("llama-server wrapper:", " ".join(args), file=sys.stderr, flush=True)
+    if os.environ.get("LLAMA_SUITE_NICE"):  # NOTE: back to the niceness the suite script had
+        os.nice(-int(os.environ["LLAMA_SUITE_NICE"]))
     if os.environ.get("LLAMA_SUITE_PIDS"):  # NOTE: the suite script ends the ones left running
         with open(os.environ["LLAMA_SUITE_PIDS"], "a") as f:
             f.write(f"{os.getpid()}\n")
