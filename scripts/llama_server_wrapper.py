@@ -12,17 +12,17 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --alias A[,B...]             --model-name A[,B...]
     --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
     --port, --host, --seed, --temp, --n-predict, --chat-template, --chat-template-file,
-    --cors-origins, --slot-save-path   the same flags
+    --cors-origins, --slot-save-path, --reasoning   the same flags
     no --cors-origins            --cors-origins '*' (llama-server reflects any origin by default,
                                  localhost origins only with --tools; muser's own default is
                                  localhost origins only)
-    --metrics (else --no-metrics), --slots | --no-slots       the same switches
+    --metrics (else --no-metrics), --slots | --no-slots, --verbose   the same switches
     --threads N                  --threads N
     everything else              dropped: model selection (--model, --hf-repo, --hf-file,
                                  --model-url, --offline: the embedded Gemma 3 270M answers),
                                  GPU and KV layout (--n-gpu-layers, -ctk, -ctv, -fa,
                                  --swa-full, --ubatch-size, --cont-batching: muser always batches),
-                                 --jinja / --no-jinja (muser always renders Jinja), --verbose;
+                                 --jinja / --no-jinja (muser always renders Jinja);
                                  features muser lacks are listed in EXCLUDED, not mapped.
 
 EXCLUDED lists the suite's tests that cannot pass against muser, with the reason; the suite
@@ -94,17 +94,18 @@ EXCLUDED: dict[str, str] = {
 }
 
 _PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template",
-                "--chat-template-file", "--cors-origins", "--threads", "--slot-save-path")
+                "--chat-template-file", "--cors-origins", "--threads", "--slot-save-path",
+                "--reasoning")
 _DROPPED_VALUE = ("--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
                   "--n-gpu-layers", "-ngl", "-ctk", "-ctv", "-fa", "--ubatch-size", "--pooling",
-                  "--reasoning-format", "--reasoning", "--tags", "--models-dir", "--models-max",
+                  "--reasoning-format", "--tags", "--models-dir", "--models-max",
                   "--models-preset", "--media-path", "--mmproj-url", "--cache-ram",
                   "--sleep-idle-seconds", "--grp-attn-n", "--grp-attn-w", "--lora",
                   "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-synth-len",
                   "--spec-synth-rates", "--tools", "--tools-runtime", "--mcp-servers-config",
                   "--mcp-servers-json")
 _DROPPED_SWITCH = ("--offline", "--cont-batching", "--kv-unified", "--swa-full", "--jinja",
-                   "--no-jinja", "--verbose", "--no-ui", "--no-mmproj", "--embedding",
+                   "--no-jinja", "--no-ui", "--no-mmproj", "--embedding",
                    "--reranking", "--context-shift", "--no-models-autoload",
                    "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling")
 
@@ -122,6 +123,7 @@ def muser_args(argv: list[str]) -> list[str]:
     p.add_argument("--alias")
     p.add_argument("--api-key")
     p.add_argument("--metrics", action="store_true")
+    p.add_argument("--verbose", action="store_true")
     p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True)
     a = p.parse_args(argv)
     per_seq = a.ctx_size if a.kv_unified else a.ctx_size // a.parallel
@@ -140,6 +142,8 @@ def muser_args(argv: list[str]) -> list[str]:
     if a.api_key:
         out += ["--api-key", a.api_key, "--admin-key", a.api_key]
     out += ["--metrics" if a.metrics else "--no-metrics", "--slots" if a.slots else "--no-slots"]
+    if a.verbose:
+        out.append("--verbose")
     return out
 
 

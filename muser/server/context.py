@@ -49,7 +49,8 @@ class ServerContext:
         self.aliases = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
         self.model_name = self.aliases[0]
         try:
-            self.template = ChatTemplate(self.tokenizer, self.options.chat_template)
+            self.template = ChatTemplate(self.tokenizer, self.options.chat_template,
+                                         self.options.thinking)
         except TemplateError as exc:
             raise MuserError(f"the chat template does not parse: {exc}") from None
 

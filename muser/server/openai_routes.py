@@ -97,7 +97,7 @@ async def chat_completions(request: Request) -> Any:
     _raise_if_failed(result.finish_reason)
     ctx.metrics.observe_finished(gen)
     message = {"role": "assistant", "content": result.text}
-    verbose = {"__verbose": {"prompt": prompt}} if body.verbose else {}
+    verbose = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": result.finish_reason}], **verbose}

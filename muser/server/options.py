@@ -28,6 +28,8 @@ class ServerOptions:
     slots: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's
     slot_save_path: str | None = None  # the folder of slot files (resolved; None: no files)
+    verbose: bool = False  # every chat reply carries __verbose (llama-server's --verbose)
+    thinking: bool = True  # chat templates' enable_thinking (--reasoning off: False)
     defaults: Defaults = Defaults()
 
 
@@ -46,6 +48,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA",
                    help="Jinja chat template replacing the GGUF's tokenizer.chat_template")
     p.add_argument("--chat-template-file", metavar="F", help="--chat-template read from F")
+    p.add_argument("--verbose", action="store_true",
+                   help="every chat completion carries __verbose (the rendered prompt), as "
+                   "llama-server's --verbose makes it; a request's \"verbose\" asks the same")
+    p.add_argument("--reasoning", choices=["on", "off", "auto"], default="auto",
+                   help="off: chat templates render with enable_thinking false, and a thinking "
+                   "block a template opens anyway is closed (default: %(default)s, as on)")
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="folder for POST /slots/{id}?action=save|restore (slot KV files; "
                    "created if missing; default: save and restore are off)")
@@ -81,5 +89,6 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,
+        verbose=args.verbose, thinking=args.reasoning != "off",
         defaults=Defaults(args.n_predict, args.temp,
                           None if args.seed is None or args.seed < 0 else args.seed))
