@@ -24,6 +24,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # (token id, bias) pairs added to the logits before anything else; -inf: never chosen
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -37,6 +39,8 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (all(self.stop), "stop strings must be non-empty"),
+            (all(t >= 0 and b == b and b != float("inf") for t, b in self.logit_bias),
+             "logit_bias: token ids must be >= 0, biases numbers or -inf"),
         ]
         for ok, message in checks:
             if not ok:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -199,9 +200,11 @@ def is_llama_path(request: Request) -> bool:
     return not request.url.path.startswith("/v1/")
 
 
-def sampling_or_400(build: Any, max_tokens: int) -> SamplingParams:
+def sampling_or_400(build: Any, max_tokens: int,
+                    logit_bias: tuple[tuple[int, float], ...] = ()) -> SamplingParams:
     try:
-        return build(max_tokens)
+        params = build(max_tokens)
+        return dataclasses.replace(params, logit_bias=logit_bias) if logit_bias else params
     except ValueError as exc:
         raise ApiError(400, str(exc), "invalid_value") from None
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from muser.core import SamplingParams
+from muser.server import logit_bias
 from muser.server.context import ServerContext, collect_outputs, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
@@ -105,7 +107,8 @@ async def completion(request: Request) -> Any:
     for ids in prompts:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
-    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids)))
+    bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
+    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids)), bias)
                  for ids in prompts]
     gens: list[Generation] = []
     try:
@@ -185,12 +188,14 @@ def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,
     """The settings a request ran with, in llama-server's names. ignore_eos shows as a -inf
     (null) bias on each end-of-generation token, as llama-server reports it."""
     eog = sorted(ctx.tokenizer.eot_ids) if sampling.ignore_eos else []
+    # NOTE: -inf shows as null (JSON has no infinity), as llama-server shows it
+    biases = [{"token": t, "bias": b if b > -math.inf else None} for t, b in sampling.logit_bias]
     return {"n_predict": sampling.max_tokens, "seed": -1 if sampling.seed is None else
             sampling.seed, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p,
             "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
             "stop": list(sampling.stop), "ignore_eos": sampling.ignore_eos,
-            "logit_bias": [{"token": t, "bias": None} for t in eog], "n_probs": 0,
+            "logit_bias": [{"token": t, "bias": None} for t in eog] + biases, "n_probs": 0,
             "stream": body.stream, "cache_prompt": body.cache_prompt}
 
 

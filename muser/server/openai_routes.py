@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from muser.server import logit_bias
 from muser.server.context import ServerContext, is_llama_path, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
@@ -54,7 +55,8 @@ async def completions(request: Request) -> Any:
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
     llama = is_llama_path(request)
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
+    bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
+    gen = ctx.start(ids, sampling_or_400(body.sampling, n, bias), llama)
     head = _head(ctx, f"cmpl-{gen.uid}", "text_completion")
 
     def choice(text: str, reason: str | None) -> dict[str, Any]:
@@ -81,7 +83,8 @@ async def chat_completions(request: Request) -> Any:
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
-    gen = ctx.start(ids, sampling_or_400(body.sampling, n), llama)
+    bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
+    gen = ctx.start(ids, sampling_or_400(body.sampling, n, bias), llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
 
     def choice(delta: dict[str, Any], reason: str | None) -> dict[str, Any]:

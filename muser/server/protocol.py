@@ -56,9 +56,9 @@ class OpenAISampling(Body):
     ignore_eos: bool = False
     user: str | None = None
     # NOTE: declared so that a request asking for them is refused (400 naming the field), not
-    # answered as if it had not: no structured output or logit bias yet
+    # answered as if it had not: no structured output yet
     response_format: None = None
-    logit_bias: None = None
+    logit_bias: dict[str, Any] | None = None  # muser/server/logit_bias.py checks it
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -161,7 +161,7 @@ class LlamaCompletionRequest(Body):
     frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     grammar: None = None
     json_schema: None = None
-    logit_bias: None = None
+    logit_bias: list[Any] | dict[str, Any] | None = None  # muser/server/logit_bias.py checks it
 
     @field_validator("prompt")
     @classmethod

@@ -55,7 +55,8 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
         {"messages": [{"role": "user", "content": "word " * 1500}]}, {"model": "gpt-4o"},
         {"max_tokens": -1}, {"max_completion_tokens": 0}, {"temperature": 3}, {"n": 3},
         {"tools": [{"type": "function"}]}, {"logprobs": True}, {"max_tokens": 10**9},
-        {"response_format": {"type": "json_object"}}, {"logit_bias": {"5": 1}})]
+        {"response_format": {"type": "json_object"}}, {"logit_bias": {"5": 101}},
+        {"logit_bias": {"five": 1}}, {"logit_bias": [[5, 1]]})]
     bad += [("POST", "/completion", json.dumps({"prompt": "Hello", "n_predict": 2, **c}).encode())
             for c in ({"grammar": "root ::= \"x\""}, {"json_schema": {"type": "object"}},
                       {"presence_penalty": 0.5}, {"frequency_penalty": -1})]

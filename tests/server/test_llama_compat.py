@@ -135,7 +135,9 @@ def test_context_overflow_error_shapes(compat: Server) -> None:
 
 
 @pytest.mark.parametrize("path,field,value", [
-    ("/completion", "logit_bias", [[15, -100]]), ("/completion", "grammar", "root ::= \"a\""),
+    ("/completion", "logit_bias", [[15, "x"]]), ("/completion", "logit_bias", [[10**9, -1]]),
+    ("/completion", "logit_bias", [[15]]), ("/v1/completions", "logit_bias", {"the": 1}),
+    ("/v1/completions", "logit_bias", {"15": 101}), ("/completion", "grammar", "root ::= \"a\""),
     ("/chat/completions", "grammar", "root ::= \"a\""),
     ("/chat/completions", "json_schema", {"const": "42"}),
     ("/chat/completions", "response_format", {"type": "sound"}),
@@ -145,6 +147,30 @@ def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field
     body = {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], field: value}
     r = compat.client(key=None).post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_logit_bias_in_each_form(compat: Server) -> None:
+    """A banned token is never chosen, whether named by id (false or -100) or by a text, in
+    llama-server's pairs, its object, or OpenAI's object; a bias shows in generation_settings."""
+    c = compat.client(key=None)
+    base = {"prompt": "The capital of France is", "n_predict": 6, "temperature": 0,
+            "ignore_eos": True, "return_tokens": True}
+    free = c.post("/completion", json=base).json()
+    first = free["tokens"][0]
+    piece = c.post("/detokenize", json={"tokens": [first]}).json()["content"]
+    for bias in ([[first, False]], [[first, -100]], {str(first): False}, [[piece, False]]):
+        r = c.post("/completion", json={**base, "logit_bias": bias}).json()
+        assert first not in r["tokens"], (bias, r["content"])
+    settings = r["generation_settings"]["logit_bias"]
+    assert {"token": first, "bias": None} in settings
+    zebra = c.post("/tokenize", json={"content": " zebra"}).json()["tokens"][-1]
+    openai = c.post("/v1/completions", json={"prompt": base["prompt"], "max_tokens": 3,
+                                             "temperature": 0, "logit_bias": {str(zebra): 100}})
+    assert openai.status_code == 200, openai.text
+    assert openai.json()["choices"][0]["text"] == c.post("/detokenize", json={
+        "tokens": [zebra] * 3}).json()["content"]
+    same = c.post("/completion", json={**base, "logit_bias": [[first + 1, 0.0]]}).json()
+    assert same["tokens"] == free["tokens"]  # a zero bias changes nothing
 
 
 def test_whole_floats_are_integers(compat: Server) -> None:
