@@ -5,6 +5,7 @@
 # active Python (`. .venv/bin/activate`). Writes bench/results/llama_server_suite.json.
 #   LLAMA_SUITE_DIR  scratch directory (default: ~/.cache/muser/llama-server-suite)
 #   PORT             first port the tests' servers use (default: 18080)
+#   JOBS             tests run at once (pytest-xdist workers; default: 2)
 set -euo pipefail
 
 VERSION=0.3.36
@@ -40,12 +41,15 @@ EOF
 chmod +x "$WORK/llama-server"
 
 PORT=${PORT:-18080}
+JOBS=${JOBS:-2}  # pytest-xdist workers; worker n's servers listen on PORT + 10 n
 # NOTE: a server still listening there (another run's) would answer the tests in place of theirs
-if ! "$MUSER_PY" -c "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))" \
-    "$PORT" 2>/dev/null; then
-  echo "port $PORT is in use: stop what listens there or set PORT" >&2
-  exit 1
-fi
+for ((n = 0; n < JOBS; n++)); do
+  if ! "$MUSER_PY" -c "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))" \
+      "$((PORT + 10 * n))" 2>/dev/null; then
+    echo "port $((PORT + 10 * n)) is in use: stop what listens there or set PORT" >&2
+    exit 1
+  fi
+done
 PIDS=$WORK/server.pids
 : > "$PIDS"
 # NOTE: a server the tests gave up on (a start past their timeout in a session fixture) is
@@ -70,10 +74,13 @@ if [ "$(id -u)" = 0 ]; then
   export LLAMA_SUITE_NICE=10
 fi
 # NOTE: the wrapper doubles as a pytest plugin that deselects its EXCLUDED list
+export LLAMA_SERVER_BIN_PATH=$WORK/llama-server LLAMA_SUITE_PORT=$PORT PYTHONPATH=$REPO/scripts \
+  LLAMA_SUITE_PIDS=$PIDS
 START=$(date +%s)
-LLAMA_SERVER_BIN_PATH=$WORK/llama-server PORT=$PORT PYTHONPATH=$REPO/scripts LLAMA_SUITE_PIDS=$PIDS \
-  "${NICE[@]}" "$WORK/venv/bin/python" -m pytest -v -p no:cacheprovider -p llama_server_wrapper \
-  "${FILES[@]/#/unit/}" > "$WORK/pytest.log" 2>&1 || true
+"$WORK/venv/bin/python" -m pytest --collect-only -q -p no:cacheprovider -p llama_server_wrapper \
+  "${FILES[@]/#/unit/}" | tail -n 1 > "$WORK/pytest.log"
+"${NICE[@]}" "$WORK/venv/bin/python" -m pytest -v -n "$JOBS" -p no:cacheprovider \
+  -p llama_server_wrapper "${FILES[@]/#/unit/}" >> "$WORK/pytest.log" 2>&1 || true
 echo "suite wall time: $(( $(date +%s) - START )) s" | tee -a "$WORK/pytest.log"
 tail -n 2 "$WORK/pytest.log" | head -n 1
 "$MUSER_PY" "$REPO/scripts/llama_server_report.py" "$WORK/pytest.log" \

@@ -160,6 +160,34 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         items[:] = [item for item in items if not is_excluded(item.nodeid)]
 
 
+START_TIMEOUT_S = 240  # NOTE: the tests wait 60 s; on a loaded 2-core machine muser takes longer
+
+
+def pytest_configure(config: Any) -> None:
+    """As a pytest plugin, three changes to the tests' harness (tools/server/tests/utils.py),
+    none to what a test asserts: ServerPreset.load_all, which starts every preset once before
+    any test so that their model files are downloaded, does nothing (the wrapper ignores model
+    selection; eight starts for nothing, and one slow start failed the whole session); a
+    server gets START_TIMEOUT_S to answer /health 200; under pytest-xdist each worker's servers
+    use LLAMA_SUITE_PORT + 10 * its number (the tests' own rule, from 8080, may meet another
+    program's server)."""
+    import utils  # NOTE: the tests' directory is the working directory, on sys.path
+
+    utils.ServerPreset.load_all = staticmethod(lambda: None)
+    start, init = utils.ServerProcess.start, utils.ServerProcess.__init__
+
+    def patient_start(self: Any, timeout_seconds: int = START_TIMEOUT_S) -> None:
+        start(self, max(timeout_seconds, START_TIMEOUT_S))
+
+    def own_port(self: Any) -> None:
+        init(self)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        if os.environ.get("LLAMA_SUITE_PORT") and worker.isdigit():
+            self.server_port = int(os.environ["LLAMA_SUITE_PORT"]) + 10 * int(worker)
+
+    utils.ServerProcess.start, utils.ServerProcess.__init__ = patient_start, own_port
+
+
 def pytest_runtest_logreport(report: Any) -> None:
     """As a pytest plugin: a failure's last traceback line at once, so that a run cut short
     still says why each test failed (the report reads these lines)."""
