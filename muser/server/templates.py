@@ -7,6 +7,7 @@ the GGUF's tokenizer.chat_template, else GEMMA: the Gemma 3 turn format
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 from jinja2.exceptions import TemplateError
@@ -96,11 +97,14 @@ class ChatTemplate:
                 raise TemplateError("continue_final_message: the template does not render the "
                                     "final message's text verbatim")
             return text[:cut + len(final)]
-        # NOTE: llama-server's template context: enable_thinking, today's date as date_string
+        # NOTE: llama-server's template context: enable_thinking, today's date as date_string,
+        # and for templates written for FireFunction v2 `datetime` and the tools as `functions`
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      tools=tools, bos_token=self._bos, eos_token=self._eos,
                                      enable_thinking=self.thinking,
-                                     date_string=_strftime_now("%d %b %Y"))
+                                     date_string=_strftime_now("%d %b %Y"),
+                                     datetime=_strftime_now("%b %d %Y %H:%M:%S GMT"),
+                                     functions=json.dumps(tools, indent=2) if tools else "")
         if self._drop_bos and text.startswith(self._bos):
             text = text[len(self._bos):]
         if not self.thinking and add_generation_prompt:

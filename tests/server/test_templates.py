@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 
 import gguf
 import pytest
@@ -70,3 +71,12 @@ def test_reasoning_off(tokenizer: Tokenizer, source: str, on: str, off: str) -> 
     thinking_off = ChatTemplate(tokenizer, source, thinking=False)
     assert thinking_off.render(messages).endswith(off)
     assert not thinking_off.render(messages, add_generation_prompt=False).endswith(off)
+
+
+def test_firefunction_context(tokenizer: Tokenizer) -> None:
+    """`datetime` and the tools as JSON in `functions`, as llama-server gives FireFunction v2."""
+    t = ChatTemplate(tokenizer, "{{ datetime }}|{{ functions }}")
+    tool = {"type": "function", "function": {"name": "f"}}
+    today = datetime.date.today().strftime("%b %d %Y")
+    assert t.render([]).startswith(today) and t.render([]).endswith("|")
+    assert t.render([], tools=[tool]).split("|")[1] == json.dumps([tool], indent=2)
