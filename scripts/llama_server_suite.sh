@@ -41,7 +41,7 @@ EOF
 chmod +x "$WORK/llama-server"
 
 PORT=${PORT:-18080}
-JOBS=${JOBS:-2}  # pytest-xdist workers; worker n's servers listen on PORT + 10 n
+export JOBS=${JOBS:-2}  # pytest-xdist workers; worker n's servers listen on PORT + 10 n
 # NOTE: a server still listening there (another run's) would answer the tests in place of theirs
 for ((n = 0; n < JOBS; n++)); do
   if ! "$MUSER_PY" -c "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))" \
