@@ -56,6 +56,7 @@ def main(log: str, out: str) -> None:
         "cpus": os.cpu_count(), "load_average_at_report": [round(x, 1) for x in os.getloadavg()],
         "wall_s": int(wall[1]) if (wall := _WALL.search(text)) else None,
         "jobs": int(os.environ.get("JOBS", "1")),
+        "servers_reused": os.environ.get("LLAMA_SUITE_REUSE") == "1",
         "totals": {**total, "included": included, "not_run": included - len(outcomes)},
         "files": {name: dict(counts) for name, counts in per_file.items()},
         "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in

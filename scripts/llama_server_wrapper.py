@@ -186,6 +186,60 @@ def pytest_configure(config: Any) -> None:
             self.server_port = int(os.environ["LLAMA_SUITE_PORT"]) + 10 * int(worker)
 
     utils.ServerProcess.start, utils.ServerProcess.__init__ = patient_start, own_port
+    if os.environ.get("LLAMA_SUITE_REUSE") == "1":
+        _reuse_servers(utils)
+
+
+# NOTE: files whose tests count across requests (metrics totals, slot caches): fresh servers
+FRESH_FILES = ("test_metrics.py", "test_slot_save.py")
+_current_file = [""]
+_parked: dict[tuple[str, ...], Any] = {}  # this worker's server kept running: flags -> process
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    _current_file[0] = os.path.basename(str(item.fspath))
+
+
+def _reuse_servers(utils: Any) -> None:
+    """LLAMA_SUITE_REUSE=1: a test whose server has the same flags as the previous test's (in
+    the same worker, outside FRESH_FILES) gets that server, still running, instead of a new one;
+    any other start ends it first. State a server keeps between requests (the prefix cache,
+    counters) then carries over from test to test."""
+    import subprocess
+
+    def popen(args: list[str], **kwargs: Any) -> Any:
+        key = tuple(args)
+        if (key in _parked and _parked[key].poll() is None
+                and _current_file[0] not in FRESH_FILES):
+            return _parked.pop(key)
+        _end_parked()
+        return subprocess.Popen(args, **kwargs)
+
+    stop = utils.ServerProcess.stop
+
+    def park_or_stop(self: Any) -> None:
+        proc = self.process
+        if (proc is not None and proc.poll() is None and not self.external_server
+                and _current_file[0] not in FRESH_FILES):
+            _end_parked()
+            _parked[tuple(proc.args)] = proc
+            self.process = None
+        stop(self)
+
+    utils.subprocess = type(subprocess)("subprocess_reusing")
+    utils.subprocess.__dict__.update(vars(subprocess), Popen=popen)
+    utils.ServerProcess.stop = park_or_stop
+
+
+def _end_parked() -> None:
+    for proc in _parked.values():
+        proc.terminate()
+        proc.wait(30)
+    _parked.clear()
+
+
+def pytest_unconfigure(config: Any) -> None:
+    _end_parked()
 
 
 def pytest_runtest_logreport(report: Any) -> None:
