@@ -93,7 +93,8 @@ class ChatMessage(Body):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            # NOTE: text parts joined by a blank line, as llama-server joins them for a template
+            return "\n\n".join(part.text for part in self.content)
         return self.content or ""
 
 
