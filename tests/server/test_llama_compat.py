@@ -201,6 +201,10 @@ def test_custom_chat_template_and_apply_template(compat: Server) -> None:
     assert prompt == "[system] Be brief.\n[user] Hi there\n[assistant] "
     bare = c.post("/apply-template", json={"messages": CHAT, "add_generation_prompt": False})
     assert bare.json()["prompt"] == "[system] Be brief.\n[user] Hi there\n"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Wh"},
+                                          {"type": "text", "text": "ill"}]}]
+    joined = c.post("/apply-template", json={"messages": parts, "add_generation_prompt": False})
+    assert joined.json()["prompt"] == "[user] Wh\n\nill\n"  # llama-server's blank line
     assert c.get("/props").json()["chat_template"] == TEMPLATE
     ids = c.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]
     chat = c.post("/chat/completions", json={"messages": CHAT, "max_tokens": 1}).json()
