@@ -191,6 +191,9 @@ def test_cors_preflight_and_origins(compat: Server, origin: str, allowed: bool) 
     assert r.status_code == 200
     assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
     assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    names = {name for name, _ in r.headers.raw}  # NOTE: as sent; llama-server's casing
+    assert b"Access-Control-Allow-Methods" in names
+    assert (b"Access-Control-Allow-Origin" in names) == allowed
     simple = c.get("/health", headers={"Origin": origin})
     assert simple.headers.get("access-control-allow-origin") == (origin if allowed else None)
 
