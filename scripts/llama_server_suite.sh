@@ -5,7 +5,7 @@
 # active Python (`. .venv/bin/activate`). Writes bench/results/llama_server_suite.json.
 #   LLAMA_SUITE_DIR  scratch directory (default: ~/.cache/muser/llama-server-suite)
 #   PORT             first port the tests' servers use (default: 18080)
-#   JOBS             tests run at once (pytest-xdist workers, a file each; default: 2)
+#   JOBS             tests run at once (pytest-xdist workers; default: 2)
 #   REUSE            1: consecutive tests with the same server flags share one server (see
 #                    scripts/llama_server_wrapper.py; for a loaded machine; default: 0)
 set -euo pipefail
@@ -81,7 +81,7 @@ export LLAMA_SERVER_BIN_PATH=$WORK/llama-server LLAMA_SUITE_PORT=$PORT PYTHONPAT
 START=$(date +%s)
 "$WORK/venv/bin/python" -m pytest --collect-only -q -p no:cacheprovider -p llama_server_wrapper \
   "${FILES[@]/#/unit/}" | tail -n 1 > "$WORK/pytest.log"
-"${NICE[@]}" "$WORK/venv/bin/python" -m pytest -v -n "$JOBS" --dist loadfile -p no:cacheprovider \
+"${NICE[@]}" "$WORK/venv/bin/python" -m pytest -v -n "$JOBS" -p no:cacheprovider \
   -p llama_server_wrapper "${FILES[@]/#/unit/}" >> "$WORK/pytest.log" 2>&1 || true
 echo "suite wall time: $(( $(date +%s) - START )) s" | tee -a "$WORK/pytest.log"
 tail -n 2 "$WORK/pytest.log" | head -n 1
