@@ -130,13 +130,14 @@ class ServerContext:
         server = self.options.defaults.n_predict
         return requested or (server if server and server > 0 else default)
 
-    def n_predict(self, requested: int, num_prompt: int) -> int:
-        """llama-server's n_predict: -1 or more than fits is capped at the context's rest, and
-        at --n-predict when that is set."""
+    def n_predict(self, requested: int, num_prompt: int, given: bool = True) -> int:
+        """llama-server's n_predict: --n-predict when the request leaves it out (`given`
+        false), then -1 or more than fits is capped at the context's rest."""
         rest = max(1, self.max_model_len - num_prompt)
         server = self.options.defaults.n_predict
-        n = rest if requested < 0 else min(requested, rest)
-        return min(n, server) if server and server > 0 else n
+        if not given and server:
+            requested = server
+        return rest if requested < 0 else min(requested, rest)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams,
               llama: bool = False) -> Generation:

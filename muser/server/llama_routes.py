@@ -108,8 +108,9 @@ async def completion(request: Request) -> Any:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
-    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids)), bias)
-                 for ids in prompts]
+    given = "n_predict" in body.model_fields_set
+    samplings = [sampling_or_400(body.sampling, ctx.n_predict(body.n_predict, len(ids), given),
+                                 bias) for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):

@@ -251,3 +251,19 @@ def test_llamacpp_metric_families(server: Server) -> None:
     assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:prompt_seconds_total"] > 0
     assert "# TYPE llamacpp:n_tokens_max counter" in text
     assert "# TYPE llamacpp:requests_processing gauge" in text
+
+
+def test_n_predict_beyond_the_server_default(gguf_path: Path,
+                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--n-predict is the default of a request that leaves n_predict out, not a cap (as in
+    llama-server, whose tests ask 80 tokens of a server started with --n-predict 64)."""
+    s = start_server(gguf_path, tmp_path_factory.mktemp("n_predict"),
+                     ["--max-model-len", "256", "--max-num-seqs", "1", "--n-predict", "5"])
+    try:
+        c = s.client(key=None)
+        base = {"prompt": "Once", "temperature": 0, "ignore_eos": True}
+        assert c.post("/completion", json=base).json()["tokens_predicted"] == 5
+        assert c.post("/completion", json={**base, "n_predict": 9}).json()[
+            "tokens_predicted"] == 9
+    finally:
+        stop_server(s.proc)
