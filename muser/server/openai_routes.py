@@ -124,6 +124,9 @@ async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool) -> st
                        "invalid_value", "continue_final_message")
     messages = body.chat()
     prefill = llama and body.add_generation_prompt and messages[-1]["role"] == "assistant"
+    if prefill and len(messages) > 1 and messages[-2]["role"] == "assistant":
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list "
+                       "(the last one is continued)", "invalid_value", "messages")
     continued = body.continue_final_message or prefill
     return await ctx.render_chat(messages, body.add_generation_prompt and not continued,
                                  continue_final_message=continued)

@@ -253,6 +253,15 @@ def test_llamacpp_metric_families(server: Server) -> None:
     assert "# TYPE llamacpp:requests_processing gauge" in text
 
 
+def test_two_assistant_turns_at_the_end_are_refused_off_v1(compat: Server) -> None:
+    c = compat.client(key=None)
+    two = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A"},
+           {"role": "assistant", "content": "B"}]
+    r = c.post("/chat/completions", json={"messages": two, "max_tokens": 1})
+    assert r.status_code == 400 and "2 or more assistant" in r.json()["error"]["message"]
+    assert c.post("/v1/chat/completions", json={"messages": two, "max_tokens": 1}).status_code == 200
+
+
 def test_n_predict_beyond_the_server_default(gguf_path: Path,
                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     """--n-predict is the default of a request that leaves n_predict out, not a cap (as in
