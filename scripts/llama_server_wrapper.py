@@ -75,7 +75,7 @@ EXCLUDED: dict[str, str] = {
     _U + "test_ctx_shift.py::test_ctx_shift_disabled_short_prompt": _TEXT + " (an 8-token "
     "prompt; 64 tokens without an end-of-generation token)",
     _U + "test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": _TEXT + " (its LONG_TEXT "
-    "is over a 256-token context in its vocabulary, about 110 tokens in Gemma's; muser refuses "
+    "is over a 256-token context in its vocabulary, 89 tokens in Gemma's; muser refuses "
     "a prompt over the context with the message the test looks for)",
     _U + "test_infill.py": _FIM,
     _U + "test_security.py::test_access_static_assets_without_api_key": _UI,
