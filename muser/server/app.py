@@ -41,8 +41,11 @@ async def _metrics(request: Request) -> Response:
     if not request.app.state.ctx.options.metrics:
         raise ApiError(501, "/metrics is disabled: start the server without --no-metrics",
                        "not_supported")
-    return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST,
-                    headers={"Process-Start-Time-Unix": str(request.app.state.started)})
+    response = Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # NOTE: named as llama-server writes it (starlette lowercases names given as headers=)
+    response.raw_headers.append((b"Process-Start-Time-Unix",
+                                 str(request.app.state.started).encode()))
+    return response
 
 
 class _RequestCounter:
