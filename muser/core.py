@@ -38,6 +38,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     n: int = 1  # samples of the prompt (prefilled once, its KV shared by the samples)
+    # (token id, bias) pairs added to the logits before anything else; -inf: never chosen
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -57,6 +59,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.n >= 1, "n must be >= 1"),
+            (all(t >= 0 and b == b and b != float("inf") for t, b in self.logit_bias),
+             "logit_bias: token ids must be >= 0, biases numbers or -inf"),
         ]
         for ok, message in checks:
             if not ok:

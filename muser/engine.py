@@ -91,6 +91,9 @@ class Engine:
         self._arrived: list[Result] = []  # remote prefills done, not yet installed
         self.forks: dict[int, list[int]] = {}  # a request's uid -> its forks' engine uids
         self._fork_uids = itertools.count(-1, -1)  # NOTE: negative: callers number from 0
+        # the token ids whose rows each slot's last sequence left in the prefix cache (what
+        # llama-server calls the slot's cache; muser/slot_actions.py saves and erases it)
+        self.slot_ids: dict[int, list[int]] = {}
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
                      uid: int | None = None) -> Request:
@@ -372,6 +375,7 @@ class Engine:
         self.scheduler.remove(live.req.uid)
         live.req.status = Status.FINISHED
         if live.seq is not None:
+            self.slot_ids[live.seq.slot] = list(live.seq.token_ids)
             self.runner.free(live.seq)
             live.seq = None
         self.live.pop(live.req.uid, None)

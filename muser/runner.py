@@ -143,14 +143,15 @@ class Runner:
             self.pool.num_pages, self.engine.page_size,
             self.prefix.store.nbytes if self.prefix is not None else 0)
 
-    def allocate(self, token_ids: list[int] | None = None) -> SeqState:
+    def allocate(self, token_ids: list[int] | None = None, count: bool = True) -> SeqState:
         """A fresh sequence in a free slot: empty, or (with the prefix cache) holding the
-        longest cached prefix of `token_ids[:-1]` (then `num_cached` > 0)."""
+        longest cached prefix of `token_ids[:-1]` (then `num_cached` > 0; `count`: as a
+        prompt's lookup in the prefix cache's counters)."""
         if not self.free_slots:
             raise RuntimeError("no free sequence slot")
         seq = SeqState(slot=self.free_slots.pop(), ring=RingState(self.cfg.sliding_window))
         if self.prefix is not None and token_ids:
-            self.prefix.restore(seq, token_ids)
+            self.prefix.restore(seq, token_ids, count)
         return seq
 
     def fork(self, seq: SeqState) -> SeqState:

@@ -7,7 +7,9 @@ rows that ask for them (muser/logprobs.py: of the raw logits, before any step be
 
 Per row, in this order (the order of the per-request sampler this replaced):
 0. a grammar's mask (muser/grammar.py), for the rows that have one: logits of the tokens it
-   does not allow -> -inf, so every later step sees only allowed tokens (greedy included).
+   does not allow -> -inf, so every later step sees only allowed tokens (greedy included);
+   then logit_bias: each (token, bias) pair is added to that token's logit (-inf: never
+   chosen), as llama.cpp's first sampler stage does.
 1. repetition penalty, llama.cpp's rule: logits of the last repeat_last_n ids of prompt + output
    are divided by the penalty when positive, multiplied by it otherwise; then OpenAI's presence
    and frequency penalties over the tokens generated so far: logit -= frequency * count +
@@ -133,8 +135,11 @@ class BatchSampler:
         return logits.index_copy(0, index, rows)
 
     def penalize(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """[B, vocab] -> the logits with each row's repetition, presence and frequency
-        penalties (the same tensor when no row has one)."""
+        """[B, vocab] -> the logits with each row's logit biases, repetition, presence and
+        frequency penalties (the same tensor when no row has one)."""
+        biases = [row.params.logit_bias for row in rows]
+        if any(biases):
+            logits = logits + self._biases(logits, biases)
         recent = [row.history[-row.params.repeat_last_n:] if _penalizes(row.params) else []
                   for row in rows]
         if max(map(len, recent)):
@@ -149,6 +154,18 @@ class BatchSampler:
                                     for row in rows], torch.float32)
             logits = logits - weights[:, :1] * counts - weights[:, 1:] * (counts > 0)
         return logits
+
+    def _biases(self, logits: torch.Tensor,
+                biases: list[tuple[tuple[int, float], ...]]) -> torch.Tensor:
+        """[B, vocab] float32: each row's biases at their tokens, 0 elsewhere (x + 0 is x)."""
+        num_rows, vocab = logits.shape
+        width = max(map(len, biases))
+        ids = self._upload([[t for t, _ in b] + [vocab] * (width - len(b)) for b in biases],
+                           torch.int64)
+        values = self._upload([[v for _, v in b] + [0.0] * (width - len(b)) for b in biases],
+                              torch.float32)
+        table = torch.zeros(num_rows, vocab + 1, dtype=torch.float32, device=logits.device)
+        return table.scatter_add_(1, ids, values)[:, :vocab]
 
     def _counts(self, logits: torch.Tensor, ids: list[list[int]]) -> torch.Tensor:
         """[B, vocab] float32: how often each id occurs in each row's list."""

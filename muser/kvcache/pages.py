@@ -80,6 +80,17 @@ class PageAllocator:
             self._page_of[key] = page_id
             self._key_of[page_id] = key
 
+    def unregister(self, key: bytes) -> None:
+        """Forget the page registered under `key`, if any: a cached one becomes free, a held
+        one stays held (and is freed, not cached, when its last holder lets go)."""
+        page = self._page_of.pop(key, None)
+        if page is None:
+            return
+        del self._key_of[page]
+        if page in self._cached:
+            del self._cached[page]
+            self._free.append(page)
+
     def lookup(self, keys: list[bytes]) -> list[int]:
         """The pages of the longest run keys[:n] registered, in order."""
         page_ids = []

@@ -61,6 +61,7 @@ class CheckpointIndex:
         self._by_key: dict[bytes, dict[tuple[int, ...], Checkpoint]] = {}
         self._probation: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
         self._protected: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
+        self._free_rows = list(range(capacity - 1, -1, -1))  # store rows no checkpoint holds
         self.num_evictions = 0
 
     def __len__(self) -> int:
@@ -76,19 +77,27 @@ class CheckpointIndex:
             return None
         if not self.capacity:
             return None
-        if len(self) < self.capacity:
-            index = len(self)
-        else:
-            old = (self._probation or self._protected).popitem(last=False)[1]
-            del self._by_key[old.key][old.tail_ids]
-            if not self._by_key[old.key]:
-                del self._by_key[old.key]
-            index = old.index
+        if not self._free_rows:
+            old = next(iter((self._probation or self._protected).values()))
+            self.remove(old.key, old.tail_ids)
             self.num_evictions += 1
-        ckpt = Checkpoint(key, tail_ids, num_tokens, ring, index)
+        ckpt = Checkpoint(key, tail_ids, num_tokens, ring, self._free_rows.pop())
         self._by_key.setdefault(key, {})[tail_ids] = ckpt
         (self._protected if protected else self._probation)[(key, tail_ids)] = ckpt
         return ckpt
+
+    def remove(self, key: bytes, tail_ids: tuple[int, ...]) -> None:
+        """Drop the checkpoint filed under (key, tail_ids); its store row becomes free."""
+        name = (key, tail_ids)
+        ckpt = (self._probation if name in self._probation else self._protected).pop(name)
+        del self._by_key[key][tail_ids]
+        if not self._by_key[key]:
+            del self._by_key[key]
+        self._free_rows.append(ckpt.index)
+
+    def under(self, key: bytes) -> list[Checkpoint]:
+        """The checkpoints filed under `key` (not touched)."""
+        return list(self._by_key.get(key, {}).values())
 
     def find(self, key: bytes, next_ids: list[int], max_tail: int,
              touch: bool = True) -> Checkpoint | None:

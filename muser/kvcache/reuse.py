@@ -84,10 +84,11 @@ class PrefixCache:
         match = self._match(token_ids, touch=False)
         return match[2].num_tokens if match else 0
 
-    def restore(self, seq: SeqState, token_ids: list[int]) -> None:
-        """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any."""
-        self._lookups += 1
-        match = self._match(token_ids)
+    def restore(self, seq: SeqState, token_ids: list[int], count: bool = True) -> None:
+        """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any
+        (`count`: in the lookup / hit counters; a slot file's export is not a prompt)."""
+        self._lookups += count
+        match = self._match(token_ids, touch=count)
         if match is None:
             return
         keys, shared, ckpt = match
@@ -103,8 +104,20 @@ class PrefixCache:
         self.store.restore(ckpt.index, seq.slot, tail[0] if tail else None)
         seq.page_ids, seq.ring, seq.num_cached = shared + tail, ckpt.ring, ckpt.num_tokens
         seq.token_ids, seq.keys = token_ids[:ckpt.num_tokens], keys[:k]
-        self._hits += 1
-        self._reused += ckpt.num_tokens
+        self._hits += count
+        self._reused += ckpt.num_tokens if count else 0
+
+    def forget(self, token_ids: list[int]) -> None:
+        """Forget every cached prefix of `token_ids`: the checkpoints filed along it and the
+        pages registered under its keys (a page a sequence holds stays with it), so that the
+        same prompt computes all its rows again."""
+        ps, keys = self.page_size, chain_keys(token_ids, self.page_size)
+        for k, key in enumerate([ROOT, *keys]):
+            for ckpt in self.index.under(key):
+                if list(ckpt.tail_ids) == token_ids[k * ps:k * ps + len(ckpt.tail_ids)]:
+                    self.index.remove(ckpt.key, ckpt.tail_ids)
+        for key in keys:
+            self.pages.unregister(key)
 
     def append(self, seq: SeqState, token_ids: list[int]) -> None:
         """Record rows the sequence has just computed (their page keys as pages fill)."""

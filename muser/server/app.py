@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from muser.server import llama_routes, openai_routes
+from muser.server import llama_routes, openai_routes, slot_routes
 from muser.server.cors import Cors
 from muser.server.errors import ApiError, install_error_handlers
 from muser.server.metrics import Metrics
@@ -41,8 +41,11 @@ async def _metrics(request: Request) -> Response:
     if not request.app.state.ctx.options.metrics:
         raise ApiError(501, "/metrics is disabled: start the server without --no-metrics",
                        "not_supported")
-    return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST,
-                    headers={"Process-Start-Time-Unix": str(request.app.state.started)})
+    response = Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # NOTE: named as llama-server writes it (starlette lowercases names given as headers=)
+    response.raw_headers.append((b"Process-Start-Time-Unix",
+                                 str(request.app.state.started).encode()))
+    return response
 
 
 class _RequestCounter:
@@ -84,7 +87,7 @@ def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
     user, admin = [Depends(_ready), Depends(_user)], [Depends(_ready), Depends(_admin)]
     app.include_router(openai_routes.router, dependencies=user)
     app.include_router(llama_routes.router, dependencies=user)
-    app.include_router(llama_routes.admin_router, dependencies=admin)
+    app.include_router(slot_routes.router, dependencies=admin)
     app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=user)
     app.add_middleware(_RequestCounter)
     app.add_middleware(Cors)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -17,7 +18,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        description="Serve a model: OpenAI-compatible /v1/* routes and "
                        "llama.cpp-compatible ones, with continuous batching.")
     add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address, or several separated by "
+                   "commas, e.g. 127.0.0.1,::1 (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="default: %(default)s")
     p.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="accept KEY on every route but /health (repeatable)")
@@ -95,11 +97,27 @@ def serve(args: argparse.Namespace) -> int:
                             log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
                             server_header=False)
     holder.append(uvicorn.Server(config))
-    holder[0].run()
+    hosts = [h.strip().strip("[]") for h in args.host.split(",") if h.strip()]
+    holder[0].run(sockets=[_bind(h, args.port) for h in hosts] if len(hosts) > 1 else None)
     if startup.error is not None:
         raise startup.error if isinstance(startup.error, MuserError) else MuserError(
             f"startup failed: {startup.error}")
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to one of several --host addresses (IPv6 ones IPv6 only)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise MuserError(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    return sock
 
 
 def _context(args: argparse.Namespace, keys, metrics):
@@ -115,11 +133,12 @@ def _context(args: argparse.Namespace, keys, metrics):
         kwargs["decode_waiting_chunk"] = kwargs["prefill_chunk"]
     from muser.disagg.cli import disagg_options
 
+    options = server_options(args)
     spec = EngineSpec(args.model, kwargs, args.log_level, sys.stderr.isatty(),
-                      disagg_options(args))
+                      disagg_options(args), options.slot_save_path)
     loop = EngineProcess(spec, args.max_queue)
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,
                          args.model_name or Path(ready.model_path).stem, ready.model_path,
                          ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
-                         batching=ready.batching, options=server_options(args))
+                         batching=ready.batching, options=options)

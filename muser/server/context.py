@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -49,7 +50,8 @@ class ServerContext:
         self.aliases = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
         self.model_name = self.aliases[0]
         try:
-            self.template = ChatTemplate(self.tokenizer, self.options.chat_template)
+            self.template = ChatTemplate(self.tokenizer, self.options.chat_template,
+                                         self.options.thinking)
         except TemplateError as exc:
             raise MuserError(f"the chat template does not parse: {exc}") from None
 
@@ -129,13 +131,14 @@ class ServerContext:
         server = self.options.defaults.n_predict
         return requested or (server if server and server > 0 else default)
 
-    def n_predict(self, requested: int, num_prompt: int) -> int:
-        """llama-server's n_predict: -1 or more than fits is capped at the context's rest, and
-        at --n-predict when that is set."""
+    def n_predict(self, requested: int, num_prompt: int, given: bool = True) -> int:
+        """llama-server's n_predict: --n-predict when the request leaves it out (`given`
+        false), then -1 or more than fits is capped at the context's rest."""
         rest = max(1, self.max_model_len - num_prompt)
         server = self.options.defaults.n_predict
-        n = rest if requested < 0 else min(requested, rest)
-        return min(n, server) if server and server > 0 else n
+        if not given and server:
+            requested = server
+        return rest if requested < 0 else min(requested, rest)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams,
               llama: bool = False) -> Generation:
@@ -199,9 +202,11 @@ def is_llama_path(request: Request) -> bool:
     return not request.url.path.startswith("/v1/")
 
 
-def sampling_or_400(build: Any, max_tokens: int) -> SamplingParams:
+def sampling_or_400(build: Any, max_tokens: int,
+                    logit_bias: tuple[tuple[int, float], ...] = ()) -> SamplingParams:
     try:
-        return build(max_tokens)
+        params = build(max_tokens)
+        return dataclasses.replace(params, logit_bias=logit_bias) if logit_bias else params
     except ValueError as exc:
         raise ApiError(400, str(exc), "invalid_value") from None
 

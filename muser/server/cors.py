@@ -12,8 +12,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from muser.server.options import ServerOptions
 
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
-_PREFLIGHT = [(b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-              (b"access-control-allow-headers", b"*"), (b"access-control-max-age", b"600")]
+# NOTE: names as llama-server writes them (a client that copies the headers into a plain dict
+# looks them up so)
+_PREFLIGHT = [(b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
+              (b"Access-Control-Allow-Headers", b"*"), (b"Access-Control-Max-Age", b"600")]
 
 
 def is_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
@@ -41,9 +43,9 @@ class Cors:
         origin = headers.get(b"origin", b"").decode("latin-1")
         ctx = scope["app"].state.startup.ctx
         allowed = (ctx.options if ctx else ServerOptions()).cors_origins
-        granted = [(b"access-control-allow-origin", origin.encode("latin-1")),
-                   (b"access-control-allow-credentials", b"true"), (b"vary", b"Origin")
-                   ] if origin and is_allowed(origin, allowed) else [(b"vary", b"Origin")]
+        granted = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")),
+                   (b"Access-Control-Allow-Credentials", b"true"), (b"Vary", b"Origin")
+                   ] if origin and is_allowed(origin, allowed) else [(b"Vary", b"Origin")]
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
             await send({"type": "http.response.start", "status": 200,
                         "headers": granted + _PREFLIGHT + [(b"content-length", b"0")]})

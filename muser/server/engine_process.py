@@ -6,10 +6,13 @@ between its steps, and under load the engine launches late. Here the child owns 
 the EngineLoop; the server keeps the tokenizer and talks to the child over two pipes:
 
     server -> child   ("add", uid, prompt_ids, sampling) | ("abort", uid) | ("stop",)
+                      | ("slot", call_id, action, slot, filename)
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
                       ("step", [(uid, token_id, text_delta, finished, finish_reason,
                       num_reused, logprobs, prompt_logprobs, index, ends_request)...],
                       LoopStats | (steps per kind, rows per work class, preemptions))
+                      and for each slot call ("slot", call_id, ("ok", answer) |
+                      ("error", status, message, code))  (muser/slot_actions.py)
 
 Outputs travel as plain tuples (a few us to pickle per step; logprobs as nested tuples of floats
 and ids, only for requests that ask), and so do the step counters, every
@@ -23,6 +26,7 @@ new requests are refused with 503 and /health reports it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import multiprocessing as mp
@@ -31,6 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -63,6 +68,7 @@ class EngineSpec:
     log_level: str = "info"
     progress: bool = False
     disagg: dict[str, Any] | None = None  # muser.disagg.client.attach's keywords
+    slot_save_path: str | None = None  # where slot files live (None: no save / restore)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class EngineProcess:
         self.ready: Ready | None = None
         self.error: str | None = None  # why the engine process is gone, once it is
         self._sinks: dict[int, Sink] = {}
+        self._calls: dict[int, Future] = {}  # slot actions waiting for the child's answer
         self._lock = threading.Lock()  # sinks, error and the pipe to the child
         self._uids = itertools.count()
         self._proc: mp.process.BaseProcess | None = None
@@ -144,6 +151,18 @@ class EngineProcess:
             if self.error is None and uid in self._sinks:
                 self._send(("abort", uid))
 
+    def slot_action(self, action: str, slot: int, filename: str | None) -> Future:
+        """Have the engine save / restore / erase a slot -> a Future of ("ok", answer) or
+        ("error", status, message, code). Raises EngineDead."""
+        fut: Future = Future()
+        with self._lock:
+            if self.error is not None:
+                raise EngineDead(self.error)
+            call = next(self._uids)
+            self._calls[call] = fut
+            self._send(("slot", call, action, slot, filename))
+        return fut
+
     def stop(self) -> None:
         """Ask the child to cancel what is in flight and exit; wait for it (killed when it
         has not said it stopped within STOP_S, or has not exited EXIT_S after saying so)."""
@@ -182,6 +201,12 @@ class EngineProcess:
                 stopping_ok = True
                 self._stopped.set()
                 continue
+            if kind == "slot":
+                with self._lock:
+                    fut = self._calls.pop(outputs, None)
+                if fut is not None:
+                    fut.set_result(stats)
+                continue
             for out in outputs:
                 self._deliver(StepOutput(*out))
             if isinstance(stats, LoopStats):
@@ -195,6 +220,9 @@ class EngineProcess:
             code = self._proc.exitcode
             self.error = f"the engine process exited with code {code}"
             sinks, self._sinks = self._sinks, {}
+            calls, self._calls = self._calls, {}
+        for fut in calls.values():
+            fut.set_result(("error", 503, self.error, "engine_dead"))
         if not stopping_ok:
             log.error("%s; failing %d requests in flight", self.error, len(sinks))
         reason = "cancelled" if stopping_ok else "error"
@@ -245,6 +273,10 @@ def _child_main(spec: EngineSpec, requests: Connection, outputs: Connection) -> 
                 loop.refuse(uid)
         elif msg[0] == "abort":
             loop.abort(msg[1])
+        elif msg[0] == "slot":
+            _, call, action, slot, filename = msg
+            loop.call(lambda _engine, a=(action, slot, filename): loop.slots(*a),
+                      lambda result, call=call: loop.answer(call, result))
         else:
             break
     loop.stop()
@@ -268,7 +300,12 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
         from muser.disagg.client import attach
 
         attach(llm, **spec.disagg)
-    loop = _PipeLoop(llm.engine, outputs)
+    from muser.loading.fingerprint import fingerprint
+    from muser.slot_actions import SlotActions
+
+    slots = SlotActions(llm.engine, spec.slot_save_path,
+                        functools.cache(lambda: fingerprint(llm.model_config, llm.path)))
+    loop = _PipeLoop(llm.engine, outputs, slots)
     c = llm.config
     ready = Ready(llm.tokenizer, str(llm.path), c.max_model_len, c.max_num_seqs,
                   llm.runner.memory, {"max_num_seqs": c.max_num_seqs,
@@ -284,8 +321,10 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
 class _PipeLoop(EngineLoop):
     """An EngineLoop whose outputs of each step go to the server as one message."""
 
-    def __init__(self, engine, outputs: Connection) -> None:
+    def __init__(self, engine, outputs: Connection, slots: Callable[..., dict]) -> None:
+        """slots: the slot actions (muser.slot_actions.SlotActions)."""
         super().__init__(engine, None)
+        self.slots = slots
         EngineLoop._snapshot(self)  # NOTE: the Ready message's stats; nothing sent yet
         self._outputs = outputs
         self._send_lock = threading.Lock()  # the loop thread's steps, the main thread's refusals
@@ -320,6 +359,20 @@ class _PipeLoop(EngineLoop):
             return  # NOTE: the server is gone; the request pipe's EOF stops the loop
         if send_stats:
             self._stats_due, self._stats_sent = False, now
+
+    def answer(self, call: int, result: object) -> None:
+        """A slot action's outcome to the server (on the loop thread)."""
+        from muser.slot_actions import SlotError
+
+        if isinstance(result, SlotError):
+            reply = ("error", result.status, str(result), result.code)
+        elif isinstance(result, BaseException):
+            log.error("slot action failed: %s: %s", type(result).__name__, result)
+            reply = ("error", 500, f"slot action failed: {type(result).__name__}: {result}",
+                     "internal_error")
+        else:
+            reply = ("ok", result)
+        self._send(("slot", call, reply))
 
     def refuse(self, uid: int) -> None:
         """End a request the engine could not take (from the main thread)."""

@@ -1,9 +1,10 @@
 """llama.cpp-compatible routes: /completion, /apply-template, /tokenize, /detokenize, /health,
-/props, /slots, /infill (501)."""
+/props, /infill (501); /slots is in muser/server/slot_routes.py."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from muser.core import SamplingParams
-from muser.server import logprob_shapes
+from muser.server import logit_bias, logprob_shapes
 from muser.server.context import ServerContext, collect_outputs, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
@@ -31,7 +32,6 @@ from muser.server.results import is_truncated, stop_type, stopping_word, timings
 from muser.server.structured import with_grammar
 
 router = APIRouter()
-admin_router = APIRouter()
 health_router = APIRouter()
 
 
@@ -113,9 +113,11 @@ async def completion(request: Request) -> Any:
     for ids in prompts:
         if len(ids) >= ctx.max_model_len:
             raise ctx.overflow(len(ids), llama=True)
+    bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
+    given = bool({"n_predict", "max_tokens", "max_completion_tokens"} & body.model_fields_set)
     samplings = [await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, ctx.max_model_len), ctx.n_predict(body.num_predict, len(ids))))
-        for ids in prompts]
+        lambda m: body.sampling(m, ctx.max_model_len),
+        ctx.n_predict(body.num_predict, len(ids), given), bias)) for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):
@@ -202,6 +204,8 @@ def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,
     """The settings a request ran with, in llama-server's names. ignore_eos shows as a -inf
     (null) bias on each end-of-generation token, as llama-server reports it."""
     eog = sorted(ctx.tokenizer.eot_ids) if sampling.ignore_eos else []
+    # NOTE: -inf shows as null (JSON has no infinity), as llama-server shows it
+    biases = [{"token": t, "bias": b if b > -math.inf else None} for t, b in sampling.logit_bias]
     return {"n_predict": sampling.max_tokens, "seed": -1 if sampling.seed is None else
             sampling.seed, "temperature": sampling.temperature, "top_k": sampling.top_k,
             "top_p": sampling.top_p, "min_p": sampling.min_p,
@@ -209,7 +213,8 @@ def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,
             "presence_penalty": sampling.presence_penalty,
             "frequency_penalty": sampling.frequency_penalty,
             "stop": list(sampling.stop), "ignore_eos": sampling.ignore_eos,
-            "logit_bias": [{"token": t, "bias": None} for t in eog], "n_probs": body.n_probs,
+            "logit_bias": [{"token": t, "bias": None} for t in eog] + biases,
+            "n_probs": body.n_probs,
             "stream": body.stream, "cache_prompt": body.cache_prompt}
 
 
@@ -240,38 +245,3 @@ async def apply_template(request: Request) -> dict[str, str]:
 async def infill() -> None:
     raise ApiError(501, "/infill needs fill-in-the-middle tokens, which this model (Gemma 3) "
                    "does not have", "not_supported")
-
-
-@admin_router.get("/slots")
-async def slots(request: Request) -> list[dict[str, Any]]:
-    ctx = _ctx(request)
-    if not ctx.options.slots:
-        raise ApiError(501, "/slots is disabled: start the server without --no-slots",
-                       "not_supported")
-    by_slot = {s.slot: s for s in ctx.loop.stats.slots if s.slot is not None}
-    out = []
-    for i in range(ctx.max_num_seqs):
-        s = by_slot.get(i)
-        out.append({"id": i, "id_task": s.uid if s else -1, "is_processing": s is not None,
-                    "n_ctx": ctx.max_model_len, "state": s.status if s else "idle",
-                    "n_prompt_tokens": s.num_prompt if s else 0,
-                    "n_past": s.num_cached if s else 0, "n_decoded": s.num_output if s else 0})
-    # NOTE: a prompt being prefilled by a prefill worker holds no slot yet: listed after them
-    out += [{"id": -1, "id_task": s.uid, "is_processing": True, "n_ctx": ctx.max_model_len,
-             "state": s.status, "n_prompt_tokens": s.num_prompt, "n_past": 0, "n_decoded": 0}
-            for s in ctx.loop.stats.slots if s.status == "remote"]
-    return out
-
-
-@admin_router.post("/slots/{slot_id}")
-async def slot_action(request: Request, slot_id: int, action: str) -> dict[str, Any]:
-    """action=erase cancels the request in the slot and frees its KV."""
-    ctx = _ctx(request)
-    if action != "erase":
-        raise ApiError(400, "only action=erase is supported", "invalid_value", "action")
-    if not 0 <= slot_id < ctx.max_num_seqs:
-        raise ApiError(404, f"no slot {slot_id}", "not_found", "id_slot")
-    held = [s for s in ctx.loop.stats.slots if s.slot == slot_id]
-    for s in held:
-        ctx.loop.abort(s.uid)
-    return {"id_slot": slot_id, "n_erased": sum(s.num_cached for s in held)}

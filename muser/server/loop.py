@@ -42,6 +42,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._inbox: list[tuple[Request, Sink]] = []
         self._aborts: list[int] = []
+        self._calls: list[tuple[Callable[[Engine], object], Callable[[object], None]]] = []
         self._sinks: dict[int, Sink] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="muser-engine", daemon=True)
@@ -87,21 +88,36 @@ class EngineLoop:
             self._aborts.append(uid)
             self._cond.notify()
 
+    def call(self, fn: Callable[[Engine], object], reply: Callable[[object], None]) -> None:
+        """Run fn(engine) on the loop thread between two steps (after the aborts that came
+        before it) and pass reply its result, or the exception it raised."""
+        with self._cond:
+            self._calls.append((fn, reply))
+            self._cond.notify()
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._inbox or self._aborts or self._stopping or self.engine.has_work):
+                while not (self._inbox or self._aborts or self._calls or self._stopping
+                           or self.engine.has_work):
                     self._cond.wait()
                 if self._stopping:
                     break
                 adds, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
+                calls, self._calls = self._calls, []
             for req, sink in adds:
                 self.engine.add(req)
                 self._sinks[req.uid] = sink
             for uid in aborts:
                 self._deliver(self.engine.abort(uid))
-            if aborts:
+            for fn, reply in calls:
+                try:
+                    result = fn(self.engine)
+                except Exception as exc:  # noqa: BLE001  (the caller's to judge)
+                    result = exc
+                reply(result)
+            if aborts or calls:
                 self._snapshot()
             self._step()
         for uid in list(self.engine.live):

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from muser.core import StepOutput
-from muser.server import logprob_shapes
+from muser.server import logit_bias, logprob_shapes
 from muser.server.context import ServerContext, is_llama_path, sampling_or_400, with_defaults
 from muser.server.errors import ApiError
 from muser.server.generation import Generation, GenerationStream
@@ -78,8 +78,9 @@ async def completions(request: Request) -> Any:
     # NOTE: max_tokens 0 finishes when the prompt's logprobs are in, asked for or not
     echo_k = (k if k is not None else 0 if body.max_tokens == 0 else None) if body.echo else None
     llama = is_llama_path(request)
+    bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, num_samples, wanted, echo_k), n))
+        lambda m: body.sampling(m, num_samples, wanted, echo_k), n, bias))
     gens: list[Generation] = []
     try:
         for ids in all_ids:
@@ -141,8 +142,9 @@ async def chat_completions(request: Request) -> Any:
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
     num_samples = check_samples(ctx, body.n, None, body.stream)
+    bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, num_samples, k), n))
+        lambda m: body.sampling(m, num_samples, k), n, bias))
     gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
     pieces = Pieces(ctx.tokenizer)
@@ -166,7 +168,7 @@ async def chat_completions(request: Request) -> Any:
     result = await gen.collect(request)
     _raise_if_failed(result.finish_reason)
     ctx.metrics.observe_finished(gen)
-    verbose = {"__verbose": {"prompt": prompt}} if body.verbose else {}
+    verbose = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
             "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
                          "logprobs": lps(s.entries), "finish_reason": s.finish_reason}
@@ -192,6 +194,9 @@ async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool) -> st
                        "invalid_value", "continue_final_message")
     messages = body.chat()
     prefill = llama and body.add_generation_prompt and messages[-1]["role"] == "assistant"
+    if prefill and len(messages) > 1 and messages[-2]["role"] == "assistant":
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list "
+                       "(the last one is continued)", "invalid_value", "messages")
     continued = body.continue_final_message or prefill
     return await ctx.render_chat(messages, body.add_generation_prompt and not continued,
                                  continue_final_message=continued)

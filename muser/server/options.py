@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,9 @@ class ServerOptions:
     metrics: bool = True
     slots: bool = True
     chat_template: str | None = None  # Jinja source overriding the GGUF's
+    slot_save_path: str | None = None  # the folder of slot files (resolved; None: no files)
+    verbose: bool = False  # every chat reply carries __verbose (llama-server's --verbose)
+    thinking: bool = True  # chat templates' enable_thinking (--reasoning off: False)
     defaults: Defaults = Defaults()
     max_n: int = 8  # most samples (n, best_of) one request may ask for
 
@@ -48,6 +52,15 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=int, default=8, metavar="N",
                    help="most samples one request may ask for with n / best_of; each takes a "
                    "sequence slot, so at most --max-num-seqs (default: %(default)s)")
+    p.add_argument("--verbose", action="store_true",
+                   help="every chat completion carries __verbose (the rendered prompt), as "
+                   "llama-server's --verbose makes it; a request's \"verbose\" asks the same")
+    p.add_argument("--reasoning", choices=["on", "off", "auto"], default="auto",
+                   help="off: chat templates render with enable_thinking false, and a thinking "
+                   "block a template opens anyway is closed (default: %(default)s, as on)")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="folder for POST /slots/{id}?action=save|restore (slot KV files; "
+                   "created if missing; default: save and restore are off)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -70,10 +83,19 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--n-predict must be -1 or >= 1")
     if args.max_n < 1:
         raise MuserError("--max-n must be >= 1")
+    folder = None
+    if args.slot_save_path:
+        try:
+            Path(args.slot_save_path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise MuserError(f"cannot create --slot-save-path: {exc.strerror}: "
+                             f"{args.slot_save_path}") from None
+        folder = os.path.realpath(args.slot_save_path)
     return ServerOptions(
         max_n=args.max_n,
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-        metrics=args.metrics, slots=args.slots, chat_template=template,
+        metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,
+        verbose=args.verbose, thinking=args.reasoning != "off",
         defaults=Defaults(args.n_predict, args.temp,
                           None if args.seed is None or args.seed < 0 else args.seed))

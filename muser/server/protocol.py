@@ -66,7 +66,7 @@ class OpenAISampling(OpenAIStructured, Body):
     n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] = 1
     ignore_eos: bool = False
     user: str | None = None  # an end user's id: no effect on the output (as at OpenAI)
-    logit_bias: Unsupported = None
+    logit_bias: dict[str, Any] | None = None  # muser/server/logit_bias.py checks it
 
     def sampling(self, max_tokens: int, n: int = 1, logprobs: int | None = None,
                  prompt_logprobs: int | None = None) -> SamplingParams:
@@ -104,7 +104,8 @@ class ChatMessage(Body):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            # NOTE: text parts joined by a blank line, as llama-server joins them for a template
+            return "\n\n".join(part.text for part in self.content)
         return self.content or ""
 
 
@@ -192,7 +193,7 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     # llama.cpp's scope: over the last repeat_last_n ids of prompt + output
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: Unsupported = None
+    logit_bias: list[Any] | dict[str, Any] | None = None  # muser/server/logit_bias.py checks it
     # NOTE: llama.cpp's other samplers, accepted at the value that turns them off (what this
     # server does) and refused at any other; their sub-parameters act only when they are on
     typical_p: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
@@ -276,3 +277,9 @@ class TokenizeRequest(Body):
 
 class DetokenizeRequest(Body):
     tokens: list[int]
+
+
+class SlotFileRequest(Body):
+    """POST /slots/{id}?action=save|restore: a file name inside --slot-save-path."""
+
+    filename: str

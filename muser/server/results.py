@@ -10,13 +10,14 @@ from muser.server.generation import Generation
 
 
 def timings(gen: Generation) -> dict[str, float]:
-    """llama-server's timings. muser keeps no prompt cache across requests: cache_n is 0 and
-    prompt_n counts every prompt token. Rates of the generation phase are over the tokens after
-    the first (the first comes out of the prompt's last step)."""
+    """llama-server's timings: cache_n prompt tokens found in the prefix cache, prompt_n the
+    ones computed. Rates of the generation phase are over the tokens after the first (the first
+    comes out of the prompt's last step)."""
     t = gen.timings()
-    prompt_n, prompt_ms = t["prompt_n"], t["prompt_ms"]
+    cache_n = gen.num_cached
+    prompt_n, prompt_ms = t["prompt_n"] - cache_n, t["prompt_ms"]
     predicted_n, predicted_ms = t["predicted_n"], t["predicted_ms"]
-    return {"cache_n": 0, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+    return {"cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,

@@ -7,6 +7,7 @@ the GGUF's tokenizer.chat_template, else GEMMA: the Gemma 3 turn format
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 from jinja2.exceptions import TemplateError
@@ -54,10 +55,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _close_thinking(text: str, source: str) -> str:
+    """Thinking off, as llama-server's --reasoning off leaves a prompt: a thinking block the
+    template opens anyway (DeepSeek R1, QwQ) is closed; a template with Command R7B's thinking
+    tokens gets an empty block."""
+    if text.endswith("<think>\n"):
+        return text + "</think>"
+    if "<|START_THINKING|>" in source and text.endswith("<|CHATBOT_TOKEN|>"):
+        return text + "<|START_THINKING|><|END_THINKING|>"
+    return text
+
+
 class ChatTemplate:
-    def __init__(self, tokenizer: Tokenizer, source: str | None = None) -> None:
-        """source: Jinja text or a name in NAMED (None: the GGUF's template, else GEMMA). A
-        template that does not parse raises jinja2.TemplateError."""
+    def __init__(self, tokenizer: Tokenizer, source: str | None = None,
+                 thinking: bool = True) -> None:
+        """source: Jinja text or a name in NAMED (None: the GGUF's template, else GEMMA);
+        thinking: the templates' enable_thinking (False: --reasoning off). A template that does
+        not parse raises jinja2.TemplateError."""
+        self.thinking = thinking
         source = source or tokenizer.chat_template or GEMMA
         self.source = NAMED.get(source, source)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -82,10 +97,16 @@ class ChatTemplate:
                 raise TemplateError("continue_final_message: the template does not render the "
                                     "final message's text verbatim")
             return text[:cut + len(final)]
-        # NOTE: llama-server's template context: thinking on, today's date as date_string
+        # NOTE: llama-server's template context: enable_thinking, today's date as date_string,
+        # and for templates written for FireFunction v2 `datetime` and the tools as `functions`
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      tools=tools, bos_token=self._bos, eos_token=self._eos,
-                                     enable_thinking=True, date_string=_strftime_now("%d %b %Y"))
+                                     enable_thinking=self.thinking,
+                                     date_string=_strftime_now("%d %b %Y"),
+                                     datetime=_strftime_now("%b %d %Y %H:%M:%S GMT"),
+                                     functions=json.dumps(tools, indent=2) if tools else "")
         if self._drop_bos and text.startswith(self._bos):
             text = text[len(self._bos):]
+        if not self.thinking and add_generation_prompt:
+            text = _close_thinking(text, self.source)
         return text

@@ -84,3 +84,27 @@ def test_chunk_checkpoints_never_push_out_a_request_end() -> None:
     assert index.find(b"c", [0, 1, 2, 3, 4, 9], 9) is chunk  # hit: protected from now on
     index.add(b"d", (7,), 1, ring)  # all protected: the least recently used (end_a) goes
     assert index.find(b"a", [1, 5], 9) is None and index.find(b"c", [0, 1, 2, 3, 4], 9) is chunk
+
+
+def test_removed_checkpoints_free_their_store_rows_and_unregistered_pages_their_keys() -> None:
+    index, ring = CheckpointIndex(3), RingState(8)
+    rows = {index.add(ROOT, (i,), 1, ring).index for i in range(3)}
+    assert rows == {0, 1, 2}
+    index.remove(ROOT, (1,))
+    assert len(index) == 2 and index.find(ROOT, [1, 5], 4) is None
+    again = index.add(ROOT, (7,), 1, ring)
+    assert again.index == 1 and index.num_evictions == 0  # the freed row, no eviction
+    evicting = index.add(ROOT, (9,), 1, ring)  # full: the least recently used (0,) goes
+    assert evicting.index == 0 and index.num_evictions == 1
+    assert {c.tail_ids for c in index.under(ROOT)} == {(2,), (7,), (9,)}
+    pages = PageAllocator(3)
+    a = pages.allocate(2)
+    keys = chain_keys(list(range(8)), 4)
+    for page, key in zip(a, keys):
+        pages.register(page, key)
+    pages.free(a[1:])  # a[1] cached, a[0] still held
+    pages.unregister(keys[1])
+    pages.unregister(keys[0])
+    assert pages.lookup(keys) == [] and pages.num_cached == 0 and _states(pages, a[:1]) == (2, 0, 1)
+    pages.free(a[:1])  # no longer registered: freed, not cached
+    assert _states(pages, []) == (3, 0, 0)

@@ -75,8 +75,9 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
         {"n": 99}, {"n": [2]}, {"tools": [{"type": "function"}]}, {"logprobs": 1},
         {"logprobs": "true"}, {"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21},
         {"logprobs": True, "top_logprobs": -1}, {"logprobs": False, "top_logprobs": 1},
-        {"max_tokens": 10**9}, {"logit_bias": {"5": 1}}, {"no_such_field": 1},
-        {"tool_choice": "required"}, *({"response_format": f} for f in _BAD_FORMATS))]
+        {"max_tokens": 10**9}, {"logit_bias": {"5": 101}}, {"logit_bias": {"five": 1}},
+        {"logit_bias": [[5, 1]]}, {"no_such_field": 1}, {"tool_choice": "required"},
+        *({"response_format": f} for f in _BAD_FORMATS))]
     bad += [("POST", "/completion", json.dumps({"prompt": "Hello", "n_predict": 2, **c}).encode())
             for c in ({"presence_penalty": 2.5}, {"frequency_penalty": -3},
                       {"presence_penalty": "x"}, {"repeat_last_n": -2}, {"n_probs": 21},

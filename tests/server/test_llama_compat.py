@@ -135,7 +135,9 @@ def test_context_overflow_error_shapes(compat: Server) -> None:
 
 
 @pytest.mark.parametrize("path,field,value", [
-    ("/completion", "logit_bias", [[15, -100]]), ("/completion", "grammar", "root ::= [a-"),
+    ("/completion", "logit_bias", [[15, "x"]]), ("/completion", "logit_bias", [[10**9, -1]]),
+    ("/completion", "logit_bias", [[15]]), ("/v1/completions", "logit_bias", {"the": 1}),
+    ("/v1/completions", "logit_bias", {"15": 101}), ("/completion", "grammar", "root ::= [a-"),
     ("/chat/completions", "grammar", "root ::= undefined-rule"),
     ("/chat/completions", "json_schema", {"type": "integer", "minimum": "zero"}),
     ("/chat/completions", "response_format", {"type": "sound"}),
@@ -147,6 +149,30 @@ def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field
             {"messages": [{"role": "user", "content": "Hi"}]}) | {field: value}
     r = compat.client(key=None).post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_logit_bias_in_each_form(compat: Server) -> None:
+    """A banned token is never chosen, whether named by id (false or -100) or by a text, in
+    llama-server's pairs, its object, or OpenAI's object; a bias shows in generation_settings."""
+    c = compat.client(key=None)
+    base = {"prompt": "The capital of France is", "n_predict": 6, "temperature": 0,
+            "ignore_eos": True, "return_tokens": True}
+    free = c.post("/completion", json=base).json()
+    first = free["tokens"][0]
+    piece = c.post("/detokenize", json={"tokens": [first]}).json()["content"]
+    for bias in ([[first, False]], [[first, -100]], {str(first): False}, [[piece, False]]):
+        r = c.post("/completion", json={**base, "logit_bias": bias}).json()
+        assert first not in r["tokens"], (bias, r["content"])
+    settings = r["generation_settings"]["logit_bias"]
+    assert {"token": first, "bias": None} in settings
+    zebra = c.post("/tokenize", json={"content": " zebra"}).json()["tokens"][-1]
+    openai = c.post("/v1/completions", json={"prompt": base["prompt"], "max_tokens": 3,
+                                             "temperature": 0, "logit_bias": {str(zebra): 100}})
+    assert openai.status_code == 200, openai.text
+    assert openai.json()["choices"][0]["text"] == c.post("/detokenize", json={
+        "tokens": [zebra] * 3}).json()["content"]
+    same = c.post("/completion", json={**base, "logit_bias": [[first + 1, 0.0]]}).json()
+    assert same["tokens"] == free["tokens"]  # a zero bias changes nothing
 
 
 def test_whole_floats_are_integers(compat: Server) -> None:
@@ -167,6 +193,9 @@ def test_cors_preflight_and_origins(compat: Server, origin: str, allowed: bool) 
     assert r.status_code == 200
     assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
     assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    names = {name for name, _ in r.headers.raw}  # NOTE: as sent; llama-server's casing
+    assert b"Access-Control-Allow-Methods" in names
+    assert (b"Access-Control-Allow-Origin" in names) == allowed
     simple = c.get("/health", headers={"Origin": origin})
     assert simple.headers.get("access-control-allow-origin") == (origin if allowed else None)
 
@@ -177,6 +206,10 @@ def test_custom_chat_template_and_apply_template(compat: Server) -> None:
     assert prompt == "[system] Be brief.\n[user] Hi there\n[assistant] "
     bare = c.post("/apply-template", json={"messages": CHAT, "add_generation_prompt": False})
     assert bare.json()["prompt"] == "[system] Be brief.\n[user] Hi there\n"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Wh"},
+                                          {"type": "text", "text": "ill"}]}]
+    joined = c.post("/apply-template", json={"messages": parts, "add_generation_prompt": False})
+    assert joined.json()["prompt"] == "[user] Wh\n\nill\n"  # llama-server's blank line
     assert c.get("/props").json()["chat_template"] == TEMPLATE
     ids = c.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]
     chat = c.post("/chat/completions", json={"messages": CHAT, "max_tokens": 1}).json()
@@ -220,3 +253,28 @@ def test_llamacpp_metric_families(server: Server) -> None:
     assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:prompt_seconds_total"] > 0
     assert "# TYPE llamacpp:n_tokens_max counter" in text
     assert "# TYPE llamacpp:requests_processing gauge" in text
+
+
+def test_two_assistant_turns_at_the_end_are_refused_off_v1(compat: Server) -> None:
+    c = compat.client(key=None)
+    two = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A"},
+           {"role": "assistant", "content": "B"}]
+    r = c.post("/chat/completions", json={"messages": two, "max_tokens": 1})
+    assert r.status_code == 400 and "2 or more assistant" in r.json()["error"]["message"]
+    assert c.post("/v1/chat/completions", json={"messages": two, "max_tokens": 1}).status_code == 200
+
+
+def test_n_predict_beyond_the_server_default(gguf_path: Path,
+                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--n-predict is the default of a request that leaves n_predict out, not a cap (as in
+    llama-server, whose tests ask 80 tokens of a server started with --n-predict 64)."""
+    s = start_server(gguf_path, tmp_path_factory.mktemp("n_predict"),
+                     ["--max-model-len", "256", "--max-num-seqs", "1", "--n-predict", "5"])
+    try:
+        c = s.client(key=None)
+        base = {"prompt": "Once", "temperature": 0, "ignore_eos": True}
+        assert c.post("/completion", json=base).json()["tokens_predicted"] == 5
+        assert c.post("/completion", json={**base, "n_predict": 9}).json()[
+            "tokens_predicted"] == 9
+    finally:
+        stop_server(s.proc)

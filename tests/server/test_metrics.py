@@ -11,7 +11,10 @@ def test_metrics_cover_latency_queues_tokens_and_routes(server: Server) -> None:
     c = server.client()
     c.post("/completion", json={"prompt": "Hello", "n_predict": 3, "temperature": 0})
     c.post("/completion", json={"prompt": "Hello", "n_predict": "three"})
-    families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+    response = c.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    names = {name for name, _ in response.headers.raw}
+    assert b"Process-Start-Time-Unix" in names  # NOTE: as sent; llama-server's casing
     for name in ("muser_ttft_seconds", "muser_tpot_seconds"):
         assert families[name].type == "histogram"
         count = [s for s in families[name].samples if s.name == name + "_count"]

@@ -39,7 +39,7 @@ SHARED = [
     # NOTE: the penalties' effect: tests/test_sampler.py, tests/server/test_logprobs_samples.py
     ("frequency_penalty", 0.5, "accepted", {}), ("presence_penalty", 0.5, "accepted", {}),
     ("n", 2, "honoured", {}), ("logprobs", 2, "honoured", {}),
-    ("logit_bias", {"15": 5}, "refused", {}), ("user", "user-1", "accepted", {}),
+    ("logit_bias", {"15": 100}, "honoured", {}), ("user", "user-1", "accepted", {}),
     ("grammar", GBNF, "honoured", {}), ("json_schema", SCHEMA, "honoured", {}),
     ("response_format", {"type": "json_object"}, "honoured", {}),
     ("response_format", {"type": "text"}, "accepted", {}),
@@ -116,7 +116,7 @@ LLAMA_NAMED = [
     ("presence_penalty", 0.5, "accepted", {}), ("frequency_penalty", 0.5, "accepted", {}),
     ("n_probs", 2, "honoured", {}), ("logprobs", 2, "refused", {}), ("n", 2, "refused", {}),
     ("n_cmpl", 2, "refused", {}), ("echo", True, "refused", {}),
-    ("logit_bias", [[15, -100]], "refused", {}), ("samplers", ["top_k"], "refused", {}),
+    ("logit_bias", [[15, 100]], "honoured", {}), ("samplers", ["top_k"], "refused", {}),
     ("no_such_field", 1, "refused", {}),
 ]
 _COVERED = {p[0] for p in LLAMA_NAMED} | set(OFF) | set(SUBORDINATE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 
 import gguf
 import pytest
@@ -47,3 +48,35 @@ def test_template_helpers_and_sandbox(tokenizer: Tokenizer) -> None:
         ChatTemplate(tokenizer, "{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
     with pytest.raises(Exception, match="no system turns"):
         ChatTemplate(tokenizer, "{{ raise_exception('no system turns') }}").render([])
+
+
+THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+            "{% endif %}{% endif %}")
+FORCED = "{% for m in messages %}{{ m.content }}{% endfor %}{{ '<think>\\n' }}"  # always opens one
+COHERE = ("{% for m in messages %}{{ m.content }}{% endfor %}<|START_OF_TURN_TOKEN|>"
+          "<|CHATBOT_TOKEN|>{% if false %}<|START_THINKING|>{% endif %}")
+
+
+@pytest.mark.parametrize("source, on, off", [
+    (THINKING, "<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    (FORCED, "<think>\n", "<think>\n</think>"),
+    (COHERE, "<|CHATBOT_TOKEN|>", "<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"),
+])
+def test_reasoning_off(tokenizer: Tokenizer, source: str, on: str, off: str) -> None:
+    """--reasoning off: enable_thinking false, and a thinking block still opened is closed."""
+    messages = [{"role": "user", "content": "Q?"}]
+    assert ChatTemplate(tokenizer, source).render(messages).endswith(on)
+    thinking_off = ChatTemplate(tokenizer, source, thinking=False)
+    assert thinking_off.render(messages).endswith(off)
+    assert not thinking_off.render(messages, add_generation_prompt=False).endswith(off)
+
+
+def test_firefunction_context(tokenizer: Tokenizer) -> None:
+    """`datetime` and the tools as JSON in `functions`, as llama-server gives FireFunction v2."""
+    t = ChatTemplate(tokenizer, "{{ datetime }}|{{ functions }}")
+    tool = {"type": "function", "function": {"name": "f"}}
+    today = datetime.date.today().strftime("%b %d %Y")
+    assert t.render([]).startswith(today) and t.render([]).endswith("|")
+    assert t.render([], tools=[tool]).split("|")[1] == json.dumps([tool], indent=2)
