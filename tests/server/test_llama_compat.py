@@ -145,8 +145,8 @@ def test_context_overflow_error_shapes(compat: Server) -> None:
     ("/completion", "no_such_field", 1), ("/chat/completions", "no_such_field", 1)])
 def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field: str,
                                                 value: object) -> None:
-    body = ({"prompt": "Hi"} if path == "/completion" else
-            {"messages": [{"role": "user", "content": "Hi"}]}) | {field: value}
+    body = ({"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else
+            {"prompt": "Hi"}) | {field: value}
     r = compat.client(key=None).post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
