@@ -16,8 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 _WRAPPER = runpy.run_path(str(Path(__file__).with_name("llama_server_wrapper.py")))
-EXCLUDED, FILES, is_excluded, pending = (_WRAPPER[k] for k in (
-    "EXCLUDED", "FILES", "is_excluded", "pending"))
+EXCLUDED, FILES, is_excluded = (_WRAPPER[k] for k in ("EXCLUDED", "FILES", "is_excluded"))
 # NOTE: `pytest -v` lines, and pytest-xdist's ("[gw0] [  5%] PASSED unit/...")
 _LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s+\[\s*\d+%\]$")
 _XDIST = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) unit/(test_\w+\.py)::(.*?)\s*$")
@@ -50,15 +49,9 @@ def main(log: str, out: str) -> None:
     collected, selected = _COLLECTED.search(text), _SELECTED.search(text)
     included = (int(selected[1]) - len(late) if selected else
                 int(collected[1]) - int(collected[2]) - len(late) if collected else len(outcomes))
-    waiting = [k for k, (_, r) in outcomes.items() if r in ("FAILED", "ERROR")
-               and pending(f"unit/{k}")]
     receipt = {
         "suite": "llama.cpp tools/server/tests from the llama-cpp-python 0.3.36 sdist",
         "pass_fraction_of_included": round(total["passed"] / ran, 4) if ran else 0.0,
-        # NOTE: of the tests that ran; the failures waiting on PENDING's features counted as
-        # passing (what the fraction becomes once those features are there, if they pass)
-        "pass_fraction_once_pending_pass": round((total["passed"] + len(waiting)) / ran, 4)
-        if ran else 0.0,
         "complete": len(outcomes) == included,
         "cpus": os.cpu_count(), "load_average_at_report": [round(x, 1) for x in os.getloadavg()],
         "wall_s": int(wall[1]) if (wall := _WALL.search(text)) else None,
@@ -68,9 +61,6 @@ def main(log: str, out: str) -> None:
         "files": {name: dict(counts) for name, counts in per_file.items()},
         "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in
                    sorted(outcomes.items()) if r in ("FAILED", "ERROR")},
-        "failed_waiting_on": {f"unit/{k}": pending(f"unit/{k}") for k, (_, r) in
-                              sorted(outcomes.items()) if r in ("FAILED", "ERROR")
-                              and pending(f"unit/{k}")},
         "excluded": EXCLUDED,
     }
     for name, counts in per_file.items():

@@ -96,24 +96,6 @@ EXCLUDED: dict[str, str] = {
     _U + "test_stream.py": _ROUTER,
 }
 
-# NOTE: included tests that need features of another piece of work (token probabilities, n > 1,
-# grammars and JSON schemas); the receipt lists their failures apart, as waiting on it
-PENDING = {
-    "logprobs / n_probs": (_U + "test_completion.py::test_n_probs",
-                           _U + "test_chat_completion.py::test_logprobs"),
-    "structured output": (_U + "test_chat_completion.py::test_completion_with_response_format",
-                          _U + "test_chat_completion.py::test_completion_with_json_schema",
-                          _U + "test_chat_completion.py::test_completion_with_grammar",
-                          _U + "test_chat_completion.py::test_completion_with_invalid_grammar"),
-    "n > 1": (_U + "test_chat_completion.py::test_chat_completions_multiple_choices",),
-}
-
-
-def pending(nodeid: str) -> str | None:
-    """The feature a test waits on (PENDING), or None."""
-    return next((f for f, keys in PENDING.items() if nodeid.startswith(keys)), None)
-
-
 _PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template",
                 "--chat-template-file", "--cors-origins", "--threads", "--slot-save-path",
                 "--reasoning")
