@@ -20,6 +20,7 @@ from muser.kvcache import slot_file
 from muser.loading.fingerprint import fingerprint
 from muser.runner import Runner
 from muser.slot_actions import SlotActions, SlotError
+from tests.test_prefix_reuse import _run
 
 PAGE = 64
 
@@ -44,22 +45,6 @@ def _cached(runner: Runner, ids: list[int]) -> tuple[int, KVSnapshot | None]:
     try:
         whole = seq.num_cached == len(ids)
         return seq.num_cached, export(runner, seq, torch.empty(0)) if whole else None
-    finally:
-        runner.free(seq)
-
-
-def _run(runner: Runner, ids: list[int], steps: int) -> tuple[int, torch.Tensor, list[int]]:
-    """Prefill `ids` (after their cached prefix) and decode `steps` greedy tokens -> (rows
-    found cached, logits of every row computed, the tokens)."""
-    seq = runner.allocate(ids)
-    try:
-        reused = seq.num_cached
-        rows = [runner.forward([seq], [ids[reused:]], all_logits=True).clone()]
-        tokens = [int(rows[0][-1].argmax())]
-        for _ in range(steps):
-            rows.append(runner.forward([seq], [tokens[-1:]]).clone())
-            tokens.append(int(rows[-1][-1].argmax()))
-        return reused, torch.cat(rows), tokens
     finally:
         runner.free(seq)
 
