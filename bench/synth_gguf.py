@@ -100,11 +100,17 @@ def write(cfg, kind: str, tokenizer: Path, out: Path, seed: int = 0) -> Path:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_scaling_factor)
     reader = gguf.GGUFReader(tokenizer)
+    pad = {"tokenizer.ggml.tokens": lambda i: f"<unused_pad{i}>",  # NOTE: llama.cpp wants
+           "tokenizer.ggml.scores": lambda i: 0.0,  # one token per embedding row (the 27B has
+           "tokenizer.ggml.token_type": lambda i: 5}  # 64 more rows than the vocabulary: unused)
     for field in reader.fields.values():
         if field.name.startswith("tokenizer."):
             vtype = field.types[0]
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), vtype, sub)
+            value = field.contents()
+            if field.name in pad and len(value) < cfg.vocab_size:
+                value = value + [pad[field.name](i) for i in range(cfg.vocab_size - len(value))]
+            writer.add_key_value(field.name, value, vtype, sub)
     rng = np.random.default_rng(seed)
     for name, shape, qtype in tensors(cfg, kind, rng):
         if qtype == Q.F32:

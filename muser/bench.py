@@ -10,6 +10,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -109,8 +110,10 @@ class LlamaCppSide:
         self.llm.eval(ids)
 
         def run() -> None:
+            # NOTE: llama-cpp-python keeps no scores without logits_all; the context's
+            # logits buffer holds the last evaluated token's row
             for _ in range(steps):
-                self.llm.eval([int(self.llm.scores[self.llm.n_tokens - 1].argmax())])
+                self.llm.eval([int(np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),)).argmax())])
         return run
 
 

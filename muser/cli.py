@@ -62,8 +62,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, help="CPU threads (default: all cores)")
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction,
                    help="a prompt that begins with a prefix computed before starts after it; "
-                   "--no-prefix-cache computes every prompt from its first token (default: on "
-                   "on the CPU, off on a GPU, where it is not measured yet)")
+                   "--no-prefix-cache computes every prompt from its first token (default: on)")
     p.add_argument("--prefix-cache-gb", type=_non_negative(float), metavar="GB",
                    help="memory for the sliding layers' ring checkpoints of cached prefixes "
                    "(default: 1 on the CPU, 8 on a GPU)")

@@ -4,8 +4,8 @@
     one-row sequences)                  storing the new rows first (ring-aware;
                                         graph-capturable)
     prefill chunk, in place ........... rows already stored (by ops.qk_norm_rope_pair),
-                                        ops.stage_gather (the key range),
-                                        ops.prefill_attention (the chunk's route)
+                                        ops.prefill_attention (the chunk's route) over
+                                        the key range's rows in the cache, in place
     prefill chunk, STAGING ............ ops.stage_gather (ring tail + chunk: the detached
                                         shadow), ops.prefill_attention, then ops.store_kv
 
@@ -54,14 +54,16 @@ def attend(
     whole = not outs and len(plans) == 1  # one sequence: its rows are all of them
     for p in plans:
         kn, vn = (k, v) if whole else (k[p.rows], v[p.rows])
+        read = None
         if p.k_start == p.q_start and kn.dtype == vn.dtype == k_rows.dtype:
             keys, values = kn, vn  # nothing cached before the chunk: its own rows
-        else:
-            new = (kn, vn) if p.staging else (None, None)
-            keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, *new)
+        elif p.staging:
+            keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, kn, vn)
+        else:  # NOTE: the cache itself, its rows read where they are (no gather)
+            keys, values, read = k_rows, v_rows, p.read_rows
         outs.append(ops.prefill_attention(q if whole else q[p.rows], keys, values, p.q_start,
                                           p.k_start, window, scale, p.tiles, tile, p.inner,
-                                          p.tile_ranges))
+                                          p.tile_ranges, read))
         if p.staging:  # NOTE: commit only after the shadow was attended.
             ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
     return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -161,11 +161,13 @@ def decode_attention(
 def prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route,
-    tile_ranges: torch.Tensor | None = None,
+    tile_ranges: torch.Tensor | None = None, read_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ref.prefill_attention, by one kernel for every route: each query row over exactly its
     visible keys, visited by distance (so the route, the tiles and where the keys came from
     do not change a bit)."""
+    if read_rows is not None:
+        keys, values = stage_gather(keys, values, read_rows)
     keys, values = keys.float(), values.float()
     if keys.stride() != values.stride():
         # NOTE: not .contiguous(): torch calls a tensor with one row contiguous whatever its

@@ -198,10 +198,11 @@ def decode_attention(
 def prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route,
-    tile_ranges: torch.Tensor | None = None,
+    tile_ranges: torch.Tensor | None = None, read_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A chunk's queries q: [T, H, D] at positions q_start.. over contiguous keys/values
-    [S, KVH, D] at k_start.. (causal, windowed when `window`) -> [T, H, D] float32.
+    [S, KVH, D] at k_start.. (causal, windowed when `window`) -> [T, H, D] float32. With
+    read_rows [S], keys/values are the layer's store and its rows read_rows the keys in order.
 
     The reference runs the chunk's route: SHORT_CHUNK (decode per row), TILED (classifier),
     DENSE or FALLBACK_F32 (masked dense). `tile_ranges` is only used by the Triton twin.
@@ -209,6 +210,9 @@ def prefill_attention(
     from muser.attention.dense_ref import attention_decode, attention_dense
     from muser.attention.flash_ref import attention_tiled
     from muser.attention.routes import Route
+
+    if read_rows is not None:
+        keys, values = stage_gather(keys, values, read_rows)
 
     if route in (Route.SHORT_CHUNK, Route.DECODE):
         rows = []

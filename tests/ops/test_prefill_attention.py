@@ -7,6 +7,7 @@ from muser.attention.dense_ref import attention_dense
 from muser.attention.routes import Route
 from muser.attention.tiles import classify_tiles
 from muser.ops.triton import prefill_attention
+from muser.ops.triton.prefill_attention import FlashConfig, launch_config
 from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
 
@@ -53,3 +54,35 @@ def test_flash_strided_rows(gen, dtype):
     expect = attention_dense(q.cpu().double(), keys.cpu().double(), values.cpu().double(), pos,
                              pos, None, 0.125, torch.float64)
     check(out.float(), expect, dtype)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("splits", [1, 3, 4])
+@pytest.mark.parametrize("num_q,num_prev,window", [(40, 120, None), (33, 70, 48)])
+def test_flash_in_place_and_split(gen, dtype, splits, num_q, num_prev, window):
+    """A chunk at depth attends the store where its rows are (read_rows: scattered physical
+    rows, as pages are), its key range split over several programs whose partials are
+    combined; against the float64 dense reference of the same rows gathered."""
+    heads, kv_heads, head_dim, tile = 4, 2, 64, 16
+    num_k, store_rows = num_prev + num_q, 2 * (num_prev + num_q) + 5
+    k_store = rand(gen, store_rows, kv_heads, head_dim, dtype=dtype)
+    v_store = rand(gen, store_rows, kv_heads, head_dim, dtype=dtype)
+    read = torch.randperm(store_rows, generator=torch.Generator().manual_seed(num_q))[:num_k]
+    q = rand(gen, num_q, heads, head_dim)
+    tiles = classify_tiles(num_prev, num_q, 0, num_k, window, tile, tile)
+    out = prefill_attention(q, k_store, v_store, num_prev, 0, window, 0.125, tiles.to(DEVICE),
+                            tile, Route.TILED, read_rows=read.to(DEVICE),
+                            config=FlashConfig(splits=splits))
+    q_pos = torch.arange(num_prev, num_prev + num_q)
+    expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
+                             v_store.cpu()[read].double(), q_pos, torch.arange(num_k), window,
+                             0.125, torch.float64)
+    check(out.float(), expect, dtype)
+
+
+def test_launch_rule_splits_only_deep_narrow_chunks():
+    """The rule splits a chunk's keys when its (query tile, head) grid is small and the key
+    range long, never a first chunk of the same width."""
+    assert launch_config(8, 4, 8, 256).splits == 1  # 512 rows, nothing before them
+    assert launch_config(8, 4, 2048, 256).splits > 1  # at 131k keys, gemma3-1b's 4 heads
+    assert launch_config(8, 32, 2048, 128).splits == 1  # gemma3-27b's 32 heads fill the GPU

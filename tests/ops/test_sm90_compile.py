@@ -21,12 +21,13 @@ from triton.compiler import ASTSource
 gemv = importlib.import_module("muser.ops.triton.gemv")
 decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
 gemm = importlib.import_module("muser.ops.triton.gemm")
+prefill = importlib.import_module("muser.ops.triton.prefill_attention")
 
 def ptx(fn, types, constexprs, **options):
     signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
                                                for k, v in constexprs.items()})
-    opts = {"num_warps": 4, "launch_pdl": constexprs["PDL"]} | options
+    opts = {"num_warps": 4, "launch_pdl": constexprs.get("PDL", False)} | options
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 
 gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
@@ -49,6 +50,13 @@ attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*
               "mid_o": "*fp32", "mid_ml": "*fp32", "scale_log2": "fp32"}
 out["attention pdl=True"] = ptx(decode_attention._decode_split_kernel, attn_types,
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, PDL=True))
+flash_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "rows_ptr": "*i64",
+               "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "tiles_ptr": "*i8",
+               "ranges_ptr": "*i32", "scale_log2": "fp32"}
+out["prefill attention in place"] = ptx(prefill._flash_kernel, flash_types,
+    dict(G=2, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True), num_stages=2)
+out["prefill attention combine"] = ptx(prefill._combine_kernel, flash_types | {"o_ptr": "*bf16"},
+    dict(D=128), num_warps=1)
 json.dump(out, sys.stdout)
 '''
 GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
@@ -64,13 +72,17 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 7
+    assert len(ptx) == 9
 
 
 def test_prefill_gemm_runs_on_hopper_tensor_cores(ptx):
     for name, code in ptx.items():
         if name.startswith("gemm"):
             assert "wgmma.mma_async" in code, name
+
+
+def test_prefill_attention_runs_on_hopper_tensor_cores(ptx):
+    assert "wgmma.mma_async" in ptx["prefill attention in place"]
 
 
 def test_pdl_waits_and_releases_only_when_asked(ptx):

@@ -1,14 +1,24 @@
 """Prefill flash attention (causal, optionally windowed) driven by the chunk's tile classifier.
 
-Grid (query tile, head). Each program walks only the key tiles its classifier row marks
-non-empty (`tile_ranges`: [first, last + 1) per query tile, computed once per chunk and
-kind), so empty tiles are never read; FULL tiles skip the position mask, PARTIAL apply it.
-Online softmax in float32 with exp2; QK^T and PV on tensor cores in the cache dtype.
+Grid (query tile, head, key split). Each program walks the key tiles its classifier row marks
+non-empty (`tile_ranges`: [first, last + 1) per query tile, computed once per chunk and kind),
+so empty tiles are never read; FULL tiles skip the position mask, PARTIAL apply it. Online
+softmax in float32 with exp2; QK^T and PV on tensor cores in the cache dtype.
+
+Keys and values are read either from contiguous rows or, given `read_rows`, from the layer's
+store itself: key i is store row read_rows[i] (a prefill chunk at depth attends the paged cache
+in place; no gather of the whole prefix per chunk and layer).
+
+A chunk at depth has few query tiles and many key tiles: `launch_config` splits each query
+tile's key range over several programs (flash-decoding's split-KV applied to a chunk) so the
+grid fills the GPU; the splits' partial (max, sum, weighted values) are combined by a second
+kernel, in a fixed order.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -23,15 +33,15 @@ from muser.ops.triton.launch import cdiv, launch
 
 # NOTE: lengths, positions and the classifier's offsets in the step's metadata vary from one forward
 # to the next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
-@triton.jit(do_not_specialize=["T", "S", "q_start", "k_start", "num_k_tiles"],
-            do_not_specialize_on_alignment=["tiles_ptr", "ranges_ptr"])
+@triton.jit(do_not_specialize=["T", "S", "q_start", "k_start", "num_k_tiles", "splits"],
+            do_not_specialize_on_alignment=["tiles_ptr", "ranges_ptr", "rows_ptr"])
 def _flash_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, tiles_ptr, ranges_ptr, T, S, q_start, k_start, window,
-    scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, rows_ptr, o_ptr, part_ptr, ml_ptr, tiles_ptr, ranges_ptr, T, S,
+    q_start, k_start, window, scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt,
+    stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, splits, G: tl.constexpr,
+    D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
 ):
-    qt, h = tl.program_id(0), tl.program_id(1)
+    qt, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kvh = h // G
     rq = qt * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, D)
@@ -44,10 +54,17 @@ def _flash_kernel(
     acc = tl.zeros((BLOCK, D), tl.float32)
     lo = tl.load(ranges_ptr + 2 * qt)
     hi = tl.load(ranges_ptr + 2 * qt + 1)
+    if splits > 1:  # this program's share of the query tile's key tiles
+        per = tl.cdiv(hi - lo, splits)
+        lo = lo + split * per
+        hi = tl.minimum(hi, lo + per)
     for kt in range(lo, hi):
         rk = kt * BLOCK + tl.arange(0, BLOCK)
         k_mask = rk < S
-        rk64 = rk[:, None].to(tl.int64)
+        if INDEXED:
+            rk64 = tl.load(rows_ptr + rk, mask=k_mask, other=0)[:, None].to(tl.int64)
+        else:
+            rk64 = rk[:, None].to(tl.int64)
         k = tl.load(k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :],
                     mask=k_mask[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * scale_log2
@@ -67,12 +84,66 @@ def _flash_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    out = acc / tl.maximum(l, 1e-30)[:, None]
-    tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h * stride_oh + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
+    if splits == 1:
+        out = acc / tl.maximum(l, 1e-30)[:, None]
+        tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
+    else:  # partials [splits, T, H, D] and (max, sum) [splits, T, H, 2], float32
+        H = tl.num_programs(1)
+        cell = (split * T + rq).to(tl.int64) * H + h
+        tl.store(part_ptr + cell[:, None] * D + d[None, :], acc, mask=q_mask[:, None])
+        tl.store(ml_ptr + cell * 2, m, mask=q_mask)
+        tl.store(ml_ptr + cell * 2 + 1, l, mask=q_mask)
+
+
+@triton.jit(do_not_specialize=["T", "splits"])
+def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, stride_ot, stride_oh, splits,
+                    D: tl.constexpr):
+    """One (row, head): the splits' partials merged in split order."""
+    t, h = tl.program_id(0), tl.program_id(1)
+    d = tl.arange(0, D)
+    m_all = tl.full((), float("-inf"), tl.float32)
+    for s in range(splits):
+        m_all = tl.maximum(m_all, tl.load(ml_ptr + ((s * T + t).to(tl.int64) * H + h) * 2))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for s in range(splits):
+        cell = (s * T + t).to(tl.int64) * H + h
+        w = tl.exp2(tl.load(ml_ptr + cell * 2) - m_safe)
+        l += w * tl.load(ml_ptr + cell * 2 + 1)
+        acc += w * tl.load(part_ptr + cell * D + d)
+    out = acc / tl.maximum(l, 1e-30)
+    tl.store(o_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
 _LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True, slots=True)
+class FlashConfig:
+    splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
+# chunks, a few thousand keys deep, compile what a chunk at 131k runs). On the H200
+# (bench/results/prefill_depth_h200.json) splitting pays only while the (query tile, head)
+# grid leaves SMs idle: 8 splits take gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms,
+# while gemma3-27b's 256 programs are slower split; three stages beat two everywhere.
+MIN_TILES_PER_SPLIT = 16
+MAX_PROGRAMS = 2 * 132  # two programs per SM of an H200 (132 SMs)
+
+
+def launch_config(q_tiles: int, heads: int, k_tiles: int, head_dim: int) -> FlashConfig:
+    """The launch rule: split the key range while the split grid stays within MAX_PROGRAMS and
+    each split walks at least MIN_TILES_PER_SPLIT key tiles."""
+    splits = 1
+    while (q_tiles * heads * splits * 2 <= MAX_PROGRAMS and splits < 8
+           and k_tiles >= 2 * splits * MIN_TILES_PER_SPLIT):
+        splits *= 2
+    return FlashConfig(splits, 8 if head_dim > 128 else 4, 3)
 
 
 def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
@@ -89,15 +160,21 @@ def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
 def prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route=None,
-    tile_ranges: torch.Tensor | None = None,
+    tile_ranges: torch.Tensor | None = None, read_rows: torch.Tensor | None = None,
+    config: FlashConfig | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D]; keys/values: [S, KVH, D] (unit last stride) at positions k_start.. ->
-    [T, H, D] in the keys' dtype. tiles: the int8 classifier at `tile` (computed if None)."""
+    """q: [T, H, D]; keys/values: [S, KVH, D] (unit last stride) at positions k_start.., or,
+    with read_rows [S] (device ints), the layer's store [R, KVH, D] whose rows read_rows are
+    the keys in order -> [T, H, D] in the keys' dtype. tiles: the int8 classifier at `tile`
+    (computed if None). config: the launch (default: `launch_config`'s rule)."""
     if route == Route.FALLBACK_F32:
+        if read_rows is not None:
+            keys, values = keys[read_rows], values[read_rows]
         return ref.prefill_attention(q, keys, values, q_start, k_start, window, scale, None,
                                      tile, route)
     num_q, heads, head_dim = q.shape
-    num_k, kv_heads = keys.shape[0], keys.shape[1]
+    num_k = keys.shape[0] if read_rows is None else read_rows.shape[0]
+    kv_heads = keys.shape[1]
     (qs0, qs1, qs2), (ks0, ks1, ks2), (vs0, vs1, vs2) = q.stride(), keys.stride(), values.stride()
     assert qs2 == 1 and ks2 == 1 and vs2 == 1
     dev = q.device
@@ -109,12 +186,22 @@ def prefill_attention(
     q_tiles, k_tiles = tiles.shape
     assert FULL == 2 and q_tiles == cdiv(num_q, tile) and k_tiles == cdiv(num_k, tile)
     assert tiles.is_contiguous()
+    cfg = config or launch_config(q_tiles, heads, k_tiles, head_dim)
     out = empty((num_q, heads, head_dim), keys.dtype, dev)
+    part = ml = out  # NOTE: unused without splits (a placeholder pointer)
+    if cfg.splits > 1:
+        part = empty((cfg.splits, num_q, heads, head_dim), torch.float32, dev)
+        ml = empty((cfg.splits, num_q, heads, 2), torch.float32, dev)
+    rows = keys if read_rows is None else read_rows
     launch(
-        _flash_kernel, (q_tiles, heads), q, keys, values, out, tiles, ranges, num_q, num_k,
-        q_start, k_start, window or 0, scale * _LOG2E, k_tiles, qs0, qs1, ks0, ks1, vs0, vs1,
-        heads * head_dim, head_dim,
+        _flash_kernel, (q_tiles, heads, cfg.splits), q, keys, values, rows, out, part, ml,
+        tiles, ranges, num_q, num_k, q_start, k_start, window or 0, scale * _LOG2E, k_tiles,
+        qs0, qs1, ks0, ks1, vs0, vs1, heads * head_dim, head_dim, cfg.splits,
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
-        num_warps=8 if head_dim > 128 else 4, num_stages=2,
+        INDEXED=read_rows is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
+    if cfg.splits > 1:
+        launch(_combine_kernel, (num_q, heads), part, ml, out, num_q, heads, heads * head_dim,
+               head_dim, cfg.splits, D=head_dim, num_warps=1)
     return out
