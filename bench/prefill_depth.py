@@ -2,7 +2,7 @@
 over every key before them, read from a paged store (256-row pages in a random order), two ways
 side by side — the key range gathered into a contiguous buffer first (ops.stage_gather, then
 the flash kernel), or attended in place through the row list — and, in place, per launch
-configuration (key splits, warps, stages) against the launch rule's default.
+configuration (key splits, warps, stages, query heads per program) against the launch rule's default.
 
     python bench/prefill_depth.py --out $OUT/prefill_depth.json
 
@@ -59,12 +59,13 @@ def main() -> None:
     ap.add_argument("--splits", default="1,2,4,8")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--pack", default="1,2", help="query heads per program (those dividing G)")
     ap.add_argument("--shapes", default="gemma3-27b,gemma3-1b")
     args = ap.parse_args()
     receipt = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "rows": args.rows, "page_rows": PAGE, "tile": TILE, "cells": []}
     configs = [FlashConfig(*c) for c in itertools.product(ints(args.splits), ints(args.warps),
-                                                          ints(args.stages))]
+                                                          ints(args.stages), ints(args.pack))]
     for shape in args.shapes.split(","):
         for depth in [d for d in ints(args.depths) if shape == "gemma3-27b" or d <= 32768]:
             receipt["cells"] += measure(shape, depth, args.rows, configs,
@@ -77,7 +78,7 @@ def main() -> None:
             say(f"{shape} {depth}: gathered {base['ms']:.3f} ms, in place (rule, {rule['splits']} "
                 f"splits) {rule['ms']:.3f} ms ({rule['tflop_s']:.0f} TFLOP/s), best "
                 f"{best['ms']:.3f} ms at splits {best['splits']} warps {best['num_warps']} "
-                f"stages {best['num_stages']}")
+                f"stages {best['num_stages']} pack {best['pack']}")
             args.out.write_text(json.dumps(receipt, indent=1) + "\n")
             torch.cuda.empty_cache()
 
@@ -102,9 +103,10 @@ def measure(shape: str, depth: int, rows: int, configs: list[FlashConfig],
         for name, out in (("gathered", gathered()), ("in place", attend(k, v, read))):
             err = float((out.double() - want.double()).norm() / want.double().norm())
             check.setdefault("rel_err", {})[f"{shape} {name}"] = err
-    default = launch_config(-(-rows // TILE), heads, tiles.shape[1], dim)
+    default = launch_config(-(-rows // TILE), heads, kv_heads, tiles.shape[1], dim, TILE)
     runs = [("gathered", None, gathered), ("in place", None, lambda: attend(k, v, read))]
-    runs += [("in place", cfg, lambda cfg=cfg: attend(k, v, read, cfg)) for cfg in configs]
+    runs += [("in place", cfg, lambda cfg=cfg: attend(k, v, read, cfg)) for cfg in configs
+             if (heads // kv_heads) % cfg.pack == 0]
     cells = []
     for way, cfg, fn in runs:
         cell = {"model": shape, "depth": depth, "way": way, "default": cfg is None,

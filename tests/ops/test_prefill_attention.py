@@ -57,12 +57,13 @@ def test_flash_strided_rows(gen, dtype):
 
 
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
-@pytest.mark.parametrize("splits", [1, 3, 4])
+@pytest.mark.parametrize("splits,pack", [(1, 1), (3, 1), (4, 2), (1, 2)])
 @pytest.mark.parametrize("num_q,num_prev,window", [(40, 120, None), (33, 70, 48)])
-def test_flash_in_place_and_split(gen, dtype, splits, num_q, num_prev, window):
+def test_flash_in_place_and_split(gen, dtype, splits, pack, num_q, num_prev, window):
     """A chunk at depth attends the store where its rows are (read_rows: scattered physical
     rows, as pages are), its key range split over several programs whose partials are
-    combined; against the float64 dense reference of the same rows gathered."""
+    combined, two query heads of a key/value head in one program (pack); against the float64
+    dense reference of the same rows gathered."""
     heads, kv_heads, head_dim, tile = 4, 2, 64, 16
     num_k, store_rows = num_prev + num_q, 2 * (num_prev + num_q) + 5
     k_store = rand(gen, store_rows, kv_heads, head_dim, dtype=dtype)
@@ -72,7 +73,7 @@ def test_flash_in_place_and_split(gen, dtype, splits, num_q, num_prev, window):
     tiles = classify_tiles(num_prev, num_q, 0, num_k, window, tile, tile)
     out = prefill_attention(q, k_store, v_store, num_prev, 0, window, 0.125, tiles.to(DEVICE),
                             tile, Route.TILED, read_rows=read.to(DEVICE),
-                            config=FlashConfig(splits=splits))
+                            config=FlashConfig(splits=splits, pack=pack))
     q_pos = torch.arange(num_prev, num_prev + num_q)
     expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
                              v_store.cpu()[read].double(), q_pos, torch.arange(num_k), window,
@@ -82,7 +83,9 @@ def test_flash_in_place_and_split(gen, dtype, splits, num_q, num_prev, window):
 
 def test_launch_rule_splits_only_deep_narrow_chunks():
     """The rule splits a chunk's keys when its (query tile, head) grid is small and the key
-    range long, never a first chunk of the same width."""
-    assert launch_config(8, 4, 8, 256).splits == 1  # 512 rows, nothing before them
-    assert launch_config(8, 4, 2048, 256).splits > 1  # at 131k keys, gemma3-1b's 4 heads
-    assert launch_config(8, 32, 2048, 128).splits == 1  # gemma3-27b's 32 heads fill the GPU
+    range long, never a first chunk of the same width; it packs two query heads of a
+    key/value head where head_dim allows."""
+    assert launch_config(8, 4, 1, 8, 256, 64).splits == 1  # 512 rows, nothing before them
+    assert launch_config(8, 4, 1, 2048, 256, 64).splits > 1  # 131k keys, gemma3-1b's 4 heads
+    deep = launch_config(8, 32, 16, 2048, 128, 64)  # gemma3-27b: 32 heads over 16 kv heads
+    assert deep.pack == 2 and deep.splits <= 2

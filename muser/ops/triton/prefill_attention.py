@@ -40,18 +40,23 @@ def _flash_kernel(
     q_start, k_start, window, scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt,
     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, splits, G: tl.constexpr,
     D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
+    PACK: tl.constexpr,
 ):
-    qt, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    kvh = h // G
-    rq = qt * BLOCK + tl.arange(0, BLOCK)
+    # PACK query heads of one key/value head share the program: its PACK * BLOCK rows are
+    # (head, query row) pairs over the same query tile, so each key tile is loaded once for them
+    qt, group, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    r = tl.arange(0, PACK * BLOCK)
+    h = group * PACK + r // BLOCK
+    kvh = group * PACK // G
+    rq = qt * BLOCK + r % BLOCK
     d = tl.arange(0, D)
     q_mask = rq < T
-    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h * stride_qh + d[None, :],
-                mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
+                + d[None, :], mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
     q_pos = q_start + rq
-    m = tl.full((BLOCK,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK,), tl.float32)
-    acc = tl.zeros((BLOCK, D), tl.float32)
+    m = tl.full((PACK * BLOCK,), float("-inf"), tl.float32)
+    l = tl.zeros((PACK * BLOCK,), tl.float32)
+    acc = tl.zeros((PACK * BLOCK, D), tl.float32)
     lo = tl.load(ranges_ptr + 2 * qt)
     hi = tl.load(ranges_ptr + 2 * qt + 1)
     if splits > 1:  # this program's share of the query tile's key tiles
@@ -86,10 +91,10 @@ def _flash_kernel(
         m = m_new
     if splits == 1:
         out = acc / tl.maximum(l, 1e-30)[:, None]
-        tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h * stride_oh + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
+        tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh
+                 + d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
     else:  # partials [splits, T, H, D] and (max, sum) [splits, T, H, 2], float32
-        H = tl.num_programs(1)
+        H = tl.num_programs(1) * PACK
         cell = (split * T + rq).to(tl.int64) * H + h
         tl.store(part_ptr + cell[:, None] * D + d[None, :], acc, mask=q_mask[:, None])
         tl.store(ml_ptr + cell * 2, m, mask=q_mask)
@@ -125,6 +130,7 @@ class FlashConfig:
     splits: int = 1
     num_warps: int = 4
     num_stages: int = 2
+    pack: int = 1  # query heads of one key/value head per program
 
 
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
@@ -136,14 +142,18 @@ MIN_TILES_PER_SPLIT = 16
 MAX_PROGRAMS = 2 * 132  # two programs per SM of an H200 (132 SMs)
 
 
-def launch_config(q_tiles: int, heads: int, k_tiles: int, head_dim: int) -> FlashConfig:
-    """The launch rule: split the key range while the split grid stays within MAX_PROGRAMS and
-    each split walks at least MIN_TILES_PER_SPLIT key tiles."""
-    splits = 1
-    while (q_tiles * heads * splits * 2 <= MAX_PROGRAMS and splits < 8
+def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_dim: int,
+                  tile: int) -> FlashConfig:
+    """The launch rule: two query heads of a key/value head per program where their rows fit
+    one 128-row tile of head_dim <= 128 (half the key/value loads, a taller tensor-core tile);
+    then split the key range while the grid stays within MAX_PROGRAMS and each split walks at
+    least MIN_TILES_PER_SPLIT key tiles; eight warps for a tile over 64 x 128 values."""
+    pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
+    programs, splits = q_tiles * heads // pack, 1
+    while (programs * splits * 2 <= MAX_PROGRAMS and splits < 8
            and k_tiles >= 2 * splits * MIN_TILES_PER_SPLIT):
         splits *= 2
-    return FlashConfig(splits, 8 if head_dim > 128 else 4, 3)
+    return FlashConfig(splits, 8 if pack * tile * head_dim > 64 * 128 else 4, 3, pack)
 
 
 def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
@@ -186,7 +196,8 @@ def prefill_attention(
     q_tiles, k_tiles = tiles.shape
     assert FULL == 2 and q_tiles == cdiv(num_q, tile) and k_tiles == cdiv(num_k, tile)
     assert tiles.is_contiguous()
-    cfg = config or launch_config(q_tiles, heads, k_tiles, head_dim)
+    cfg = config or launch_config(q_tiles, heads, kv_heads, k_tiles, head_dim, tile)
+    assert (heads // kv_heads) % cfg.pack == 0, "packed heads must share a key/value head"
     out = empty((num_q, heads, head_dim), keys.dtype, dev)
     part = ml = out  # NOTE: unused without splits (a placeholder pointer)
     if cfg.splits > 1:
@@ -194,11 +205,11 @@ def prefill_attention(
         ml = empty((cfg.splits, num_q, heads, 2), torch.float32, dev)
     rows = keys if read_rows is None else read_rows
     launch(
-        _flash_kernel, (q_tiles, heads, cfg.splits), q, keys, values, rows, out, part, ml,
+        _flash_kernel, (q_tiles, heads // cfg.pack, cfg.splits), q, keys, values, rows, out, part, ml,
         tiles, ranges, num_q, num_k, q_start, k_start, window or 0, scale * _LOG2E, k_tiles,
         qs0, qs1, ks0, ks1, vs0, vs1, heads * head_dim, head_dim, cfg.splits,
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
-        INDEXED=read_rows is not None, num_warps=cfg.num_warps,
+        INDEXED=read_rows is not None, PACK=cfg.pack, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:
