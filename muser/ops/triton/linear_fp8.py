@@ -4,9 +4,9 @@ it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`
 - decode rows (N <= 8): the fastest FP8 GEMV config (`gemv_fp8`; the op fused into its
   epilogue, or as its own kernel), timed in CUDA graphs over weight copies that defeat L2;
 - more rows, the faster of
-  `scaled_mm`: x quantized per token (row) to e4m3, then FP8 tensor cores
-  (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in the
-  model dtype; and
+  `scaled_mm` (bfloat16 models): x quantized per token (row) to e4m3, then FP8 tensor cores
+  (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in
+  bfloat16; and
   `dequant`: W dequantized to the model dtype (`dequantize_fp8`), then cuBLAS on x as it is;
   timed as `linear` times its GEMM candidates (in graph replay up to GRAPH_ROWS rows,
   eagerly beyond) per power-of-two bucket of rows.
@@ -43,7 +43,6 @@ from muser.ops.triton.linear import (
 )
 
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
-PREFILL = ("scaled_mm", "dequant")
 _CHOICE: dict[tuple, Pick] = {}
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {pick: ms per call} (receipts)
 
@@ -107,8 +106,8 @@ def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
 def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
                 norm: NormEpilogue | None) -> list[Pick]:
     n, (m, k) = x.shape[0], weight.shape
-    if n > MAX_ROWS:
-        return list(PREFILL)
+    if n > MAX_ROWS:  # cuBLAS's rowwise-scaled FP8 GEMM writes bfloat16 only
+        return ["scaled_mm", "dequant"] if weight.dtype == torch.bfloat16 else ["dequant"]
     picks: list[Pick] = []
     for c in candidates_fp8(n, m, k):
         picks += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
