@@ -13,6 +13,7 @@ import torch
 from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
 from muser.graph.weights import LayerWeights
+from muser.loading import load_model
 from muser.loading.fp8_checkpoint import fp8_layout
 from muser.loading.hf import Shards, _shapes, load_weights_hf
 from muser.loading.names import HF_LAYER_NAMES
@@ -160,3 +161,8 @@ def test_fp8_tensor_in_unquantized_checkpoint(tmp_path):
     directory, _ = _checkpoint(tmp_path, CHANNEL)
     with pytest.raises(ModelLoadError, match="is torch.float8_e4m3fn; muser reads bfloat16"):
         load_weights_hf(Shards(directory), CFG, torch.float32, "cpu")
+
+
+def test_gguf_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="--quantization fp8 loads Hugging Face checkpoints"):
+        load_model(tmp_path / "model.gguf", torch.bfloat16, "cpu", fp8=True)

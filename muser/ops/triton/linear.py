@@ -56,7 +56,7 @@ _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
 GRAPH_ROWS = 64  # decode batches of up to this many rows replay CUDA graphs
 # weight type -> the projection of weights that are not plain tensors (linear_fp8.py adds
-# Fp8Matrix's when the package is imported)
+# Fp8Matrix's when the package is imported; MUSER_GEMV=0 does not apply to them)
 ROUTES: dict[type, Callable] = {}
 
 
