@@ -52,6 +52,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
                    help="KV cache dtype (default: float32 on the CPU, where attention computes "
                    "in float32 anyway; bfloat16 on the GPU)")
+    p.add_argument("--quantization", choices=["none", "fp8"], default="none",
+                   help="fp8: the projections (QKV, O, gate/up, down) as FP8 e4m3 weights with "
+                   "one float32 scale per output row, quantized at load, or as stored in an FP8 "
+                   "Hugging Face checkpoint (compressed-tensors, fbgemm_fp8); the embedding and "
+                   "tied LM head stay in --dtype. Needs a CUDA GPU of compute capability >= 8.9 "
+                   "(Ada, Hopper); refused on the CPU. Without it an FP8 checkpoint loads "
+                   "dequantized to --dtype (default: %(default)s)")
     p.add_argument("--prefill-chunk", type=_positive_int, default=512,
                    help="rows per prefill chunk (default: %(default)s)")
     p.add_argument("--max-model-len", type=_positive_int, default=32768,
@@ -76,7 +83,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
                   gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads,
-                  prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb)
+                  prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb,
+                  quantization=args.quantization)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

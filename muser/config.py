@@ -85,6 +85,9 @@ PREFIX_CACHE_GB = {"cpu": 1.0, "cuda": 8.0}
 PREFIX_CACHE = {"cpu": True, "cuda": True}
 
 
+QUANTIZATIONS = ("none", "fp8")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine knobs; CLI flags map 1:1 onto these fields. Batching fields left None take the
@@ -93,6 +96,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "bfloat16"  # weights and activations fed to projections; see default_dtypes
     kv_dtype: str = "bfloat16"
+    quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
     prefill_chunk: int = 512  # most rows of one sequence per step
     decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
     # (GPU, None: measured at startup)
@@ -117,6 +121,9 @@ class EngineConfig:
         if self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold one "
                              f"decode row of every sequence (max_num_seqs = {self.max_num_seqs})")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
+                             f"{self.quantization!r}")
         if self.prefix_cache_gb < 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

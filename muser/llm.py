@@ -16,6 +16,7 @@ from muser.config import EngineConfig, default_dtypes
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.loading import load_model
+from muser.ops.fp8 import require_fp8_device
 from muser.runner import Runner
 from muser.scheduler import Scheduler
 from muser.startup import StartupLog
@@ -76,14 +77,18 @@ class LLM:
         config = EngineConfig(**engine_kwargs)
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         dtype = getattr(torch, config.dtype)
+        fp8 = config.quantization == "fp8"
+        if fp8:
+            require_fp8_device(config.device)
         with self.startup.phase("weights"):
             if load_format == "dummy":
                 from muser.loading.dummy import load_dummy
 
                 loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress,
-                                    made_on=dummy_made_on)
+                                    made_on=dummy_made_on, fp8=fp8)
             else:
-                loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config))
+                loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config),
+                                    fp8)
         limit = loaded.config.max_position_embeddings
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path

@@ -49,6 +49,8 @@ def test_generate_streams_from_prompt_file_and_stdin(gguf_path: Path, tmp_path: 
     (["generate", "hi", "--max-tokens", "0"], "must be >= 1"),
     (["generate", "hi", "--model", "/nonexistent.gguf"], "model file not found"),
     (["generate", "--prompt-file", "/nonexistent.txt"], "cannot read --prompt-file"),
+    (["generate", "hi", "--device", "cpu", "--quantization", "fp8"],
+     "--quantization fp8 runs on a CUDA GPU of compute capability >= 8.9"),
 ])
 def test_bad_options_fail_cleanly(args: list[str], needle: str) -> None:
     _assert_clean_error(_muser(*args), needle)

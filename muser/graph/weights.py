@@ -7,9 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from muser.config import ModelConfig
+from muser.ops.fp8 import Fp8Matrix, quantize_fp8
 from muser.ops.packed import PackedMatrix
 
-Matrix = torch.Tensor | PackedMatrix  # packed: CPU float32 weights that keep their GGUF codes
+Matrix = torch.Tensor | PackedMatrix | Fp8Matrix  # packed: CPU float32 weights that keep their
+# GGUF codes; fp8: GPU projections as e4m3 codes and per-row scales (--quantization fp8)
 
 
 @dataclass(slots=True)
@@ -50,23 +52,27 @@ class ModelWeights:
         for layer in self.layers:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
-            parts = [m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else [m]
+            parts = ([m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else
+                     [m.data, m.scales] if isinstance(m, Fp8Matrix) else [m])
             tensors.update((id(t), t) for t in parts if t is not None)
         return sum(t.nbytes for t in tensors.values())
 
 
 def random_weights(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
-    made_on: torch.device | str | None = None,
+    made_on: torch.device | str | None = None, fp8: bool = False,
 ) -> ModelWeights:
     """Seeded random weights of `cfg`'s shapes on `device` (no checkpoint needed), drawn by
-    the generator of `made_on` (default: `device`; each device type draws its own values)."""
+    the generator of `made_on` (default: `device`; each device type draws its own values).
+    `fp8`: each projection's `dtype` values quantized (quantize_fp8) as soon as it is drawn, so
+    no more than one matrix is ever held wider; the embedding (the tied head) stays `dtype`."""
     made_on = made_on or device
     gen = torch.Generator(device=made_on).manual_seed(seed)
 
-    def mat(rows: int, cols: int) -> torch.Tensor:
+    def mat(rows: int, cols: int) -> Matrix:
         w = torch.randn(rows, cols, generator=gen, device=made_on, dtype=torch.float32)
-        return (w * cols**-0.5).to(device, dtype)
+        w = (w * cols**-0.5).to(device, dtype)
+        return quantize_fp8(w) if fp8 else w
 
     def norm(size: int) -> torch.Tensor:
         return (1.0 + 0.1 * torch.randn(size, generator=gen, device=made_on)).to(device)

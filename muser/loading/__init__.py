@@ -22,16 +22,22 @@ class LoadedModel:
 
 def load_model(
     path: str | Path | None, dtype: torch.dtype, device: torch.device | str,
-    progress: bool = True, pack: bool = False,
+    progress: bool = True, pack: bool = False, fp8: bool = False,
 ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face checkpoint (its directory or its config.json; None:
     the embedded default model) onto `device`; `pack` keeps the block codes of quantized
-    GGUF matrices for the CPU kernels (muser.ops.packed)."""
+    GGUF matrices for the CPU kernels (muser.ops.packed); `fp8` (Hugging Face checkpoints)
+    loads the projections as FP8 (muser.ops.fp8)."""
     from muser.loading.default_model import default_model_path
 
     path = Path(path) if path is not None else default_model_path(progress)
     if is_hf_checkpoint(path):
-        return _load_hf(path, dtype, device, progress)
+        return _load_hf(path, dtype, device, progress, fp8)
+    if fp8:
+        from muser.errors import ModelLoadError
+
+        raise ModelLoadError(f"{path}: --quantization fp8 loads Hugging Face checkpoints and "
+                             f"dummy weights, not GGUF files")
     return _load_gguf(path, dtype, device, progress, pack)
 
 
@@ -63,12 +69,14 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progr
 
 
 def _load_hf(path: Path, dtype: torch.dtype, device: torch.device | str,
-             progress: bool) -> LoadedModel:
+             progress: bool, fp8: bool) -> LoadedModel:
+    from muser.loading.fp8_checkpoint import fp8_layout
     from muser.loading.hf import Shards, checkpoint_dir, config_from_hf, load_weights_hf, read_json
     from muser.loading.hf_tokenizer import tokenizer_from_hf
 
     directory = checkpoint_dir(path)
-    config = config_from_hf(read_json(path if path.is_file() else directory / "config.json"))
+    raw = read_json(path if path.is_file() else directory / "config.json")
+    config, layout = config_from_hf(raw), fp8_layout(raw)
     tokenizer = tokenizer_from_hf(directory, config.vocab_size)
-    weights = load_weights_hf(Shards(directory), config, dtype, device, progress)
+    weights = load_weights_hf(Shards(directory), config, dtype, device, progress, fp8, layout)
     return LoadedModel(directory, config, tokenizer, weights)

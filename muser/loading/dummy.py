@@ -15,10 +15,11 @@ from muser.presets import preset
 
 def load_dummy(name: str, dtype: torch.dtype, device: torch.device | str,
                progress: bool = True, seed: int = 0,
-               made_on: torch.device | str | None = None) -> LoadedModel:
+               made_on: torch.device | str | None = None, fp8: bool = False) -> LoadedModel:
     """ModelConfig of preset `name`, random weights of `dtype` on `device`, drawn on `made_on`
-    (default: `device`). The path names the shape and where its values were drawn (what a
-    model fingerprint compares: a CPU and a GPU draw different values from one seed)."""
+    (default: `device`); `fp8`: the projections quantized to FP8 (random_weights). The path
+    names the shape, where its values were drawn (what a model fingerprint compares: a CPU and
+    a GPU draw different values from one seed) and +fp8 when quantized."""
     from muser.loading.default_model import default_model_path
     from muser.loading.gguf import open_gguf
     from muser.tokenizer import Tokenizer
@@ -26,5 +27,5 @@ def load_dummy(name: str, dtype: torch.dtype, device: torch.device | str,
     cfg = preset(name)
     tokenizer = Tokenizer.from_gguf(open_gguf(default_model_path(progress)))
     made_on = torch.device(made_on or device)
-    return LoadedModel(Path(f"dummy:{name}@{made_on.type}"), cfg, tokenizer,
-                       random_weights(cfg, dtype, device, seed, made_on))
+    return LoadedModel(Path(f"dummy:{name}@{made_on.type}{'+fp8' if fp8 else ''}"), cfg,
+                       tokenizer, random_weights(cfg, dtype, device, seed, made_on, fp8))

@@ -14,8 +14,10 @@ from tqdm import tqdm
 
 from muser.config import LayerKind, ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
-from muser.graph.weights import LayerWeights, ModelWeights
+from muser.graph.weights import LayerWeights, Matrix, ModelWeights
+from muser.loading.fp8_checkpoint import Fp8Layout, read_fp8
 from muser.loading.names import HF_GLOBAL_NAMES, HF_LAYER_NAMES, HF_LM_HEAD, NORMS
+from muser.ops.fp8 import FP8, Fp8Matrix, cat_rows, quantize_fp8
 
 SUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # transformers' Gemma3TextConfig defaults: a config.json (a text_config above all) lists only
@@ -139,8 +141,12 @@ class Shards:
                                  f"expected one")
         return found[0]
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """Tensor `name` from its file (CPU), after checking its shape and dtype."""
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str, shape: tuple[int, ...], fp8: bool = False) -> torch.Tensor:
+        """Tensor `name` from its file (CPU), after checking its shape and dtype (`fp8`: an
+        FP8 checkpoint's float8_e4m3fn weights are allowed too)."""
         if name not in self.where:
             raise ModelLoadError(f"checkpoint lacks tensor '{name}'")
         handle = self.files[self.where[name]]
@@ -148,10 +154,16 @@ class Shards:
         if have != shape:
             raise ModelLoadError(f"tensor '{name}' has shape {have}, config.json implies {shape}")
         t = handle.get_tensor(name)
-        if t.dtype not in _DTYPES:
+        if t.dtype not in _DTYPES and not (fp8 and t.dtype == FP8):
             raise ModelLoadError(f"tensor '{name}' is {t.dtype}; muser reads bfloat16, "
-                                 f"float16 and float32 safetensors")
+                                 f"float16 and float32 safetensors"
+                                 f"{', and float8_e4m3fn with their scales' if fp8 else ''}")
         return t
+
+    def scale_of(self, name: str) -> torch.Tensor | None:
+        """The weight_scale tensor of FP8 weight `name` (CPU), None when the file lacks it."""
+        scale = name.removesuffix("weight") + "weight_scale"
+        return self.files[self.where[scale]].get_tensor(scale) if self.has(scale) else None
 
 
 def _open(path: Path):
@@ -179,36 +191,51 @@ def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def load_weights_hf(
     shards: Shards, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-    progress: bool = False,
+    progress: bool = False, fp8: bool = False, layout: Fp8Layout | None = None,
 ) -> ModelWeights:
     """Every weight on `device`: matrices in `dtype`, norms float32 with Gemma's 1 + w folded
-    in (HF stores w; the graph multiplies by 1 + w, as transformers does in float32)."""
+    in (HF stores w; the graph multiplies by 1 + w, as transformers does in float32).
+    `layout`: the checkpoint's FP8 layout (fp8_checkpoint.fp8_layout; None: not quantized),
+    whose float8 weights load with their scales. `fp8` (--quantization fp8): the projections
+    as Fp8Matrix, taken as stored or quantized one by one on `device`; without it, FP8 weights
+    are dequantized to `dtype`. The embedding (the tied head) and the norms stay unquantized."""
     prefix, shapes = shards.prefix(), _shapes(cfg)
     total = cfg.num_layers * len(shapes) + 2 + (not cfg.tie_word_embeddings)
     bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
 
-    def get(name: str, shape: tuple[int, ...], norm: bool) -> torch.Tensor:
+    def norm(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         t = shards.get(name, shape)
         bar.update()
-        if norm:
-            return (1.0 + t.float()).to(device)
-        return t.to(device=device, dtype=dtype)
+        return (1.0 + t.float()).to(device)
+
+    def matrix(name: str, shape: tuple[int, ...], quantize: bool) -> Matrix:
+        t = shards.get(name, shape, fp8=layout is not None)
+        bar.update()
+        if t.dtype == FP8:
+            t = read_fp8(t, shards.scale_of(name), name, layout, dtype, device)
+            if isinstance(t, Fp8Matrix):
+                return t if quantize else t.dequantize(dtype)
+            return quantize_fp8(t, dtype) if quantize else t.to(dtype)  # per-block float32
+        t = t.to(device=device, dtype=dtype)
+        return quantize_fp8(t) if quantize else t
 
     def layer(i: int) -> LayerWeights:
         fields = {}
         for field, names in HF_LAYER_NAMES.items():
             names = [names] if isinstance(names, str) else names
-            parts = [get(f"{prefix}layers.{i}.{n}", shapes[n], field in NORMS) for n in names]
-            fields[field] = torch.cat(parts) if len(parts) > 1 else parts[0]
+            parts = [norm(f"{prefix}layers.{i}.{n}", shapes[n]) if field in NORMS
+                     else matrix(f"{prefix}layers.{i}.{n}", shapes[n], fp8) for n in names]
+            fields[field] = parts[0] if len(parts) == 1 else (
+                cat_rows(parts) if isinstance(parts[0], Fp8Matrix) else torch.cat(parts))
         return LayerWeights(**fields)
 
     inv = {v: k for k, v in HF_GLOBAL_NAMES.items()}
     vocab, hidden = (cfg.vocab_size, cfg.hidden_size), (cfg.hidden_size,)
     weights = ModelWeights(
-        embed=get(prefix + inv["embed"], vocab, norm=False),
-        final_norm=get(prefix + inv["final_norm"], hidden, norm=True),
+        embed=matrix(prefix + inv["embed"], vocab, quantize=False),
+        final_norm=norm(prefix + inv["final_norm"], hidden),
         layers=[layer(i) for i in range(cfg.num_layers)],
-        lm_head=None if cfg.tie_word_embeddings else get(HF_LM_HEAD, vocab, norm=False),
+        lm_head=None if cfg.tie_word_embeddings else matrix(HF_LM_HEAD, vocab, quantize=False),
     )
     bar.close()
     return weights

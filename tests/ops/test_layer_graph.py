@@ -10,6 +10,7 @@ import muser.ops.triton as triton_ops
 from muser.ops import ref
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
 from muser.graph.weights import LayerWeights, ModelWeights, random_weights
+from muser.ops.fp8 import Fp8Matrix
 from muser.runner import Runner
 from opcheck import DEVICE, TOL
 
@@ -35,14 +36,28 @@ def _to(weights: ModelWeights, device: str) -> ModelWeights:
     return ModelWeights(weights.embed.to(device), weights.final_norm.to(device), layers)
 
 
-def _run(ops_module, chunks: list[int], decode_steps: int, device: str) -> torch.Tensor:
+def _dequantized(weights: ModelWeights) -> ModelWeights:
+    """FP8 projections as their float32 values (data * scales)."""
+    def dense(m):
+        return m.dequantize() if isinstance(m, Fp8Matrix) else m
+
+    layers = [LayerWeights(**{f: dense(getattr(w, f)) for f in LayerWeights.__slots__})
+              for w in weights.layers]
+    return ModelWeights(weights.embed, weights.final_norm, layers)
+
+
+def _run(ops_module, chunks: list[int], decode_steps: int, device: str,
+         fp8: bool = False) -> torch.Tensor:
+    """`fp8`: the projections quantized (random_weights(fp8=True)); the Triton ops read them
+    as FP8, the reference (and the CPU backend the runner starts with) their float32 values."""
     engine = EngineConfig(device=device, dtype="float32", kv_dtype="float32", max_num_seqs=2,
                           max_model_len=64, page_size=16, enforce_eager=True)
-    weights = _to(random_weights(CFG, torch.float32, "cpu", seed=3), device)
-    runner = Runner(CFG, engine, weights)
+    weights = _to(random_weights(CFG, torch.float32, "cpu", seed=3, fp8=fp8), device)
+    runner = Runner(CFG, engine, _dequantized(weights))
     if ops_module is not None:  # the weights as this backend reads them
         runner.model.ops = ops_module
-        runner.model.weights = ops_module.prepare_weights(weights)
+        runner.model.weights = ops_module.prepare_weights(
+            weights if ops_module is triton_ops else _dequantized(weights))
     ids = torch.randint(0, CFG.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
     seq, logits, pos = runner.allocate(), [], 0
     for n in chunks:
@@ -58,5 +73,15 @@ def _run(ops_module, chunks: list[int], decode_steps: int, device: str) -> torch
 def test_graph_triton_equals_reference(chunks):
     expect = _run(ref, chunks, 3, "cpu")
     got = _run(triton_ops, chunks, 3, DEVICE)
+    assert got.shape == expect.shape
+    torch.testing.assert_close(got.cpu(), expect.cpu(), atol=GRAPH_ATOL, rtol=GRAPH_RTOL)
+
+
+def test_graph_fp8_equals_reference_on_its_values():
+    """FP8 projections through the Triton graph (the FP8 GEMV for decode rows and chunks of
+    up to 8, the dequant route for wider chunks: float32 models run no scaled_mm) equal the
+    reference graph on the same weights' float32 values."""
+    expect = _run(ref, [5, 9, 2], 3, "cpu", fp8=True)
+    got = _run(triton_ops, [5, 9, 2], 3, DEVICE, fp8=True)
     assert got.shape == expect.shape
     torch.testing.assert_close(got.cpu(), expect.cpu(), atol=GRAPH_ATOL, rtol=GRAPH_RTOL)

@@ -29,15 +29,16 @@ ENGINE = EngineConfig(device="cpu", dtype="float32", kv_dtype="float32", max_num
                       prefill_chunk=12, decode_waiting_chunk=4, max_model_len=64, page_size=16)
 PROJECTIONS = ("linear", "linear_geglu", "linear_add_rms_norm")
 linear = importlib.import_module("muser.ops.triton.linear")  # the module, not the op
+linear_fp8 = importlib.import_module("muser.ops.triton.linear_fp8")
 
 
-def _runner() -> Runner:
+def _runner(fp8: bool = False) -> Runner:
     ops = types.SimpleNamespace(**{n: getattr(ref, n) for n in dir(ref) if not n.startswith("_")})
     for name in (*PROJECTIONS, "tuning"):
         setattr(ops, name, getattr(triton_ops, name))
     runner = Runner(CFG, ENGINE, random_weights(CFG, torch.float32, "cpu", seed=0))
-    runner.model = Decoder(CFG, random_weights(CFG, torch.float32, "cpu", seed=0), runner.pool,
-                           ops)
+    runner.model = Decoder(CFG, random_weights(CFG, torch.float32, "cpu", seed=0, fp8=fp8),
+                           runner.pool, ops)
     return runner
 
 
@@ -89,6 +90,18 @@ def test_nothing_is_tuned_after_the_warm_up() -> None:
     decodes = {num_decode for _, num_decode, _ in steps}
     kinds = {kind for kind, _, _ in steps}
     assert len(widths) >= 5 and decodes >= {1, 2} and kinds == {"decode", "prefill", "mixed"}
+
+
+def test_nothing_is_tuned_after_the_warm_up_fp8() -> None:
+    """The same with FP8 projections, whose picks linear_fp8 keeps."""
+    runner = _runner(fp8=True)
+    before = linear.STATS.tuned
+    prepare(runner)
+    warmed, keys = linear.STATS.tuned, set(linear_fp8._CHOICE)
+    assert warmed > before and keys
+    _serve(runner, prompts=[1, 3, 9, 20, 37, 5, 12, 13], max_tokens=[3, 6, 2, 5, 4, 3, 2, 4])
+    assert linear.STATS.tuned == warmed
+    assert set(linear_fp8._CHOICE) == keys
 
 
 def test_prefill_widths_cover_every_bucket() -> None:

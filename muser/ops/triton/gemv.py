@@ -122,10 +122,10 @@ def epilogue(y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, 
 
 
 @triton.jit
-def _finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N,
-            M, stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
-            NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-            SPLIT_K: tl.constexpr):
+def finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N,
+           M, stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
+           NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+           SPLIT_K: tl.constexpr):
     """acc: this program's float32 sums [BLOCK_N, BLOCK_M] over its K range."""
     if SPLIT_K == 1:
         epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
@@ -166,9 +166,9 @@ def _gemv_fma_kernel(
         x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
                     mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
         acc += x.to(w_dtype).to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    _finish(tl.sum(acc, axis=2), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
-            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
-            BLOCK_N, BLOCK_M, SPLIT_K)
+    finish(tl.sum(acc, axis=2), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+           res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
+           BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 @triton.jit
@@ -193,9 +193,9 @@ def _gemv_dot_kernel(
         x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
                     mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
         acc = tl.dot(w, tl.trans(x.to(w_dtype)), acc)
-    _finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
-            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
-            BLOCK_N, BLOCK_M, SPLIT_K)
+    finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+           res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
+           BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ _L2_DEFEAT_BYTES = 192 << 20
 _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
 GRAPH_ROWS = 64  # decode batches of up to this many rows replay CUDA graphs
+# weight type -> the projection of weights that are not plain tensors (linear_fp8.py adds
+# Fp8Matrix's when the package is imported; MUSER_GEMV=0 does not apply to them)
+ROUTES: dict[type, Callable] = {}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -111,6 +114,9 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
+    route = ROUTES.get(type(weight))
+    if route is not None:
+        return route(x, weight, geglu_out, norm)
     if _CUBLAS_ONLY:
         return _cublas(x, weight, geglu_out, norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")

@@ -1,0 +1,80 @@
+"""FP8 weights (`--quantization fp8`): an [M, K] matrix as float8 e4m3 codes and one float32
+scale per output row, W[m, k] = data[m, k] * scales[m].
+
+Why per output channel: a decode GEMV reads whole rows, so a row's one scale is applied once
+to its finished sum (y[n, m] = scales[m] * sum_k x[n, k] * data[m, k]: no multiply per weight),
+and it is exactly `torch._scaled_mm`'s rowwise scaling of the second operand (scale_b [1, M]).
+Fused rows (QKV, gate + up) concatenate exactly, each part keeping its own scales. A
+checkpoint's per-tensor scales broadcast to rows exactly; per-block scales (e.g. 128 x 128) are
+requantized per row at load (muser/loading/fp8_checkpoint.py).
+
+e4m3 ("fn": no infinities, NaN only at 0x7f/0xff) holds magnitudes up to 448 with 3 mantissa
+bits: a row is scaled so its largest |w| lands on 448, then each w / scale rounds to nearest
+(ties to even), so |w - dequantized| <= 2^-4 |w| down to 2^-6 * scale, and <= 2^-10 * scale
+among the subnormals below it (tests/test_fp8.py derives it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from muser.errors import MuserError
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+_TINY = torch.finfo(torch.float32).tiny
+MIN_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
+
+
+@dataclass(slots=True)
+class Fp8Matrix:
+    data: torch.Tensor  # [M, K] float8_e4m3fn, row-major
+    scales: torch.Tensor  # [M] float32: row m's values are data[m] * scales[m]
+    dtype: torch.dtype  # the projection's input and output dtype (the model's, e.g. bfloat16)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.data.shape)
+
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.scales.nbytes
+
+    def to(self, device: torch.device | str) -> Fp8Matrix:
+        return Fp8Matrix(self.data.to(device), self.scales.to(device), self.dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[M, K] data * scales in float32, rounded once to `dtype`."""
+        return (self.data.float() * self.scales[:, None]).to(dtype)
+
+
+def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix:
+    """An [M, K] float matrix -> Fp8Matrix of the same values to e4m3 precision (computed on
+    w's device, in float32); `dtype`: the projection's dtype (default w.dtype). A zero row
+    gets the smallest normal float32 scale and zero codes."""
+    w32 = w.float()
+    scales = (w32.abs().amax(dim=1) / FP8_MAX).clamp_min(_TINY)
+    data = (w32 / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return Fp8Matrix(data, scales, dtype or w.dtype)
+
+
+def cat_rows(parts: list[Fp8Matrix]) -> Fp8Matrix:
+    """Stack matrices along M (fused QKV, gate + up): exact, each row keeps its scale."""
+    if len({p.dtype for p in parts}) > 1:
+        raise TypeError("fused rows need one dtype")
+    return Fp8Matrix(torch.cat([p.data for p in parts]), torch.cat([p.scales for p in parts]),
+                     parts[0].dtype)
+
+
+def require_fp8_device(device: torch.device | str) -> None:
+    """MuserError unless `device` is a CUDA GPU with FP8 tensor cores (no silent fallback)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise MuserError("--quantization fp8 runs on a CUDA GPU of compute capability >= 8.9 "
+                         "(Ada, Hopper); the CPU backend has no FP8 kernels")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise MuserError(f"--quantization fp8 needs compute capability >= 8.9 (FP8 tensor "
+                         f"cores); {torch.cuda.get_device_name(device)} is "
+                         f"{capability[0]}.{capability[1]}")

@@ -1,0 +1,120 @@
+"""Decode GEMV over FP8 weights: y[N, M] = (x[N, K] @ data[M, K]^T) * scales[M] for a few rows
+(N <= 8), the e4m3 codes streamed once (one byte per weight, half a bfloat16 GEMV's bytes).
+
+The bfloat16 GEMV's structure (muser/ops/triton/gemv.py): BLOCK_M rows per program, optionally
+SPLIT_K programs per row block, an FMA loop (products in registers, reduced once) or a
+tensor-core loop (codes widened to x's dtype, exactly: every e4m3 value is a bfloat16 and a
+float16 value), accumulated in float32. Each row's scale multiplies its float32 sum (or each
+split's partial) once, then `gemv.finish` rounds y to x's dtype (the model's: the caller
+hands x in it) and runs the same epilogues: plain, GeGLU, residual add + RMSNorm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from muser.ops.fp8 import Fp8Matrix
+from muser.ops.triton.alloc import empty
+from muser.ops.triton.arrive import counters
+from muser.ops.triton.gemv import (
+    MAX_ROWS,
+    GemvConfig,
+    NormEpilogue,
+    candidates,
+    finish,
+    weight_rows,
+)
+from muser.ops.triton.launch import cdiv, launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
+
+DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
+
+
+@triton.jit
+def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
+                mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
+    x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+    return w, x
+
+
+@triton.jit
+def _gemv_fp8_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
+    N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, DOT: tl.constexpr,
+    GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+):
+    rows, valid = weight_rows(M, BLOCK_M, GEGLU)
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_dtype = x_ptr.dtype.element_ty
+    enter(PDL)
+    if DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            w, x = _tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
+            acc = tl.dot(w.to(x_dtype), tl.trans(x), acc)
+        y = tl.trans(acc)
+    else:
+        acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            w, x = _tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
+            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        y = tl.sum(acc3, axis=2)
+    scale = tl.load(s_ptr + rows, mask=valid, other=0.0)
+    finish(y * scale[None, :], rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+           res_out_ptr, N, M, stride_on, stride_rn, eps, x_dtype, GEGLU, NORM, NORM_BLOCK,
+           BLOCK_N, BLOCK_M, SPLIT_K)
+
+
+def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
+             geglu: bool = False, norm: NormEpilogue | None = None):
+    """x: [N, K] any float, N <= 8 (rounded to weight.dtype first); weight: [M, K] FP8 ->
+    as `gemv.gemv`: plain [N, M] in weight.dtype; geglu [N, M / 2]; norm (new residual f32,
+    its rms_norm in norm.dtype)."""
+    n, (m, k) = x.shape[0], weight.shape
+    x = x if x.dtype == weight.dtype else x.to(weight.dtype)
+    assert n <= MAX_ROWS and weight.data.is_contiguous() and x.stride(-1) == 1
+    assert x.shape[1] == k and not (geglu and norm) and (not geglu or m % 2 == 0)
+    c, dev = config, x.device
+    k_per_split = cdiv(cdiv(k, c.split_k), c.block_k) * c.block_k
+    splits, blocks = cdiv(k, k_per_split), cdiv(m, c.block_m)
+    res = post = nxt = res_out = None
+    if norm is not None:
+        assert norm.residual.shape == (n, m) and norm.residual.stride(-1) == 1
+        out = empty((n, m), norm.dtype, dev)
+        res_out = empty((n, m), torch.float32, dev)
+        res, post, nxt = norm.residual, norm.post, norm.next
+    else:
+        out = empty((n, m // 2 if geglu else m), weight.dtype, dev)
+    needed = (blocks if splits > 1 else 0) + (blocks + 1 if norm is not None else 0)
+    cnt = counters(dev, needed) if needed else out
+    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+    launch(
+        _gemv_fp8_kernel, (blocks, splits), x, weight.data, weight.scales, out, part, cnt,
+        res if res is not None else out, post if post is not None else out,
+        nxt if nxt is not None else out, res_out if res_out is not None else out, n, m, k,
+        x.stride(0), out.stride(0), res.stride(0) if res is not None else 0, k_per_split,
+        norm.eps if norm is not None else 0.0, DOT=c.kind == "dot", GEGLU=geglu,
+        NORM=norm is not None, NORM_BLOCK=min(next_power_of_2(m), 4096),
+        BLOCK_N=16 if c.kind == "dot" else max(1, next_power_of_2(n)), BLOCK_M=c.block_m,
+        BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
+        **options(dev))
+    return (res_out, out) if norm is not None else out
+
+
+def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
+    """The bfloat16 GEMV's configs for this shape and, for one or two rows, its FMA tiles with
+    twice the columns (the same bytes per load as a bfloat16 tile)."""
+    base = candidates(n, m, k)
+    wide = [dataclasses.replace(c, block_k=2 * c.block_k) for c in base
+            if c.kind == "fma" and n <= 2 and c.split_k == 1]
+    return base + wide

@@ -1,0 +1,155 @@
+"""Projections of FP8 weights (Fp8Matrix, `--quantization fp8`), each followed by the op after
+it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`:
+
+- decode rows (N <= 8): the fastest FP8 GEMV config (`gemv_fp8`; the op fused into its
+  epilogue, or as its own kernel), timed in CUDA graphs over weight copies that defeat L2;
+- more rows, the faster of
+  `scaled_mm` (bfloat16 models): x quantized per token (row) to e4m3, then FP8 tensor cores
+  (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in
+  bfloat16; and
+  `dequant`: W dequantized to the model dtype (`dequantize_fp8`), then cuBLAS on x as it is;
+  timed as `linear` times its GEMM candidates (in graph replay up to GRAPH_ROWS rows,
+  eagerly beyond) per power-of-two bucket of rows.
+
+Keys are `linear._key`'s. Picks live in this process (they are not written to the tuning
+cache, whose picks are bfloat16 configs): the warm-up times each FP8 shape once per process
+(`STATS.tuned` counts them, and a shape tuned after it logs a warning). Inside
+`launch.compile_only`, a shape without a pick compiles every candidate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+
+import torch
+
+from muser.ops.fp8 import Fp8Matrix, quantize_fp8
+from muser.ops.triton.dequantize_fp8 import dequantize_fp8
+from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
+from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
+from muser.ops.triton.launch import compile_only
+from muser.ops.triton.linear import (
+    _L2_DEFEAT_BYTES,
+    GRAPH_ROWS,
+    ROUTES,
+    STATS,
+    _after,
+    _eager_ms,
+    _graph_ms,
+    _key,
+)
+
+Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
+_CHOICE: dict[tuple, Pick] = {}
+_TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {pick: ms per call} (receipts)
+
+
+def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
+    """x: [N, K] -> [N, M] in weight.dtype on FP8 tensor cores: x's rows quantized like a
+    weight's (quantize_fp8: a scale per token), products of e4m3 codes summed in float32, the
+    two scales applied to each output by _scaled_mm's rowwise scaling."""
+    xq = quantize_fp8(x)
+    return torch._scaled_mm(xq.data, weight.data.t(), scale_a=xq.scales[:, None],
+                            scale_b=weight.scales[None, :], out_dtype=weight.dtype)
+
+
+def dequant_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
+    """x: [N, K] -> [N, M] in weight.dtype: W dequantized to weight.dtype, then torch.mm."""
+    return torch.mm(x.to(weight.dtype), dequantize_fp8(weight).t())
+
+
+def project(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool, norm: NormEpilogue | None):
+    key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
+    pick = _CHOICE.get(key)
+    if pick is None:
+        if compile_only.get():
+            return _compile_candidates(x, weight, geglu_out, norm)
+        pick = tune(key, x, weight, geglu_out, norm)
+    return _run(x, weight, pick, geglu_out, norm)
+
+
+def choices() -> dict[str, dict]:
+    """Per shape: the pick it runs and the measured ms of every candidate (receipts)."""
+    return {str(k): {"runs": str(p), "timed_ms": _TIMED.get(k, {})} for k, p in _CHOICE.items()}
+
+
+def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
+         norm: NormEpilogue | None) -> Pick:
+    """Choose the pick of a shape (on CUDA the fastest candidate, timed; elsewhere one small
+    GEMV config or the dequant route) and remember it."""
+    STATS.tuned += 1
+    if STATS.serving:
+        logging.getLogger("muser.tuning").warning(
+            "FP8 projection %s tuned after the warm-up, on the request path", key)
+    if not x.is_cuda:
+        pick, timed = (DEFAULT if x.shape[0] <= MAX_ROWS else "dequant"), {}
+    else:
+        pick, timed = _fastest(x, weight, geglu_out, norm)
+    _CHOICE[key], _TIMED[key] = pick, timed
+    return pick
+
+
+def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
+         norm: NormEpilogue | None):
+    if pick == "scaled_mm":
+        return _after(scaled_mm(x, weight), geglu_out, norm)
+    if pick == "dequant":
+        return _after(dequant_mm(x, weight), geglu_out, norm)
+    if pick.fused:
+        return gemv_fp8(x, weight, pick, geglu_out, norm)
+    return _after(gemv_fp8(x, weight, pick), geglu_out, norm)
+
+
+def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
+                norm: NormEpilogue | None) -> list[Pick]:
+    n, (m, k) = x.shape[0], weight.shape
+    if n > MAX_ROWS:  # cuBLAS's rowwise-scaled FP8 GEMM writes bfloat16 only
+        return ["scaled_mm", "dequant"] if weight.dtype == torch.bfloat16 else ["dequant"]
+    picks: list[Pick] = []
+    for c in candidates_fp8(n, m, k):
+        picks += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
+    return picks
+
+
+def _compile_candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
+                        norm: NormEpilogue | None):
+    """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
+    for pick in _candidates(x, weight, geglu_out, norm):
+        with contextlib.suppress(Exception):  # as in tune: a candidate that fails is skipped
+            _run(x, weight, pick, geglu_out, norm)
+    return _run(x, weight, "dequant", geglu_out, norm)
+
+
+def _copies(weight: Fp8Matrix) -> list[Fp8Matrix]:
+    """weight and enough copies of it to defeat L2 when timed in rotation."""
+    count = min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes()) - 1)
+    return [weight] + [Fp8Matrix(weight.data.clone(), weight.scales.clone(), weight.dtype)
+                       for _ in range(count)]
+
+
+def _fastest(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
+             norm: NormEpilogue | None) -> tuple[Pick, dict[str, float]]:
+    """Each candidate timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode
+    batches replay CUDA graphs), eagerly beyond (prefill launches eagerly)."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("FP8 projection shape first seen during graph capture: warm up first")
+    copies = _copies(weight)
+    timer = _graph_ms if x.shape[0] <= GRAPH_ROWS else _eager_ms
+    best, best_ms, timed = None, math.inf, {}
+    for pick in _candidates(x, weight, geglu_out, norm):
+        try:
+            ms = timer(lambda w, p=pick: _run(x, w, p, geglu_out, norm), copies)
+        except Exception:  # noqa: BLE001  (a candidate that fails to compile or run is skipped)
+            continue
+        timed[str(pick)] = round(ms, 5)
+        if ms < best_ms:
+            best, best_ms = pick, ms
+    if best is None:
+        raise RuntimeError(f"no FP8 projection candidate ran for {x.shape[0]} x {weight.shape}")
+    return best, timed
+
+
+ROUTES[Fp8Matrix] = project

@@ -1,0 +1,80 @@
+"""The FP8 kernels compile for sm_90 on a machine without a GPU (Triton's own ptxas), in a
+fresh process (the kernel tests import them under TRITON_INTERPRET=1), with what their speed
+rests on: the e4m3 bytes read by 16-byte vector loads once pointers and sizes are multiples of
+16 (the divisibility the launcher specializes on, given here as attributes), decoded by
+Hopper's conversion instruction, and the tensor-core GEMV config on wgmma."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+COMPILE = r'''
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+gemv_fp8 = importlib.import_module("muser.ops.triton.gemv_fp8")
+dequantize_fp8 = importlib.import_module("muser.ops.triton.dequantize_fp8")
+SIXTEEN = ("K", "M", "k_per_split", "stride_xn")  # as the launcher specializes them
+
+def ptx(fn, types, constexprs, **options):
+    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names)
+             if p.endswith("_ptr") or p in SIXTEEN}
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
+                                               for k, v in constexprs.items()}, attrs=attrs)
+    opts = {"num_warps": 4, "launch_pdl": constexprs.get("PDL", False)} | options
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16",
+         "part_ptr": "*fp32", "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32",
+         "next_ptr": "*fp32", "res_out_ptr": "*fp32", "eps": "fp32"}
+out = {}
+for dot, block_n, block_m, block_k, stages, epilogue in [
+        (False, 1, 8, 1024, 3, "norm"), (False, 8, 4, 1024, 3, "geglu"),
+        (True, 16, 128, 128, 4, "norm")]:
+    for pdl in (True, False):
+        out[f"gemv dot={dot} {epilogue} pdl={pdl}"] = ptx(
+            gemv_fp8._gemv_fp8_kernel, types, dict(
+                DOT=dot, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
+                BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4, PDL=pdl),
+            num_stages=stages)
+out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
+                        {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
+                        dict(BLOCK_M=32, BLOCK_K=256))
+json.dump(out, sys.stdout)
+'''
+GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_every_variant_compiled(ptx):
+    assert len(ptx) == 7
+
+
+def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
+    for name, code in ptx.items():
+        assert "ld.global.v4.b32" in code or "ld.global.cg.v4.b32" in code, name
+        assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
+        assert "cvt.rn.f16x2.e4m3x2" in code, name
+
+
+def test_tensor_core_gemv_on_wgmma_and_pdl_only_when_asked(ptx):
+    for name, code in ptx.items():
+        if "dot=True" in name:
+            assert "wgmma.mma_async" in code, name
+        if name.startswith("gemv"):
+            assert all((g in code) == ("pdl=True" in name) for g in GDC), name

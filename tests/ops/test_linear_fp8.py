@@ -1,0 +1,142 @@
+"""FP8 projections (Fp8Matrix weights) vs float64 references of the dequantized weights: the
+decode GEMV in every config and epilogue, the dequantize kernel, the two prefill routes, and
+the public ops' dispatch. The GEMV and the dequant route compute on the weights' exact values
+(data * scale), so they meet opcheck's bound for one output rounding and a float32 sum; the
+scaled_mm route also quantizes x per token, within 2^-4 of |x| per element (tests/test_fp8.py),
+so within 2^-4 * sum_k |x w| of the float64 product."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muser.ops import ref
+from muser.ops.fp8 import FP8, Fp8Matrix, quantize_fp8
+from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
+from opcheck import DEVICE, DTYPES, check, rand
+
+NAN_CODES = (0x7F, 0xFF)
+
+
+def _weight(gen, m: int, k: int, dtype) -> Fp8Matrix:
+    return quantize_fp8(rand(gen, m, k, scale=0.07), dtype)
+
+
+def _proj(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:
+    """float64 x (rounded to the weight dtype first) @ the exact dequantized weights, rounded
+    to the weight dtype as every projection's output is."""
+    return (x.to(w.dtype).double() @ w.dequantize(torch.float64).t()).to(w.dtype).double()
+
+
+def _magnitude(x: torch.Tensor, w: Fp8Matrix) -> float:
+    """max over outputs of sum_k |x w|: what a float32 sum's and a weight rounding's errors
+    scale with."""
+    return float((x.double().abs() @ w.dequantize(torch.float64).abs().t()).max())
+
+
+def _check_quantized_x(out: torch.Tensor, x: torch.Tensor, w: Fp8Matrix) -> None:
+    """out of the scaled_mm route: within the activation quantization's 2^-4 * sum_k |x w|
+    of the float64 product of x and the exact weights, plus the output's rounding."""
+    exact = (x.to(w.dtype).double() @ w.dequantize(torch.float64).t()).cpu()
+    err = (out.double().cpu() - exact).abs()
+    assert (err <= 2.0**-4 * _magnitude(x, w) + 2.0**-8 * exact.abs()).all()
+
+
+def test_dequantize_every_code(gen):
+    """Every e4m3 code but the two NaNs (which no quantized weight holds: quantize_fp8 clamps
+    to +-448; the interpreter reads them as finite numbers), times its row's scale."""
+    from muser.ops.triton.dequantize_fp8 import dequantize_fp8
+
+    codes = torch.tensor([c for c in range(256) if c not in NAN_CODES], dtype=torch.uint8)
+    for dtype in DTYPES:
+        data = codes.view(FP8).reshape(2, 127).to(DEVICE)
+        w = Fp8Matrix(data, rand(gen, 2).abs() + 0.5, dtype)
+        assert torch.equal(dequantize_fp8(w), w.dequantize(dtype))
+
+
+@pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
+def test_every_gemv_fp8_config(gen, epilogue):
+    """Each config the GPU may pick (FMA or tensor-core loops, split over K or not), with each
+    epilogue, twice in a row (the arrival counters must be left at zero)."""
+    from muser.ops.triton.gemv import GemvConfig, NormEpilogue
+    from muser.ops.triton.gemv_fp8 import candidates_fp8, gemv_fp8
+
+    dtype, k, m = torch.float16, 96, 40
+    x, w = rand(gen, 2, k), _weight(gen, m, k, dtype)
+    proj = _proj(x, w)
+    res, post, nxt = rand(gen, 2, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1
+    norm = NormEpilogue(res, post, nxt, 1e-6, dtype) if epilogue == "norm" else None
+    configs = candidates_fp8(2, m, k) + [GemvConfig("fma", 4, 32, 3, 4),
+                                         GemvConfig("dot", 16, 32, 2, 4)]
+    for config in configs:
+        for _ in range(2):
+            out = gemv_fp8(x, w, config, epilogue == "geglu", norm)
+            if epilogue == "plain":
+                check(out, proj, dtype)
+            elif epilogue == "geglu":
+                check(out, ref.geglu(proj), dtype, scale=2.0)
+            else:
+                want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+                check(out[0], want[0], dtype, scale=2.0)
+                check(out[1], want[1], dtype, scale=2.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 8, 24])  # the FP8 GEMV (<= 8 rows) and the dequant route
+def test_linear_fp8(gen, dtype, n):
+    from muser.ops.triton.linear import _key
+    from muser.ops.triton.linear_fp8 import _CHOICE
+
+    x, w = rand(gen, n, 200), _weight(gen, 72, 200, dtype)
+    out = linear(x, w)
+    assert out.dtype == dtype and out.shape == (n, 72)
+    if _CHOICE[_key(x, w, "")] == "scaled_mm":  # picked on a GPU, for bfloat16 rows > 8
+        _check_quantized_x(out, x, w)
+    else:
+        check(out, _proj(x, w), dtype, scale=max(1.0, _magnitude(x, w)))
+
+
+@pytest.mark.parametrize("n", [1, 5, 17])
+def test_linear_geglu_fp8(gen, n):
+    dtype = torch.float16
+    x, w = rand(gen, n, 96), _weight(gen, 2 * 40, 96, dtype)
+    check(linear_geglu(x, w), ref.geglu(_proj(x, w)), dtype,
+          scale=2.0 * max(1.0, _magnitude(x, w)))
+
+
+@pytest.mark.parametrize("n", [1, 3, 17])
+def test_linear_add_rms_norm_fp8(gen, n):
+    dtype, m = torch.float16, 1100
+    x, w = rand(gen, n, 96), _weight(gen, m, 96, dtype)
+    res, post, nxt = rand(gen, n, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1
+    h, y = linear_add_rms_norm(x, w, res, post, nxt, 1e-6, dtype)
+    h_ref, y_ref = ref.add_rms_norm(res.double(), _proj(x, w), post.double(), nxt.double(),
+                                    1e-6)
+    scale = 2.0 * max(1.0, _magnitude(x, w))
+    check(h, h_ref, dtype, scale=scale)
+    check(y, y_ref, dtype, scale=scale)
+
+
+def test_dequant_route(gen):
+    from muser.ops.triton.linear_fp8 import dequant_mm
+
+    dtype = torch.float16
+    x, w = rand(gen, 33, 160).to(dtype), _weight(gen, 48, 160, dtype)
+    check(dequant_mm(x, w), _proj(x, w), dtype, scale=max(1.0, _magnitude(x, w)))
+
+
+def test_scaled_mm_route(gen):
+    """torch._scaled_mm's rowwise scaling as the route calls it (x [N, 1] and W [1, M] scales,
+    W's codes transposed; torch has a CPU kernel too): within the activation quantization's
+    2^-4 of the float64 product of x and the exact weights, and nearer still to the product
+    of the quantized x."""
+    from muser.ops.triton.linear_fp8 import scaled_mm
+
+    dtype = torch.bfloat16  # _scaled_mm's rowwise scaling writes bfloat16
+    x, w = rand(gen, 48, 128).to(dtype), _weight(gen, 64, 128, dtype)
+    out = scaled_mm(x, w)
+    assert out.dtype == dtype and out.shape == (48, 64)
+    _check_quantized_x(out, x, w)
+    xq = quantize_fp8(x)
+    on_quantized = xq.dequantize(torch.float64) @ w.dequantize(torch.float64).t()
+    check(out, on_quantized, dtype, scale=max(1.0, _magnitude(x, w)))
