@@ -87,6 +87,8 @@ class Runner:
         warm-up."""
         from muser.warmup import capture, exercise
 
+        if hasattr(self.model.ops, "tuning"):  # NOTE: MUSER_OPS=ref on CUDA has no tuning
+            self.model.ops.tuning.warming()
         ran, peak = memory.peak_bytes(lambda: exercise(self, log), self.device)
         if self.engine.num_pages is None:
             self._size_pages(peak if ran else self._estimated_workspace(), log)

@@ -56,6 +56,12 @@ def _count_compile(*, key, fn, compile, **kwargs) -> None:
                     fn.name, key)
 
 
+def warming() -> None:
+    """A warm-up starts: what it compiles or tunes is no stall, even after another engine of
+    this process has served (a benchmark comparing two engines)."""
+    JIT.serving = linear.STATS.serving = False
+
+
 def serving() -> None:
     """The warm-up is over: from now on a compile or a tuned shape is logged as a stall."""
     JIT.serving = linear.STATS.serving = True
