@@ -57,8 +57,9 @@ def attend(
         read = None
         if p.k_start == p.q_start and kn.dtype == vn.dtype == k_rows.dtype:
             keys, values = kn, vn  # nothing cached before the chunk: its own rows
-        elif p.staging:
-            keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, kn, vn)
+        elif p.staging or not p.tiles_in_place:
+            new = (kn, vn) if p.staging else (None, None)
+            keys, values = ops.stage_gather(k_rows, v_rows, p.read_rows, *new)
         else:  # NOTE: the cache itself, its rows read where they are (no gather)
             keys, values, read = k_rows, v_rows, p.read_rows
         outs.append(ops.prefill_attention(q if whole else q[p.rows], keys, values, p.q_start,

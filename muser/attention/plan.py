@@ -37,6 +37,9 @@ class SeqPlan:
     write_dst: torch.Tensor  # where: flat physical rows of the layer's store
     tiles: torch.Tensor | None
     tile_ranges: torch.Tensor | None = None  # device plans: [first, last + 1) per query tile
+    # read_rows are consecutive within every key tile, so the keys can be attended where they
+    # are (ops.prefill_attention's read_rows); else they are gathered first
+    tiles_in_place: bool = True
 
 
 @dataclass(slots=True)
@@ -116,6 +119,7 @@ def _plan_sliding(
     plan = SeqPlan(
         rows, route, inner, staging, seq.start, k_start, read + base, src, dst,
         _tiles(inner, seq.start, n, k_start, num_keys, window, tile),
+        tiles_in_place=n > 1 and not staging,  # one row: the ring's tail may wrap
     )
     return plan, next_ring
 
@@ -130,7 +134,7 @@ def _plan_global(
     flat = pages[positions // page_size] * page_size + positions % page_size
     return SeqPlan(
         rows, route, route, False, seq.start, 0, flat, torch.arange(n), flat[seq.start:],
-        _tiles(route, seq.start, n, 0, end, None, tile),
+        _tiles(route, seq.start, n, 0, end, None, tile), tiles_in_place=page_size % tile == 0,
     )
 
 

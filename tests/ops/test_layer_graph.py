@@ -47,11 +47,11 @@ def _dequantized(weights: ModelWeights) -> ModelWeights:
 
 
 def _run(ops_module, chunks: list[int], decode_steps: int, device: str,
-         fp8: bool = False) -> torch.Tensor:
+         fp8: bool = False, page_size: int = 16) -> torch.Tensor:
     """`fp8`: the projections quantized (random_weights(fp8=True)); the Triton ops read them
     as FP8, the reference (and the CPU backend the runner starts with) their float32 values."""
     engine = EngineConfig(device=device, dtype="float32", kv_dtype="float32", max_num_seqs=2,
-                          max_model_len=64, page_size=16, enforce_eager=True)
+                          max_model_len=64, page_size=page_size, enforce_eager=True)
     weights = _to(random_weights(CFG, torch.float32, "cpu", seed=3, fp8=fp8), device)
     runner = Runner(CFG, engine, _dequantized(weights))
     if ops_module is not None:  # the weights as this backend reads them
@@ -69,10 +69,13 @@ def _run(ops_module, chunks: list[int], decode_steps: int, device: str,
     return torch.cat(logits)
 
 
+# pages of 16 rows: a full layer's key tiles straddle pages and are gathered; of 128 (a tile's
+# rows on the CPU, where the runner's tile is 128): attended in place in the cache
+@pytest.mark.parametrize("page_size", [16, 128])
 @pytest.mark.parametrize("chunks", [[5, 9, 2]])  # in place, staging (wrapped), short
-def test_graph_triton_equals_reference(chunks):
-    expect = _run(ref, chunks, 3, "cpu")
-    got = _run(triton_ops, chunks, 3, DEVICE)
+def test_graph_triton_equals_reference(chunks, page_size):
+    expect = _run(ref, chunks, 3, "cpu", page_size=page_size)
+    got = _run(triton_ops, chunks, 3, DEVICE, page_size=page_size)
     assert got.shape == expect.shape
     torch.testing.assert_close(got.cpu(), expect.cpu(), atol=GRAPH_ATOL, rtol=GRAPH_RTOL)
 

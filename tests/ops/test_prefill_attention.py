@@ -60,15 +60,18 @@ def test_flash_strided_rows(gen, dtype):
 @pytest.mark.parametrize("splits,pack", [(1, 1), (3, 1), (4, 2), (1, 2)])
 @pytest.mark.parametrize("num_q,num_prev,window", [(40, 120, None), (33, 70, 48)])
 def test_flash_in_place_and_split(gen, dtype, splits, pack, num_q, num_prev, window):
-    """A chunk at depth attends the store where its rows are (read_rows: scattered physical
-    rows, as pages are), its key range split over several programs whose partials are
+    """A chunk at depth attends the store where its rows are (read_rows: pages of two tiles
+    in a random order), its key range split over several programs whose partials are
     combined, two query heads of a key/value head in one program (pack); against the float64
     dense reference of the same rows gathered."""
     heads, kv_heads, head_dim, tile = 4, 2, 64, 16
-    num_k, store_rows = num_prev + num_q, 2 * (num_prev + num_q) + 5
-    k_store = rand(gen, store_rows, kv_heads, head_dim, dtype=dtype)
-    v_store = rand(gen, store_rows, kv_heads, head_dim, dtype=dtype)
-    read = torch.randperm(store_rows, generator=torch.Generator().manual_seed(num_q))[:num_k]
+    num_k, page = num_prev + num_q, 2 * tile
+    pages = 2 * -(-num_k // page)
+    k_store = rand(gen, pages * page, kv_heads, head_dim, dtype=dtype)
+    v_store = rand(gen, pages * page, kv_heads, head_dim, dtype=dtype)
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(num_q))
+    pos = torch.arange(num_k)
+    read = order[pos // page] * page + pos % page
     q = rand(gen, num_q, heads, head_dim)
     tiles = classify_tiles(num_prev, num_q, 0, num_k, window, tile, tile)
     out = prefill_attention(q, k_store, v_store, num_prev, 0, window, 0.125, tiles.to(DEVICE),

@@ -7,7 +7,9 @@ softmax in float32 with exp2; QK^T and PV on tensor cores in the cache dtype.
 
 Keys and values are read either from contiguous rows or, given `read_rows`, from the layer's
 store itself: key i is store row read_rows[i] (a prefill chunk at depth attends the paged cache
-in place; no gather of the whole prefix per chunk and layer).
+in place; no gather of the whole prefix per chunk and layer). The rows of each key tile must be
+consecutive in the store (pages of a multiple of the tile's rows, a contiguous ring range): the
+kernel reads one row number per tile, so its loads stay affine and pipelined.
 
 A chunk at depth has few query tiles and many key tiles: `launch_config` splits each query
 tile's key range over several programs (flash-decoding's split-KV applied to a chunk) so the
@@ -66,8 +68,9 @@ def _flash_kernel(
     for kt in range(lo, hi):
         rk = kt * BLOCK + tl.arange(0, BLOCK)
         k_mask = rk < S
-        if INDEXED:
-            rk64 = tl.load(rows_ptr + rk, mask=k_mask, other=0)[:, None].to(tl.int64)
+        if INDEXED:  # a tile's rows are consecutive store rows: read where the first one is
+            first = tl.load(rows_ptr + kt * BLOCK).to(tl.int64)
+            rk64 = (first + tl.arange(0, BLOCK))[:, None]
         else:
             rk64 = rk[:, None].to(tl.int64)
         k = tl.load(k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :],
@@ -174,8 +177,9 @@ def prefill_attention(
     config: FlashConfig | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D]; keys/values: [S, KVH, D] (unit last stride) at positions k_start.., or,
-    with read_rows [S] (device ints), the layer's store [R, KVH, D] whose rows read_rows are
-    the keys in order -> [T, H, D] in the keys' dtype. tiles: the int8 classifier at `tile`
+    with read_rows [S] (device ints, consecutive within each tile of `tile` rows), the layer's
+    store [R, KVH, D] whose rows read_rows are the keys in order -> [T, H, D] in the keys'
+    dtype. tiles: the int8 classifier at `tile`
     (computed if None). config: the launch (default: `launch_config`'s rule)."""
     if route == Route.FALLBACK_F32:
         if read_rows is not None:
