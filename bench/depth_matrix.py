@@ -179,7 +179,7 @@ def llama_cpp_python(gguf: str, depths: list[int], reps: int, steps: int) -> lis
         cell = {"depth": depth, "ttft_s": statistics.median(ttft),
                 "tpot_ms": statistics.median(tpot) * 1e3,
                 "tpot_samples_ms": [t * 1e3 for t in tpot],
-                "pp512_tok_s": 512 / statistics.median(chunk)}
+                "pp512_tok_s": 512 / statistics.median(chunk), "load_average": os.getloadavg()}
         print(f"llama-cpp-python depth {depth}: {cell}", file=sys.stderr, flush=True)
         cells.append(cell)
     return cells
