@@ -7,9 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from muser.config import ModelConfig
+from muser.ops.blocks import Blocks, tensors
 from muser.ops.packed import PackedMatrix
 
-Matrix = torch.Tensor | PackedMatrix  # packed: CPU float32 weights that keep their GGUF codes
+Matrix = torch.Tensor | PackedMatrix | Blocks  # packed: CPU float32 weights that keep their
+# GGUF codes; blocks: GPU weights that keep the file's bytes (muser/ops/triton/block_weights.py)
 
 
 @dataclass(slots=True)
@@ -50,7 +52,8 @@ class ModelWeights:
         for layer in self.layers:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
-            parts = [m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else [m]
+            parts = [m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else (
+                tensors(m) if isinstance(m, Blocks) else [m])
             tensors.update((id(t), t) for t in parts if t is not None)
         return sum(t.nbytes for t in tensors.values())
 

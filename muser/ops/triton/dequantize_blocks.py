@@ -25,11 +25,16 @@ def _dequantize_blocks_kernel(w_ptr, out_ptr, M, K, row_bytes, QTYPE: tl.constex
              w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
-    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype` (ref.dequantize_blocks)."""
+def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype`
+    (ref.dequantize_blocks), or written into `out` (contiguous [M, K] of `dtype`: e.g. rows
+    of a reused workspace)."""
     assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
     m, k = weight.shape
-    out = empty((m, k), dtype, weight.data.device)
+    if out is None:
+        out = empty((m, k), dtype, weight.data.device)
+    assert out.shape == (m, k) and out.dtype == dtype and out.is_contiguous()
     block_m, block_k = 16, 256
     launch(_dequantize_blocks_kernel, (cdiv(m, block_m), cdiv(k, block_k)), weight.data, out,
            m, k, weight.data.shape[1], QTYPE=int(weight.qtype), BLOCK_M=block_m,
