@@ -54,7 +54,8 @@ def prepare_weights(weights: ModelWeights) -> ModelWeights:
 
 
 def reserve(device: torch.device, dtype: torch.dtype, size: int) -> torch.Tensor:
-    """The workspace of `device` and `dtype`, (re)allocated to hold at least `size` elements."""
+    """The workspace of `device` and `dtype`, (re)allocated to hold at least `size` elements
+    (only calls before the warm-up allocate: prepare_weights reserves the most any call asks)."""
     key = (torch.device(device), dtype)
     if key not in _WORKSPACE or _WORKSPACE[key].numel() < size:
         _WORKSPACE.pop(key, None)
@@ -85,13 +86,13 @@ def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue
         if norm is not None:
             return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype)
         return y
-    workspace = _WORKSPACE.get((x.device, weight.dtype))
-    if workspace is None:  # NOTE: ops called without prepare_weights (tests): sized here
-        workspace = reserve(x.device, weight.dtype, m * k)
+    # NOTE: a no-op after prepare_weights; ops called without it (tests) size it here. Only a
+    # plain projection (the head) may run in tiles: an epilogue needs every column at once.
+    rows = m if geglu_out or norm is not None else min(m, HEAD_TILE_ROWS)
+    workspace = reserve(x.device, weight.dtype, rows * k)
     tile = workspace.numel() // k
     if m <= tile:
         return dense(x, _dequantize(weight, 0, m, workspace), geglu_out, norm)
-    assert not geglu_out and norm is None, "only the LM head is wider than the workspace"
     out = empty((n, m), weight.dtype, x.device)
     for start in range(0, m, tile):
         stop = min(m, start + tile)
