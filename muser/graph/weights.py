@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from muser.config import ModelConfig
-from muser.ops.blocks import Blocks, tensors
+from muser.ops.blocks import Blocks, block_tensors
 from muser.ops.packed import PackedMatrix
 
 Matrix = torch.Tensor | PackedMatrix | Blocks  # packed: CPU float32 weights that keep their
@@ -53,7 +53,7 @@ class ModelWeights:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
             parts = [m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else (
-                tensors(m) if isinstance(m, Blocks) else [m])
+                block_tensors(m) if isinstance(m, Blocks) else [m])
             tensors.update((id(t), t) for t in parts if t is not None)
         return sum(t.nbytes for t in tensors.values())
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -84,16 +85,17 @@ def segments(weight: Blocks, start: int = 0, stop: int | None = None
 
 
 def cat_blocks(parts: list[BlockMatrix]) -> Blocks:
-    """Stack matrices along M: one BlockMatrix when the parts share a block type (GGUF rows
-    are independent, so their bytes concatenate), else BlockRows of the parts."""
+    """Stack matrices along M. GGUF rows are independent, so the bytes of consecutive parts of
+    one block type concatenate: one BlockMatrix when every part shares the type, else
+    BlockRows of one segment per run of a type (a Q4_K_M QKV of Q5_0 q, k and Q8_0 v: two)."""
     if len({(p.cols, p.dtype) for p in parts}) > 1:
         raise ValueError("fused rows need one width and one dtype")
-    if len({p.qtype for p in parts}) == 1:
-        return BlockMatrix(torch.cat([p.data for p in parts]), parts[0].qtype, parts[0].cols,
-                           parts[0].dtype)
-    return BlockRows(tuple(parts))
+    runs = [list(run) for _, run in groupby(parts, key=lambda p: p.qtype)]
+    merged = [BlockMatrix(torch.cat([p.data for p in run]), run[0].qtype, run[0].cols,
+                          run[0].dtype) for run in runs]
+    return merged[0] if len(merged) == 1 else BlockRows(tuple(merged))
 
 
-def tensors(weight: Blocks) -> list[torch.Tensor]:
+def block_tensors(weight: Blocks) -> list[torch.Tensor]:
     """The tensors that hold `weight`'s bytes."""
     return [p.data for p in (weight.parts if isinstance(weight, BlockRows) else (weight,))]
