@@ -10,11 +10,18 @@ from gguf import GGMLQuantizationType
 from opcheck import DEVICE, UNIT_ROUNDOFF, rand
 from test_blocks import _random_blocks
 
+from muser.config import EngineConfig
+from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
+from muser.ops import ref
 from muser.ops.blocks import BlockMatrix, BlockRows, cat_blocks, segments
+import muser.ops.triton as triton_ops
 from muser.ops.triton import add_rms_norm, block_weights, embed, geglu, linear
 from muser.ops.triton import linear_add_rms_norm, linear_geglu
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
+from muser.runner import Runner
+from test_layer_graph import GRAPH_ATOL, GRAPH_RTOL
 from tests.error_bounds import gamma
+from tests.tiny_gguf import tiny_gguf
 
 QT = GGMLQuantizationType
 K = 512  # two 256-value super-blocks, sixteen 32-value blocks
@@ -113,3 +120,38 @@ def test_embed_dequantizes_the_rows_asked_for(gen):
     w = _blocks(gen, torch.float32, (QT.Q6_K, 40))
     ids = torch.tensor([3, 0, 39, 3], device=DEVICE)
     assert torch.equal(embed(w, ids).cpu(), _values(w).cpu()[ids.cpu()])
+
+
+def _logits(path, blocks: bool, ops) -> torch.Tensor:
+    """Logits of a prefill chunk of 12 rows (workspace route), one of 3 (block GEMV) and a
+    decode step, of the GGUF at `path` in float32 on `ops`."""
+    reader = open_gguf(path)
+    cfg = config_from_gguf(reader)
+    engine = EngineConfig(device=DEVICE, dtype="float32", kv_dtype="float32", max_num_seqs=1,
+                          max_model_len=32, page_size=16, enforce_eager=True)
+    weights = load_weights(reader, cfg, torch.float32, DEVICE, blocks=blocks)
+    runner = Runner(cfg, engine, weights)
+    runner.model.ops, runner.model.weights = ops, ops.prepare_weights(weights)
+    ids = torch.randint(0, cfg.vocab_size, (16,), generator=torch.Generator().manual_seed(0))
+    seq = runner.allocate()
+    out = [runner.forward([seq], [ids[:12].tolist()], all_logits=True),
+           runner.forward([seq], [ids[12:15].tolist()], all_logits=True),
+           runner.forward([seq], [[int(ids[15])]])]
+    return torch.cat(out).cpu()
+
+
+def test_model_of_blocks_equals_dense_reference(tmp_path, monkeypatch):
+    """A Q4_K_M file of synth_gguf (Q4_K and Q6_K segments in QKV, a Q6_K tied head and
+    embedding) kept as blocks through the Triton ops equals the reference ops (torch) on
+    its dequantized float32 matrices. The weights' values are the same bit for bit, so the two
+    differ only as test_layer_graph's float32 graphs do: its tolerance, with its unit activation
+    scale replaced by the largest logit (synth_gguf's random blocks are not unit-gain)."""
+    monkeypatch.setenv("MUSER_OPS", "ref")  # the runner's own backend: takes any weights
+    monkeypatch.setattr(block_weights, "_WORKSPACE", {})
+    path = tiny_gguf(tmp_path, "q4_k_m")
+    expect = _logits(path, False, ref)
+    got = _logits(path, True, triton_ops)
+    (workspace,) = block_weights._WORKSPACE.values()
+    assert workspace.numel() == 2 * 512 * 256  # the largest layer matrix: gate_up
+    scale = expect.abs().max().item()
+    torch.testing.assert_close(got, expect, atol=GRAPH_ATOL * scale, rtol=GRAPH_RTOL)
