@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-import bench.synth_gguf as synth_gguf
+from bench import synth_gguf
 from muser.cli import build_parser, engine_kwargs
 from muser.config import EngineConfig
 from muser.graph.weights import LayerWeights

@@ -9,17 +9,24 @@ import torch
 from gguf import GGMLQuantizationType
 from opcheck import DEVICE, UNIT_ROUNDOFF, rand
 from test_blocks import _random_blocks
+from test_layer_graph import GRAPH_ATOL, GRAPH_RTOL
 
+import muser.ops.triton as triton_ops
 from muser.config import EngineConfig
 from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
 from muser.ops import ref
 from muser.ops.blocks import BlockMatrix, BlockRows, cat_blocks, segments
-import muser.ops.triton as triton_ops
-from muser.ops.triton import add_rms_norm, block_weights, embed, geglu, linear
-from muser.ops.triton import linear_add_rms_norm, linear_geglu
+from muser.ops.triton import (
+    add_rms_norm,
+    block_weights,
+    embed,
+    geglu,
+    linear,
+    linear_add_rms_norm,
+    linear_geglu,
+)
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.runner import Runner
-from test_layer_graph import GRAPH_ATOL, GRAPH_RTOL
 from tests.error_bounds import gamma
 from tests.tiny_gguf import tiny_gguf
 

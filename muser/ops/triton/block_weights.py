@@ -11,6 +11,9 @@ embedding lookup and the prefill workspace. Weights stay the file's bytes on the
   tiles of it, each projected into its columns of the output;
 - the embedding: the rows asked for are gathered as blocks and dequantized (float32).
 
+The block GEMV has no cuBLAS twin and no tuned configs: MUSER_GEMV=0 and the tuning reach the
+dense route only.
+
 `prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
 block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype
 for every matrix, so the decode graphs capture no allocation of it.

@@ -13,6 +13,7 @@ from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.block_values import block_values
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 
@@ -20,7 +21,8 @@ MAX_ROWS = 8
 @triton.jit
 def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, N, M, K, row_bytes, stride_xn, stride_on,
                         QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -50,5 +52,6 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, block_m: int = 8,
     assert out.shape == (n, m) and out.stride(-1) == 1
     launch(_gemv_blocks_kernel, (cdiv(m, block_m),), x, weight.data, out, n, m, k,
            weight.data.shape[1], x.stride(0), out.stride(0), QTYPE=int(weight.qtype),
-           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCK_K=block_k)
+           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCK_K=block_k,
+           **options(x.device))
     return out
