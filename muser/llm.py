@@ -61,9 +61,9 @@ def _keeps_blocks(config: EngineConfig) -> bool:
     """Whether the loader keeps GGUF matrices as the file's blocks: the Triton backend reads
     Q5_0 / Q8_0 / Q4_K / Q6_K in place (muser/ops/triton/block_weights.py) unless
     gguf_weights="dequantize" asks for dense values."""
-    from muser.ops import backend
+    from muser.ops import backend, cpu, ref
 
-    return config.gguf_weights == "blocks" and backend(config.device).__name__ == "muser.ops.triton"
+    return config.gguf_weights == "blocks" and backend(config.device) not in (cpu, ref)
 
 
 class LLM:
