@@ -38,6 +38,10 @@ class BlockMatrix:
     def shape(self) -> tuple[int, int]:
         return self.data.shape[0], self.cols
 
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
     def rows(self, start: int, stop: int) -> BlockMatrix:
         """Rows start .. stop - 1 (a view: rows are independent runs of blocks)."""
         return BlockMatrix(self.data[start:stop], self.qtype, self.cols, self.dtype)
@@ -66,6 +70,10 @@ class BlockRows:
     @property
     def dtype(self) -> torch.dtype:
         return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
 
 
 Blocks = BlockMatrix | BlockRows

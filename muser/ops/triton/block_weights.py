@@ -43,16 +43,13 @@ Dense = Callable[[torch.Tensor, torch.Tensor, bool, NormEpilogue | None], object
 def prepare_weights(weights: ModelWeights) -> ModelWeights:
     """The weights as given, the prefill workspace reserved when any matrix is blocks."""
     mats = [m for layer in weights.layers for m in (layer.qkv, layer.o_proj, layer.gate_up,
-                                                    layer.down)]
-    blocks = [m for m in mats if isinstance(m, Blocks)]
-    head = weights.head
-    if isinstance(head, Blocks):
-        blocks.append(head)
-    if blocks:
-        size = max((m.shape[0] * m.shape[1] for m in blocks if m is not head), default=0)
-        if isinstance(head, Blocks):
-            size = max(size, min(head.shape[0], HEAD_TILE_ROWS) * head.shape[1])
-        reserve(segments(blocks[0])[0][1].data.device, blocks[0].dtype, size)
+                                                    layer.down) if isinstance(m, Blocks)]
+    sizes = [m.shape[0] * m.shape[1] for m in mats]
+    if isinstance(head := weights.head, Blocks):
+        mats.append(head)
+        sizes.append(min(head.shape[0], HEAD_TILE_ROWS) * head.shape[1])
+    if mats:
+        reserve(mats[0].device, mats[0].dtype, max(sizes))
     return weights
 
 
