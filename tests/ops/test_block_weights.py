@@ -147,6 +147,9 @@ def _logits(path, blocks: bool, ops) -> torch.Tensor:
     return torch.cat(out).cpu()
 
 
+# NOTE: synth_gguf's large activations saturate GeGLU's tanh, whose exp overflows to inf (and
+# tanh to 1) in the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_model_of_blocks_equals_dense_reference(tmp_path, monkeypatch):
     """A Q4_K_M file of synth_gguf (Q4_K and Q6_K segments in QKV, a Q6_K tied head and
     embedding) kept as blocks through the Triton ops equals the reference ops (torch) on
