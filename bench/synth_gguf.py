@@ -14,7 +14,9 @@ rest, Q6_K for the embedding); rows not made of 256-value blocks take llama.cpp'
 random [64, K] matrix whose blocks are repeated down the rows: quantized by `gguf.quants`
 where it can (bf16, Q8_0), random bytes with small finite f16 scales for the K-quants (which
 `gguf.quants` only dequantizes). Valid blocks, the file's real byte count and layout, not
-independent values: enough to time kernels, not to judge accuracy.
+independent values: enough to time kernels, not to judge accuracy. Every type but bf16 (the
+fallbacks included) is one the GPU keeps as blocks (muser/ops/blocks.py KERNEL_TYPES), so a
+file of q8_0, q4_k, q6_k or q4_k_m loads at its own size on the device.
 """
 
 from __future__ import annotations
@@ -130,7 +132,9 @@ def write(cfg, kind: str, tokenizer: Path, out: Path, seed: int = 0) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-config", default="gemma3-27b")
-    ap.add_argument("--type", choices=[*TYPES, "q4_k_m"], default="q4_k_m")
+    ap.add_argument("--type", choices=[*TYPES, "q4_k_m"], default="q4_k_m",
+                    help="the matrices' block type, or llama.cpp's Q4_K_M mix; all but bf16 stay "
+                    "blocks on the GPU (default: %(default)s)")
     ap.add_argument("--tokenizer", type=Path, required=True,
                     help="a GGUF holding Gemma 3's vocabulary (its tokenizer.* keys are copied)")
     ap.add_argument("--out", type=Path, required=True)

@@ -73,6 +73,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-gb", type=_non_negative(float), metavar="GB",
                    help="memory for the sliding layers' ring checkpoints of cached prefixes "
                    "(default: 1 on the CPU, 8 on a GPU)")
+    p.add_argument("--gguf-weights", choices=["blocks", "dequantize"], default="blocks",
+                   help="GPU, GGUF files: blocks keeps Q5_0, Q8_0, Q4_K and Q6_K matrices as the "
+                   "file's bytes (device memory about the file's size; other types are "
+                   "dequantized, and a warning names them); dequantize expands every matrix to "
+                   "--dtype (default: %(default)s)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
     p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
@@ -84,7 +89,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
                   gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads,
                   prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb,
-                  quantization=args.quantization)
+                  quantization=args.quantization, gguf_weights=args.gguf_weights)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

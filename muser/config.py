@@ -110,6 +110,8 @@ class EngineConfig:
     num_threads: int | None = None
     prefix_cache: bool | None = None  # reuse the KV of prompt prefixes (None: PREFIX_CACHE)
     prefix_cache_gb: float | None = None  # ring checkpoints' store (None: PREFIX_CACHE_GB)
+    gguf_weights: str = "blocks"  # GPU: "blocks" keeps GGUF blocks the kernels read as the
+    # file's bytes, "dequantize" expands every matrix to `dtype`
 
     def __post_init__(self) -> None:
         backend = "cpu" if self.device == "cpu" else "cuda"
@@ -124,6 +126,9 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
                              f"{self.quantization!r}")
+        if self.gguf_weights not in ("blocks", "dequantize"):
+            raise ValueError(f"gguf_weights must be 'blocks' or 'dequantize', got "
+                             f"{self.gguf_weights!r}")
         if self.prefix_cache_gb < 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

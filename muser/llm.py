@@ -58,6 +58,15 @@ def _keeps_codes(config: EngineConfig) -> bool:
     return backend(config.device) is cpu and config.dtype == "float32"
 
 
+def _keeps_blocks(config: EngineConfig) -> bool:
+    """Whether the loader keeps GGUF matrices as the file's blocks: the Triton backend reads
+    Q5_0 / Q8_0 / Q4_K / Q6_K in place (muser/ops/triton/block_weights.py) unless
+    gguf_weights="dequantize" asks for dense values."""
+    from muser.ops import backend, cpu, ref
+
+    return config.gguf_weights == "blocks" and backend(config.device) not in (cpu, ref)
+
+
 class LLM:
     def __init__(self, model: str | Path | None = None, progress: bool = True,
                  load_format: str = "auto", model_config: str | None = None,
@@ -88,7 +97,7 @@ class LLM:
                                     made_on=dummy_made_on, fp8=fp8)
             else:
                 loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config),
-                                    fp8)
+                                    fp8=fp8, blocks=_keeps_blocks(config))
         limit = loaded.config.max_position_embeddings
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path

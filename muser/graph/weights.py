@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import torch
 
 from muser.config import ModelConfig
+from muser.ops.blocks import Blocks, block_tensors
 from muser.ops.fp8 import Fp8Matrix, quantize_fp8
 from muser.ops.packed import PackedMatrix
 
-Matrix = torch.Tensor | PackedMatrix | Fp8Matrix  # packed: CPU float32 weights that keep their
-# GGUF codes; fp8: GPU projections as e4m3 codes and per-row scales (--quantization fp8)
+Matrix = torch.Tensor | PackedMatrix | Fp8Matrix | Blocks  # packed: CPU float32 weights that
+# keep their GGUF codes; fp8: GPU projections as e4m3 codes and per-row scales
+# (--quantization fp8); blocks: GPU weights that keep the file's bytes
+# (muser/ops/triton/block_weights.py)
 
 
 @dataclass(slots=True)
@@ -53,7 +56,8 @@ class ModelWeights:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
             parts = ([m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else
-                     [m.data, m.scales] if isinstance(m, Fp8Matrix) else [m])
+                     [m.data, m.scales] if isinstance(m, Fp8Matrix) else
+                     block_tensors(m) if isinstance(m, Blocks) else [m])
             tensors.update((id(t), t) for t in parts if t is not None)
         return sum(t.nbytes for t in tensors.values())
 

@@ -22,11 +22,12 @@ class LoadedModel:
 
 def load_model(
     path: str | Path | None, dtype: torch.dtype, device: torch.device | str,
-    progress: bool = True, pack: bool = False, fp8: bool = False,
+    progress: bool = True, pack: bool = False, fp8: bool = False, blocks: bool = False,
 ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face checkpoint (its directory or its config.json; None:
     the embedded default model) onto `device`; `pack` keeps the block codes of quantized
-    GGUF matrices for the CPU kernels (muser.ops.packed); `fp8` (Hugging Face checkpoints)
+    GGUF matrices for the CPU kernels (muser.ops.packed), `blocks` the file's blocks of the
+    types the GPU's block kernels read (muser.ops.blocks); `fp8` (Hugging Face checkpoints)
     loads the projections as FP8 (muser.ops.fp8)."""
     from muser.loading.default_model import default_model_path
 
@@ -38,7 +39,7 @@ def load_model(
 
         raise ModelLoadError(f"{path}: --quantization fp8 loads Hugging Face checkpoints and "
                              f"dummy weights, not GGUF files")
-    return _load_gguf(path, dtype, device, progress, pack)
+    return _load_gguf(path, dtype, device, progress, pack, blocks)
 
 
 def is_hf_checkpoint(path: Path) -> bool:
@@ -54,7 +55,7 @@ def is_hf_checkpoint(path: Path) -> bool:
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progress: bool,
-               pack: bool) -> LoadedModel:
+               pack: bool, blocks: bool) -> LoadedModel:
     from muser.errors import ModelLoadError
     from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
 
@@ -64,7 +65,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progr
         tokenizer = Tokenizer.from_gguf(reader)
     except ValueError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
-    weights = load_weights(reader, config, dtype, device, progress, pack)
+    weights = load_weights(reader, config, dtype, device, progress, pack, blocks)
     return LoadedModel(path, config, tokenizer, weights)
 
 

@@ -1,7 +1,9 @@
-"""GGUF loading: the model config from metadata and every weight, dequantized, via `gguf`."""
+"""GGUF loading: the model config from metadata and every weight via `gguf`: dequantized, or
+kept as block codes (CPU) or as the file's blocks (GPU)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import gguf
@@ -11,10 +13,11 @@ from tqdm import tqdm
 
 from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
-from muser.graph.weights import LayerWeights, ModelWeights
+from muser.graph.weights import LayerWeights, Matrix, ModelWeights
 from muser.loading.names import GLOBAL_NAMES, LAYER_NAMES, NORMS
 from muser.loading.quants import UnsupportedQuantization, codes, dequantize
 from muser.loading.reader import FastGGUFReader
+from muser.ops.blocks import KERNEL_TYPES, BlockMatrix, cat_blocks
 from muser.ops.packed import PackedMatrix, cat_rows, dense
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)
@@ -84,48 +87,79 @@ def config_from_gguf(reader: gguf.GGUFReader) -> ModelConfig:
 
 def load_weights(
     reader: gguf.GGUFReader, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-    progress: bool = False, pack: bool = False,
+    progress: bool = False, pack: bool = False, blocks: bool = False,
 ) -> ModelWeights:
     """Dequantize every tensor; matrices to `dtype`, norms stay float32. `pack` (CPU, float32)
-    keeps each block-quantized matrix as its codes instead (muser.ops.packed): no dense copy."""
+    keeps each block-quantized matrix as its codes instead (muser.ops.packed): no dense copy.
+    `blocks` (GPU) keeps each matrix of a type the block kernels read as the file's bytes
+    (muser.ops.blocks; projections in `dtype`); the others are dequantized, and one warning
+    says which and why."""
+    assert not (pack and blocks), "codes for the CPU, or blocks for the GPU"
     tensors = {t.name: t for t in reader.tensors}
     bar = tqdm(total=len(tensors), desc="loading weights", unit="tensor", disable=not progress)
+    dequantized: dict[str, list[str]] = {}  # with `blocks`: why -> matrices dequantized
 
-    def get(name: str, to: torch.dtype, packable: bool = False) -> torch.Tensor | PackedMatrix:
+    def find(name: str) -> gguf.ReaderTensor:
         if name not in tensors:
             raise ModelLoadError(f"GGUF file lacks tensor '{name}'")
-        t = tensors[name]
+        return tensors[name]
+
+    def get(name: str, to: torch.dtype, packable: bool = False,
+            as_blocks: bool = False) -> torch.Tensor | PackedMatrix | BlockMatrix:
+        t = find(name)
         shape = tuple(int(d) for d in reversed(t.shape))
         raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
+        bar.update()
+        if as_blocks:
+            return BlockMatrix.from_raw(raw.to(device), t.tensor_type, shape, dtype)
         try:
             c = codes(raw, t.tensor_type, shape) if pack and packable else None
             w = dequantize(raw, t.tensor_type, shape) if c is None else None
         except UnsupportedQuantization as exc:
             raise ModelLoadError(f"tensor '{name}': {exc}") from None
-        bar.update()
         return PackedMatrix.from_codes(c, shape) if c else w.to(device=device, dtype=to)
+
+    def matrix(names: list[str]) -> Matrix:
+        """One matrix, or fused rows (QKV, gate+up): blocks when every part is of a type the
+        block kernels read (NOTE: a fused matrix is all blocks or all values)."""
+        qtypes = [find(n).tensor_type for n in names]
+        keep = blocks and all(q in KERNEL_TYPES for q in qtypes)
+        if blocks and not keep:
+            other = next(q for q in qtypes if q not in KERNEL_TYPES)
+            for name, q in zip(names, qtypes):
+                why = (f"fused with a {other.name} part" if q in KERNEL_TYPES
+                       else f"no block kernel reads {q.name}")
+                dequantized.setdefault(why, []).append(name)
+        parts = [get(n, dtype, packable=True, as_blocks=keep) for n in names]
+        return _cat_rows(parts) if len(parts) > 1 else parts[0]
 
     def layer(i: int) -> LayerWeights:
         fields = {}
         for field, names in LAYER_NAMES.items():
-            to = torch.float32 if field in NORMS else dtype
             names = [names] if isinstance(names, str) else names
-            parts = [get(f"blk.{i}.{n}", to, packable=field not in NORMS) for n in names]
-            fields[field] = _cat_rows(parts) if len(parts) > 1 else parts[0]
+            names = [f"blk.{i}.{n}" for n in names]
+            fields[field] = get(names[0], torch.float32) if field in NORMS else matrix(names)
         return LayerWeights(**fields)
 
     inv = {v: k for k, v in GLOBAL_NAMES.items()}
     weights = ModelWeights(
-        embed=get(inv["embed"], dtype, packable=True),
+        embed=matrix([inv["embed"]]),
         final_norm=get(inv["final_norm"], torch.float32),
         layers=[layer(i) for i in range(cfg.num_layers)],
     )
     bar.close()
+    if dequantized:
+        logging.getLogger("muser.loading").warning(
+            "GGUF matrices dequantized to %s, not kept as blocks (the block kernels read %s): "
+            "%s", str(dtype).removeprefix("torch."), ", ".join(q.name for q in KERNEL_TYPES),
+            "; ".join(f"{why}: {', '.join(names)}" for why, names in dequantized.items()))
     return weights
 
 
-def _cat_rows(parts: list[torch.Tensor | PackedMatrix]) -> torch.Tensor | PackedMatrix:
-    """Fused rows (QKV, gate+up): codes when every part has them, else values."""
+def _cat_rows(parts: list[Matrix]) -> Matrix:
+    """Fused rows (QKV, gate+up): blocks or codes when every part has them, else values."""
+    if all(isinstance(p, BlockMatrix) for p in parts):
+        return cat_blocks(parts)
     if all(isinstance(p, PackedMatrix) for p in parts):
         return cat_rows(parts)
     return torch.cat([dense(p).to(parts[0].dtype) for p in parts])

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-from muser.loading.quants import dequantize
 
 # The block types the Triton kernels read; the others stay CPU-only (or dequantized) for now.
 KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
@@ -22,22 +21,89 @@ class BlockMatrix:
     data: torch.Tensor  # uint8 [M, K // block_size * type_size]
     qtype: GGMLQuantizationType
     cols: int  # K
+    dtype: torch.dtype = torch.float32  # the projection's input and output dtype (the engine's)
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, qtype: GGMLQuantizationType,
-                 shape: tuple[int, int]) -> BlockMatrix:
+                 shape: tuple[int, int], dtype: torch.dtype = torch.float32) -> BlockMatrix:
         """raw: the tensor's bytes as stored (uint8, any shape) of an [M, K] matrix."""
         m, k = shape
         block_size, type_size = GGML_QUANT_SIZES[qtype]
         if k % block_size or raw.numel() != m * k // block_size * type_size:
             raise ValueError(f"{qtype.name} blocks of {raw.numel()} bytes cannot hold a "
                              f"{m} x {k} matrix")
-        return cls(raw.reshape(m, -1), qtype, k)
+        return cls(raw.reshape(m, -1), qtype, k, dtype)
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.data.shape[0], self.cols
 
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def rows(self, start: int, stop: int) -> BlockMatrix:
+        """Rows start .. stop - 1 (a view: rows are independent runs of blocks)."""
+        return BlockMatrix(self.data[start:stop], self.qtype, self.cols, self.dtype)
+
     def dequantize(self) -> torch.Tensor:
         """[M, K] float32: gguf's dequantization, bit for bit (muser.loading.quants)."""
+        # NOTE: imported here: muser.loading's package imports muser.graph.weights, which
+        # imports this module
+        from muser.loading.quants import dequantize
+
         return dequantize(self.data, self.qtype, self.shape)
+
+
+@dataclass(slots=True)
+class BlockRows:
+    """An [M, K] matrix stacked from row segments of different block types (fused QKV or
+    gate+up of a mixed file, e.g. Q5_0 q and k over Q8_0 v): each segment stays the file's
+    bytes and its kernel reads it in place."""
+
+    parts: tuple[BlockMatrix, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].cols
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+
+Blocks = BlockMatrix | BlockRows
+
+
+def segments(weight: Blocks, start: int = 0, stop: int | None = None
+             ) -> list[tuple[int, BlockMatrix]]:
+    """(first row, single-type rows) covering rows start .. stop - 1 of `weight`."""
+    stop = weight.shape[0] if stop is None else stop
+    out, at = [], 0
+    for part in weight.parts if isinstance(weight, BlockRows) else (weight,):
+        lo, hi = max(start, at), min(stop, at + part.shape[0])
+        if lo < hi:
+            out.append((lo, part.rows(lo - at, hi - at)))
+        at += part.shape[0]
+    return out
+
+
+def cat_blocks(parts: list[BlockMatrix]) -> Blocks:
+    """Stack matrices along M. GGUF rows are independent, so the bytes of consecutive parts of
+    one block type concatenate: one BlockMatrix when every part shares the type, else
+    BlockRows of one segment per run of a type (a Q4_K_M QKV of Q5_0 q, k and Q8_0 v: two)."""
+    if len({(p.cols, p.dtype) for p in parts}) > 1:
+        raise ValueError("fused rows need one width and one dtype")
+    runs = [list(run) for _, run in groupby(parts, key=lambda p: p.qtype)]
+    merged = [BlockMatrix(torch.cat([p.data for p in run]), run[0].qtype, run[0].cols,
+                          run[0].dtype) for run in runs]
+    return merged[0] if len(merged) == 1 else BlockRows(tuple(merged))
+
+
+def block_tensors(weight: Blocks) -> list[torch.Tensor]:
+    """The tensors that hold `weight`'s bytes."""
+    return [p.data for p in (weight.parts if isinstance(weight, BlockRows) else (weight,))]

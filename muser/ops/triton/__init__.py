@@ -5,11 +5,11 @@ Only this package imports triton; model code reaches it through `muser.ops.backe
 
 from __future__ import annotations
 
-from muser.ops.ref import embed, prepare_weights
 from muser.ops.triton import (
     linear_fp8,  # noqa: F401  (routes Fp8Matrix projections)
     tuning,  # the warm-up's view of this backend
 )
+from muser.ops.triton.block_weights import embed, prepare_weights
 from muser.ops.triton.decode_attention import decode_attention
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.linear import linear, linear_add_rms_norm, linear_geglu

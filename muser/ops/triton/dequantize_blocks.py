@@ -11,11 +11,13 @@ from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.block_values import block_values
 from muser.ops.triton.launch import cdiv, launch
+from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
 def _dequantize_blocks_kernel(w_ptr, out_ptr, M, K, row_bytes, QTYPE: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)  # NOTE: before writing: the workspace it fills is the last projection's input
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rm[:, None] < M) & (kk[None, :] < K)
@@ -25,13 +27,18 @@ def _dequantize_blocks_kernel(w_ptr, out_ptr, M, K, row_bytes, QTYPE: tl.constex
              w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype) -> torch.Tensor:
-    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype` (ref.dequantize_blocks)."""
+def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype`
+    (ref.dequantize_blocks), or written into `out` (contiguous [M, K] of `dtype`: e.g. rows
+    of a reused workspace)."""
     assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
     m, k = weight.shape
-    out = empty((m, k), dtype, weight.data.device)
+    if out is None:
+        out = empty((m, k), dtype, weight.data.device)
+    assert out.shape == (m, k) and out.dtype == dtype and out.is_contiguous()
     block_m, block_k = 16, 256
     launch(_dequantize_blocks_kernel, (cdiv(m, block_m), cdiv(k, block_k)), weight.data, out,
            m, k, weight.data.shape[1], QTYPE=int(weight.qtype), BLOCK_M=block_m,
-           BLOCK_K=block_k)
+           BLOCK_K=block_k, **options(weight.data.device))
     return out

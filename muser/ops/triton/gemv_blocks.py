@@ -13,6 +13,7 @@ from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.block_values import block_values
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
+from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 
@@ -20,7 +21,8 @@ MAX_ROWS = 8
 @triton.jit
 def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, N, M, K, row_bytes, stride_xn, stride_on,
                         QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    enter(PDL)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -33,19 +35,23 @@ def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, N, M, K, row_bytes, stride_xn, st
                     mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
         acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
     y = tl.sum(acc, axis=2)
-    tl.store(out_ptr + rn[:, None] * stride_on + rm[None, :], y,
+    tl.store(out_ptr + rn[:, None] * stride_on + rm[None, :], y.to(out_ptr.dtype.element_ty),
              mask=(rn[:, None] < N) & (rm[None, :] < M))
 
 
 def linear_blocks(x: torch.Tensor, weight: BlockMatrix, block_m: int = 8,
-                  block_k: int = 256) -> torch.Tensor:
-    """x: [N, K] float32, N <= 8; weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [N, M] float32
-    (ref.linear_blocks)."""
+                  block_k: int = 256, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
+    Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
+    any float dtype, rows of any stride: e.g. a column slice of a wider output)."""
     n, (m, k) = x.shape[0], weight.shape
-    assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype == torch.float32
+    assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
     assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
-    out = empty((n, m), torch.float32, x.device)
+    if out is None:
+        out = empty((n, m), torch.float32, x.device)
+    assert out.shape == (n, m) and out.stride(-1) == 1
     launch(_gemv_blocks_kernel, (cdiv(m, block_m),), x, weight.data, out, n, m, k,
            weight.data.shape[1], x.stride(0), out.stride(0), QTYPE=int(weight.qtype),
-           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCK_K=block_k)
+           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCK_K=block_k,
+           **options(x.device))
     return out

@@ -15,7 +15,8 @@ warm-up), or `tune` times it the first time the shape is seen; the runner's warm
 is never reached on the request path (`STATS.tuned` counts its calls). Inside
 `launch.compile_only`, a shape without a pick compiles every candidate and runs none.
 MUSER_GEMV=0 routes every projection to cuBLAS. Outputs are in the weight dtype (the
-reference rounds to it too); consumers upcast on load.
+reference rounds to it too); consumers upcast on load. A weight kept as GGUF blocks takes the
+block route (muser/ops/triton/block_weights.py), which ends here for its dense rows.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.ops.triton import pdl
+from muser.ops.blocks import Blocks
+from muser.ops.triton import block_weights, pdl
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import GemmConfig, gemm
@@ -114,6 +116,8 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
+    if isinstance(weight, Blocks):
+        return block_weights.project(x, weight, geglu_out, norm, _project)
     route = ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)

@@ -1,0 +1,109 @@
+"""GGUF block matrices (muser.ops.blocks) as the Triton backend reads them: projections, the
+embedding lookup and the prefill workspace. Weights stay the file's bytes on the device.
+
+- decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads each single-type row segment in
+  place into its columns of one output in the engine's dtype; GeGLU, or the residual add +
+  RMSNorm, then runs as its own kernel (not fused into the block GEMV);
+- more rows (prefill chunks, decode batches of more than 8): the matrix is dequantized into
+  one reused workspace in the engine's dtype (dequantize_blocks.py, gguf's values rounded
+  once), then the dense projection runs on it (linear.py: its tuned GEMM or cuBLAS, epilogue
+  included); a matrix larger than the workspace (the tied LM head, vocab rows) runs in row
+  tiles of it, each projected into its columns of the output;
+- the embedding: the rows asked for are gathered as blocks and dequantized (float32).
+
+The block GEMV has no cuBLAS twin and no tuned configs: MUSER_GEMV=0 and the tuning reach the
+dense route only.
+
+`prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
+block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype
+for every matrix, so the decode graphs capture no allocation of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from muser.graph.weights import ModelWeights
+from muser.ops import ref
+from muser.ops.blocks import BlockMatrix, Blocks, segments
+from muser.ops.triton.alloc import empty
+from muser.ops.triton.dequantize_blocks import dequantize_blocks
+from muser.ops.triton.geglu import geglu
+from muser.ops.triton.gemv import NormEpilogue
+from muser.ops.triton.gemv_blocks import MAX_ROWS, linear_blocks
+from muser.ops.triton.norm import add_rms_norm
+
+HEAD_TILE_ROWS = 4096  # the fewest head rows one workspace tile holds
+_WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+Dense = Callable[[torch.Tensor, torch.Tensor, bool, NormEpilogue | None], object]
+
+
+def prepare_weights(weights: ModelWeights) -> ModelWeights:
+    """The weights as given, the prefill workspace reserved when any matrix is blocks."""
+    mats = [m for layer in weights.layers for m in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                    layer.down) if isinstance(m, Blocks)]
+    sizes = [m.shape[0] * m.shape[1] for m in mats]
+    if isinstance(head := weights.head, Blocks):
+        mats.append(head)
+        sizes.append(min(head.shape[0], HEAD_TILE_ROWS) * head.shape[1])
+    if mats:
+        reserve(mats[0].device, mats[0].dtype, max(sizes))
+    return weights
+
+
+def reserve(device: torch.device, dtype: torch.dtype, size: int) -> torch.Tensor:
+    """The workspace of `device` and `dtype`, (re)allocated to hold at least `size` elements
+    (only calls before the warm-up allocate: prepare_weights reserves the most any call asks)."""
+    key = (torch.device(device), dtype)
+    if key not in _WORKSPACE or _WORKSPACE[key].numel() < size:
+        _WORKSPACE.pop(key, None)
+        _WORKSPACE[key] = torch.empty(size, dtype=dtype, device=device)
+    return _WORKSPACE[key]
+
+
+def embed(table: torch.Tensor | Blocks, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the embedding table -> [N, D] float32 (blocks: only those rows are
+    dequantized)."""
+    if not isinstance(table, BlockMatrix):
+        return ref.embed(table, ids)
+    rows = BlockMatrix(table.data[ids], table.qtype, table.cols, table.dtype)
+    return dequantize_blocks(rows, torch.float32)
+
+
+def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue | None,
+            dense: Dense):
+    """linear.py's projection (with GeGLU or the add + norm pair after it) of a block matrix;
+    `dense(x, w, geglu_out, norm)` projects by a dense matrix (linear.py's tuned path)."""
+    n, (m, k) = x.shape[0], weight.shape
+    if n <= MAX_ROWS:
+        y = empty((n, m), weight.dtype, x.device)
+        for row, part in segments(weight):
+            linear_blocks(x, part, out=y[:, row:row + part.shape[0]])
+        if geglu_out:
+            return geglu(y)
+        if norm is not None:
+            return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype)
+        return y
+    # NOTE: a no-op after prepare_weights; ops called without it (tests) size it here. Only a
+    # plain projection (the head) may run in tiles: an epilogue needs every column at once.
+    rows = m if geglu_out or norm is not None else min(m, HEAD_TILE_ROWS)
+    workspace = reserve(x.device, weight.dtype, rows * k)
+    tile = workspace.numel() // k
+    if m <= tile:
+        return dense(x, _dequantize(weight, 0, m, workspace), geglu_out, norm)
+    out = empty((n, m), weight.dtype, x.device)
+    for start in range(0, m, tile):
+        stop = min(m, start + tile)
+        out[:, start:stop] = dense(x, _dequantize(weight, start, stop, workspace), False, None)
+    return out
+
+
+def _dequantize(weight: Blocks, start: int, stop: int, workspace: torch.Tensor) -> torch.Tensor:
+    """Rows start .. stop - 1 of `weight` dequantized into the head of `workspace` -> the
+    [stop - start, K] view of them."""
+    dense = workspace[:(stop - start) * weight.shape[1]].view(stop - start, weight.shape[1])
+    for row, part in segments(weight, start, stop):
+        dequantize_blocks(part, dense.dtype, out=dense[row - start:row - start + part.shape[0]])
+    return dense

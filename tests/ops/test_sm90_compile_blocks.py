@@ -1,0 +1,68 @@
+"""The GGUF block kernels (decode GEMV over blocks, dequantization into the workspace) compile
+for sm_90 on a machine without a GPU, at the dtypes the GPU runs (bfloat16 activations and
+workspace, which the interpreter computes wrongly), with and without programmatic dependent
+launch: as test_sm90_compile.py, in a fresh process, with the ptxas Triton ships."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+COMPILE = r'''
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from muser.ops.blocks import KERNEL_TYPES
+# NOTE: modules, not the ops of the same names that muser.ops.triton exports
+gemv_blocks = importlib.import_module("muser.ops.triton.gemv_blocks")
+dequantize_blocks = importlib.import_module("muser.ops.triton.dequantize_blocks")
+
+def ptx(fn, types, constexprs):
+    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
+    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
+                                               for k, v in constexprs.items()})
+    opts = {"num_warps": 4, "launch_pdl": constexprs["PDL"]}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+
+types = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16"}
+out = {}
+for qtype in KERNEL_TYPES:
+    for pdl in (True, False):
+        out[f"gemv {qtype.name} pdl={pdl}"] = ptx(gemv_blocks._gemv_blocks_kernel, types, dict(
+            QTYPE=int(qtype), BLOCK_N=8, BLOCK_M=8, BLOCK_K=256, PDL=pdl))
+    out[f"dequantize {qtype.name} pdl=True"] = ptx(
+        dequantize_blocks._dequantize_blocks_kernel, types,
+        dict(QTYPE=int(qtype), BLOCK_M=16, BLOCK_K=256, PDL=True))
+json.dump(out, sys.stdout)
+'''
+GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_every_variant_compiled(ptx):
+    assert len(ptx) == 12
+
+
+def test_pdl_waits_and_releases_only_when_asked(ptx):
+    for name, code in ptx.items():
+        pdl = "pdl=True" in name
+        assert all((g in code) == pdl for g in GDC), name
+
+
+def test_bfloat16_stored(ptx):
+    """The outputs are rounded to bfloat16 in the kernel (cvt to bf16), not stored as float32."""
+    for name, code in ptx.items():
+        assert "cvt.rn.bf16" in code, name
