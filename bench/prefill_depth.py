@@ -1,8 +1,8 @@
 """A prefill chunk's attention at depth on a full-attention layer: the 512 rows of the chunk
 over every key before them, read from a paged store (256-row pages in a random order), two ways
 side by side — the key range gathered into a contiguous buffer first (ops.stage_gather, then
-the flash kernel), or attended in place through the row list — and, in place, per launch
-configuration (key splits, warps, stages, query heads per program) against the launch rule's default.
+the flash kernel), or attended in place through the row list — each way per launch
+configuration (key splits, warps, stages, query heads per program) and at the launch rule's.
 
     python bench/prefill_depth.py --out $OUT/prefill_depth.json
 
@@ -72,13 +72,13 @@ def main() -> None:
                                         receipt if depth == ints(args.depths)[0] else None)
             mine = [c for c in receipt["cells"] if c["model"] == shape and c["depth"] == depth
                     and "ms" in c]
-            base = next(c for c in mine if c["way"] == "gathered")
-            rule = next(c for c in mine if c["way"] == "in place" and c["default"])
-            best = min(mine, key=lambda c: c["ms"])
-            say(f"{shape} {depth}: gathered {base['ms']:.3f} ms, in place (rule, {rule['splits']} "
-                f"splits) {rule['ms']:.3f} ms ({rule['tflop_s']:.0f} TFLOP/s), best "
-                f"{best['ms']:.3f} ms at splits {best['splits']} warps {best['num_warps']} "
-                f"stages {best['num_stages']} pack {best['pack']}")
+            for way in ("gathered", "in place"):
+                rule = next(c for c in mine if c["way"] == way and c["default"])
+                best = min((c for c in mine if c["way"] == way), key=lambda c: c["ms"])
+                say(f"{shape} {depth} {way}: the rule's launch {rule['ms']:.3f} ms "
+                    f"({rule['tflop_s']:.0f} TFLOP/s), best {best['ms']:.3f} ms at splits "
+                    f"{best['splits']} warps {best['num_warps']} stages {best['num_stages']} "
+                    f"pack {best['pack']}")
             args.out.write_text(json.dumps(receipt, indent=1) + "\n")
             torch.cuda.empty_cache()
 
@@ -104,9 +104,11 @@ def measure(shape: str, depth: int, rows: int, configs: list[FlashConfig],
             err = float((out.double() - want.double()).norm() / want.double().norm())
             check.setdefault("rel_err", {})[f"{shape} {name}"] = err
     default = launch_config(-(-rows // TILE), heads, kv_heads, tiles.shape[1], dim, TILE)
-    runs = [("gathered", None, gathered), ("in place", None, lambda: attend(k, v, read))]
-    runs += [("in place", cfg, lambda cfg=cfg: attend(k, v, read, cfg)) for cfg in configs
-             if (heads // kv_heads) % cfg.pack == 0]
+    runs = []
+    for cfg in [None, *configs]:
+        if cfg is None or (heads // kv_heads) % cfg.pack == 0:
+            runs += [("gathered", cfg, lambda cfg=cfg: attend(*stage_gather(k, v, read), cfg=cfg)),
+                     ("in place", cfg, lambda cfg=cfg: attend(k, v, read, cfg))]
     cells = []
     for way, cfg, fn in runs:
         cell = {"model": shape, "depth": depth, "way": way, "default": cfg is None,
