@@ -139,8 +139,8 @@ class FlashConfig:
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
 # chunks, a few thousand keys deep, compile what a chunk at 131k runs). On the H200
 # (bench/results/prefill_depth_h200.json) splitting pays only while the (query tile, head)
-# grid leaves SMs idle: 8 splits take gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms,
-# while gemma3-27b's 256 programs are slower split; three stages beat two everywhere.
+# grid leaves SMs idle: 8 splits take gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms;
+# three stages beat two everywhere.
 MIN_TILES_PER_SPLIT = 16
 MAX_PROGRAMS = 2 * 132  # two programs per SM of an H200 (132 SMs)
 
@@ -150,13 +150,15 @@ def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_di
     """The launch rule: two query heads of a key/value head per program where their rows fit
     one 128-row tile of head_dim <= 128 (half the key/value loads, a taller tensor-core tile);
     then split the key range while the grid stays within MAX_PROGRAMS and each split walks at
-    least MIN_TILES_PER_SPLIT key tiles; eight warps for a tile over 64 x 128 values."""
+    least MIN_TILES_PER_SPLIT key tiles; eight warps for head_dim > 128. Measured on the H200
+    (bench/results/prefill_depth_h200.json, 27B, 512 rows at 131k keys in place): packed with
+    two splits and four warps 3.99 ms; eight warps 5.68 ms; unpacked 4.46 ms."""
     pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
     programs, splits = q_tiles * heads // pack, 1
     while (programs * splits * 2 <= MAX_PROGRAMS and splits < 8
            and k_tiles >= 2 * splits * MIN_TILES_PER_SPLIT):
         splits *= 2
-    return FlashConfig(splits, 8 if pack * tile * head_dim > 64 * 128 else 4, 3, pack)
+    return FlashConfig(splits, 8 if head_dim > 128 else 4, 3, pack)
 
 
 def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
