@@ -6,30 +6,13 @@ Hopper's conversion instruction, and the tensor-core GEMV config on wgmma."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from sm90 import GDC, compile_ptx
 
 COMPILE = r'''
-import importlib, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 gemv_fp8 = importlib.import_module("muser.ops.triton.gemv_fp8")
 dequantize_fp8 = importlib.import_module("muser.ops.triton.dequantize_fp8")
 SIXTEEN = ("K", "M", "k_per_split", "stride_xn")  # as the launcher specializes them
-
-def ptx(fn, types, constexprs, **options):
-    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names)
-             if p.endswith("_ptr") or p in SIXTEEN}
-    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
-                                               for k, v in constexprs.items()}, attrs=attrs)
-    opts = {"num_warps": 4, "launch_pdl": constexprs.get("PDL", False)} | options
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 
 types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16",
          "part_ptr": "*fp32", "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32",
@@ -43,22 +26,17 @@ for dot, block_n, block_m, block_k, stages, epilogue in [
             gemv_fp8._gemv_fp8_kernel, types, dict(
                 DOT=dot, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
                 BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4, PDL=pdl),
-            num_stages=stages)
+            sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
-                        dict(BLOCK_M=32, BLOCK_K=256))
+                        dict(BLOCK_M=32, BLOCK_K=256), sixteen=SIXTEEN)
 json.dump(out, sys.stdout)
 '''
-GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
 
 
 @pytest.fixture(scope="module")
 def ptx() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
+    return compile_ptx(COMPILE)
 
 
 def test_every_variant_compiled(ptx):

@@ -5,30 +5,15 @@ kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from sm90 import GDC, compile_ptx
 
 COMPILE = r'''
-import importlib, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 # NOTE: modules, not the ops of the same names that muser.ops.triton exports
 gemv = importlib.import_module("muser.ops.triton.gemv")
 decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
 gemm = importlib.import_module("muser.ops.triton.gemm")
 prefill = importlib.import_module("muser.ops.triton.prefill_attention")
-
-def ptx(fn, types, constexprs, **options):
-    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
-    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
-                                               for k, v in constexprs.items()})
-    opts = {"num_warps": 4, "launch_pdl": constexprs.get("PDL", False)} | options
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 
 gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
               "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32", "next_ptr": "*fp32",
@@ -60,16 +45,11 @@ out["prefill attention combine"] = ptx(prefill._combine_kernel, flash_types | {"
     dict(D=128), num_warps=1)
 json.dump(out, sys.stdout)
 '''
-GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
 
 
 @pytest.fixture(scope="module")
 def ptx() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
+    return compile_ptx(COMPILE)
 
 
 def test_every_variant_compiled(ptx):

@@ -5,29 +5,14 @@ launch: as test_sm90_compile.py, in a fresh process, with the ptxas Triton ships
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from sm90 import GDC, compile_ptx
 
 COMPILE = r'''
-import importlib, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from muser.ops.blocks import KERNEL_TYPES
 # NOTE: modules, not the ops of the same names that muser.ops.triton exports
 gemv_blocks = importlib.import_module("muser.ops.triton.gemv_blocks")
 dequantize_blocks = importlib.import_module("muser.ops.triton.dequantize_blocks")
-
-def ptx(fn, types, constexprs):
-    signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
-    src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
-                                               for k, v in constexprs.items()})
-    opts = {"num_warps": 4, "launch_pdl": constexprs["PDL"]}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 
 types = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16"}
 out = {}
@@ -40,16 +25,11 @@ for qtype in KERNEL_TYPES:
         dict(QTYPE=int(qtype), BLOCK_M=16, BLOCK_K=256, PDL=True))
 json.dump(out, sys.stdout)
 '''
-GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
 
 
 @pytest.fixture(scope="module")
 def ptx() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
+    return compile_ptx(COMPILE)
 
 
 def test_every_variant_compiled(ptx):
