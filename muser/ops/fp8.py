@@ -24,7 +24,7 @@ from muser.errors import MuserError
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-_TINY = torch.finfo(torch.float32).tiny
+SCALE_MIN = torch.finfo(torch.float32).tiny  # a zero row's scale
 MIN_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
 
 
@@ -54,7 +54,7 @@ def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix
     w's device, in float32); `dtype`: the projection's dtype (default w.dtype). A zero row
     gets the smallest normal float32 scale and zero codes."""
     w32 = w.float()
-    scales = (w32.abs().amax(dim=1) / FP8_MAX).clamp_min(_TINY)
+    scales = (w32.abs().amax(dim=1) / FP8_MAX).clamp_min(SCALE_MIN)
     data = (w32 / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return Fp8Matrix(data, scales, dtype or w.dtype)
 

@@ -2,7 +2,8 @@
 fresh process (the kernel tests import them under TRITON_INTERPRET=1), with what their speed
 rests on: the e4m3 bytes read by 16-byte vector loads once pointers and sizes are multiples of
 16 (the divisibility the launcher specializes on, given here as attributes), decoded by
-Hopper's conversion instruction, and the tensor-core GEMV config on wgmma."""
+Hopper's conversion instruction, the tensor-core GEMV config on float16 wgmma, and the
+activation quantization's codes written by the packed float32 -> e4m3 convert."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sm90 import GDC, compile_ptx
 COMPILE = r'''
 gemv_fp8 = importlib.import_module("muser.ops.triton.gemv_fp8")
 dequantize_fp8 = importlib.import_module("muser.ops.triton.dequantize_fp8")
+quantize_fp8 = importlib.import_module("muser.ops.triton.quantize_fp8")
 SIXTEEN = ("K", "M", "k_per_split", "stride_xn")  # as the launcher specializes them
 
 types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16",
@@ -24,12 +26,15 @@ for dot, block_n, block_m, block_k, stages, epilogue in [
     for pdl in (True, False):
         out[f"gemv dot={dot} {epilogue} pdl={pdl}"] = ptx(
             gemv_fp8._gemv_fp8_kernel, types, dict(
-                DOT=dot, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
+                DOT=dot, SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
                 BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4, PDL=pdl),
             sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
                         dict(BLOCK_M=32, BLOCK_K=256), sixteen=SIXTEEN)
+out["quantize"] = ptx(quantize_fp8._quantize_fp8_kernel,
+                      {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scales_ptr": "*fp32",
+                       "tiny": "fp32"}, dict(BLOCK_K=1024), sixteen=SIXTEEN)
 json.dump(out, sys.stdout)
 '''
 
@@ -40,11 +45,13 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 7
+    assert len(ptx) == 8
 
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
     for name, code in ptx.items():
+        if name == "quantize":
+            continue
         assert "ld.global.v4.b32" in code or "ld.global.cg.v4.b32" in code, name
         assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
         assert "cvt.rn.f16x2.e4m3x2" in code, name
@@ -52,7 +59,11 @@ def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
 
 def test_tensor_core_gemv_on_wgmma_and_pdl_only_when_asked(ptx):
     for name, code in ptx.items():
-        if "dot=True" in name:
-            assert "wgmma.mma_async" in code, name
+        if "dot=True" in name:  # float16 operands: the codes widened by one packed convert
+            assert "wgmma.mma_async" in code and ".f16.f16" in code, name
         if name.startswith("gemv"):
             assert all((g in code) == ("pdl=True" in name) for g in GDC), name
+
+
+def test_activation_codes_converted_in_hardware(ptx):
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx["quantize"]

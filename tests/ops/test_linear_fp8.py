@@ -81,6 +81,68 @@ def test_every_gemv_fp8_config(gen, epilogue):
                 check(out[1], want[1], dtype, scale=2.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_quantize_rows_equals_quantize_fp8(gen, dtype):
+    """The activation-quantization kernel of the scaled_mm route, bit for bit the reference's
+    codes and scales: rows wider than one block, a zero row, a row of one huge entry, ties."""
+    from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
+
+    x = rand(gen, 5, 2500)
+    x[1] = 0.0
+    x[2, 7] = 3e4
+    x[3] = torch.arange(2500, device=x.device) / 8 - 150  # many values at ties of e4m3
+    x = x.to(dtype)
+    got, want = quantize_rows_fp8(x), quantize_fp8(x)
+    assert torch.equal(got.scales, want.scales)
+    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+
+
+def test_quantize_rows_rounds_every_tie_and_neighbour():
+    """A row whose largest |x| is 448 has scale 1, so its codes are the e4m3 roundings of x
+    itself: every midpoint between neighbouring e4m3 values (ties go to even), the float32
+    values on either side of each, both signs, against torch's conversion."""
+    from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
+
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(FP8).float()  # 0 .. 448, ascending
+    mids = (codes[:-1] + codes[1:]) / 2
+    vals = torch.cat([codes, mids, torch.nextafter(mids, codes[1:]),
+                      torch.nextafter(mids, codes[:-1])])
+    row = torch.cat([vals, -vals]).to(DEVICE)[None, :]
+    got = quantize_rows_fp8(row)
+    assert got.scales.item() == 1.0
+    assert torch.equal(got.data.view(torch.uint8).cpu(), row.cpu().to(FP8).view(torch.uint8))
+
+
+def test_gemv_fp8_dot_scales_x(gen):
+    """The tensor-core loop with x not float16 (float32 here; bfloat16 on the GPU): x enters
+    float16 times a power of two per row. Rows far outside float16's range (1e6, 1e-9), a zero
+    row, and entries 2^-35 below their row's largest all come out right. Error model
+    (gemv_fp8's docstring): each x_k rounds to 11 bits (2^-11 |x_k|) or, below 2^(e-28), to
+    within 2^(e-39) <= 2^-39 max|x|; then the float32 sum adds gamma_K of the magnitudes and
+    the output rounds once (2^-24)."""
+    from muser.ops.triton.gemv import GemvConfig
+    from muser.ops.triton.gemv_fp8 import gemv_fp8
+    from tests.error_bounds import gamma
+
+    k, m = 160, 72
+    x = rand(gen, 4, k)
+    x[0] *= 1e6
+    x[1] *= 1e-9
+    x[2] = 0.0
+    x[3, ::7] *= 2.0**-35
+    w = _weight(gen, m, k, torch.float32)
+    wd = w.dequantize(torch.float64).cpu()
+    xd = x.double().cpu()
+    exact = xd @ wd.t()
+    amax = xd.abs().amax(dim=1, keepdim=True)
+    bound = ((2.0**-11 + gamma(k)) * (xd.abs() @ wd.abs().t())
+             + 2.0**-39 * amax * wd.abs().sum(dim=1)[None, :] + 2.0**-24 * exact.abs())
+    for config in (GemvConfig("dot", 16, 32, 1, 4), GemvConfig("dot", 32, 64, 2, 4)):
+        out = gemv_fp8(x, w, config).double().cpu()
+        assert torch.isfinite(out).all() and (out[2] == 0).all()
+        assert ((out - exact).abs() <= bound).all(), config
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 8, 24])  # the FP8 GEMV (<= 8 rows) and the dequant route
 def test_linear_fp8(gen, dtype, n):

@@ -2,11 +2,19 @@
 (N <= 8), the e4m3 codes streamed once (one byte per weight, half a bfloat16 GEMV's bytes).
 
 The bfloat16 GEMV's structure (muser/ops/triton/gemv.py): BLOCK_M rows per program, optionally
-SPLIT_K programs per row block, an FMA loop (products in registers, reduced once) or a
-tensor-core loop (codes widened to x's dtype, exactly: every e4m3 value is a bfloat16 and a
-float16 value), accumulated in float32. Each row's scale multiplies its float32 sum (or each
-split's partial) once, then `gemv.finish` rounds y to x's dtype (the model's: the caller
-hands x in it) and runs the same epilogues: plain, GeGLU, residual add + RMSNorm.
+SPLIT_K programs per row block, accumulated in float32, then each row's scale multiplies its
+sum (or each split's partial) once and `gemv.finish` rounds y to x's dtype (the model's: the
+caller hands x in it) and runs the same epilogues: plain, GeGLU, residual add + RMSNorm.
+
+Two loops:
+- FMA: codes widened to float32 in registers, products accumulated there, reduced once;
+- tensor cores in float16: every e4m3 value is a float16 value, and the widening is one
+  packed convert per two codes (to float32 it is one convert per code, the FMA loop's limit).
+  x enters float16 multiplied by a power of two per row (`_row_scales`: the row's largest
+  |x| in [2^14, 2^15)), divided out of the float32 sums after. With 2^e <= max |x| < 2^(e+1)
+  for the row, a bfloat16 x is then exact in float16 (8 significant bits in 11) except
+  entries below 2^(e-28), which land among float16's subnormals (absolute error <= 2^(e-39));
+  a float32 x also rounds to 11 bits (2^-11 relative), below the weights' e4m3 rounding (2^-4).
 """
 
 from __future__ import annotations
@@ -44,11 +52,32 @@ def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
 
 
 @triton.jit
+def _row_scales(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """Powers of two (up, down = 1 / up) per row of x over columns k_lo .. k_hi - 1 that put
+    the row's largest |x| in [2^14, 2^15): x * up is exact in float32 and fits float16."""
+    amax = tl.zeros((BLOCK_N,), tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                    mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+    # amax in [2^e, 2^(e+1)), biased exponent b = e + 127 -> up = 2^(14 - e), biased 268 - b,
+    # kept normal both ways (a zero row gets 2^126: its zeros stay zeros)
+    biased = 268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF)
+    biased = tl.minimum(tl.maximum(biased, 1), 253)
+    up = (biased << 23).to(tl.float32, bitcast=True)
+    down = ((254 - biased) << 23).to(tl.float32, bitcast=True)
+    return up, down
+
+
+@triton.jit
 def _gemv_fp8_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
     N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, DOT: tl.constexpr,
-    GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    SCALE_X: tl.constexpr, GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -58,11 +87,17 @@ def _gemv_fp8_kernel(
     x_dtype = x_ptr.dtype.element_ty
     enter(PDL)
     if DOT:
+        if SCALE_X:
+            up, down = _row_scales(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             w, x = _tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
-            acc = tl.dot(w.to(x_dtype), tl.trans(x), acc)
+            if SCALE_X:
+                x = x.to(tl.float32) * up[:, None]
+            acc = tl.dot(w.to(tl.float16), tl.trans(x.to(tl.float16)), acc)
         y = tl.trans(acc)
+        if SCALE_X:
+            y = y * down[:, None]
     else:
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -103,7 +138,8 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
         res if res is not None else out, post if post is not None else out,
         nxt if nxt is not None else out, res_out if res_out is not None else out, n, m, k,
         x.stride(0), out.stride(0), res.stride(0) if res is not None else 0, k_per_split,
-        norm.eps if norm is not None else 0.0, DOT=c.kind == "dot", GEGLU=geglu,
+        norm.eps if norm is not None else 0.0, DOT=c.kind == "dot",
+        SCALE_X=x.dtype != torch.float16, GEGLU=geglu,
         NORM=norm is not None, NORM_BLOCK=min(next_power_of_2(m), 4096),
         BLOCK_N=16 if c.kind == "dot" else max(1, next_power_of_2(n)), BLOCK_M=c.block_m,
         BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
@@ -112,9 +148,9 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
 
 
 def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
-    """The bfloat16 GEMV's configs for this shape and, for one or two rows, its FMA tiles with
-    twice the columns (the same bytes per load as a bfloat16 tile)."""
+    """The bfloat16 GEMV's configs for this shape, plus each of its tiles with twice the
+    columns (the same bytes per load as a bfloat16 tile) when not split over K."""
     base = candidates(n, m, k)
     wide = [dataclasses.replace(c, block_k=2 * c.block_k) for c in base
-            if c.kind == "fma" and n <= 2 and c.split_k == 1]
+            if c.split_k == 1 and (c.kind == "dot" or n <= 2)]
     return base + wide

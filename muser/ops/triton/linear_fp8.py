@@ -4,7 +4,8 @@ it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`
 - decode rows (N <= 8): the fastest FP8 GEMV config (`gemv_fp8`; the op fused into its
   epilogue, or as its own kernel), timed in CUDA graphs over weight copies that defeat L2;
 - more rows, the faster of
-  `scaled_mm` (bfloat16 models): x quantized per token (row) to e4m3, then FP8 tensor cores
+  `scaled_mm` (bfloat16 models): x quantized per token (row) to e4m3 (one kernel,
+  quantize_fp8.py), then FP8 tensor cores
   (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in
   bfloat16; and
   `dequant`: W dequantized to the model dtype (`dequantize_fp8`), then cuBLAS on x as it is;
@@ -26,7 +27,7 @@ import math
 
 import torch
 
-from muser.ops.fp8 import Fp8Matrix, quantize_fp8
+from muser.ops.fp8 import Fp8Matrix
 from muser.ops.triton.dequantize_fp8 import dequantize_fp8
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
 from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
@@ -41,6 +42,7 @@ from muser.ops.triton.linear import (
     _graph_ms,
     _key,
 )
+from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
 
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
 _CHOICE: dict[tuple, Pick] = {}
@@ -51,7 +53,7 @@ def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
     """x: [N, K] -> [N, M] in weight.dtype on FP8 tensor cores: x's rows quantized like a
     weight's (quantize_fp8: a scale per token), products of e4m3 codes summed in float32, the
     two scales applied to each output by _scaled_mm's rowwise scaling."""
-    xq = quantize_fp8(x)
+    xq = quantize_rows_fp8(x)
     return torch._scaled_mm(xq.data, weight.data.t(), scale_a=xq.scales[:, None],
                             scale_b=weight.scales[None, :], out_dtype=weight.dtype)
 
