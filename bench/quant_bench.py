@@ -1,0 +1,217 @@
+"""Weight formats side by side on one GPU: decode after 2,048 tokens and prefill of 2,048, for
+bf16 and FP8 (dummy weights of the preset) and GGUF files kept as blocks (Q8_0, Q4_K, ...),
+each against its own bandwidth floor, and llama.cpp CUDA on the same GGUF files in the same
+run.
+
+    python3 bench/quant_bench.py --model-config gemma3-27b \
+        --gguf q8_0=/dev/shm/gemma3-27b-q8_0.gguf,q4_k_m=/dev/shm/gemma3-27b-q4_k_m.gguf \
+        --llama-bench /tmp/llama/bin/llama-bench --out $OUT/quant_h200.json --plot $OUT/quant.png
+
+Per format, one process: `LLM` with one sequence, --reps runs of `generate` over 2,048 exact
+tokens with --decode-steps + 1 greedy tokens (ignore_eos): prefill_tok_s = 2,048 / median
+TTFT, decode_ms = median TPOT. fraction_of_floor = (the bytes a decode step reads: every
+projection's weights and the head once, the embedding row, the K/V rows of 2,048 tokens on full
+layers and of the window on sliding ones) / the 1 GiB device copy's bandwidth measured in that
+process (read + write) / decode_ms. The FP8 process also times the GEMMs of one layer at 2,048
+rows on FP8 tensor cores (torch._scaled_mm on codes already quantized) and in bf16
+(torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time), the most
+any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-bench -ngl 99 -fa 1`,
+tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r"""
+import json, statistics, sys
+import torch
+from muser import LLM, SamplingParams
+import triton
+from muser.ops.blocks import Blocks, block_tensors
+from muser.ops.fp8 import Fp8Matrix
+
+name, fmt, source, reps, steps, depth = sys.argv[1:7]
+reps, steps, depth = int(reps), int(steps), int(depth)
+
+
+def cuda_ms(fn, iters=20):
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+x = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+y = torch.empty_like(x)
+copy_bw = 2 * x.nbytes / (cuda_ms(lambda: y.copy_(x)) / 1e3)
+del x, y
+kw = dict(max_num_seqs=1, max_model_len=depth + steps + 64, progress=False)
+if fmt in ("bf16", "fp8"):
+    llm = LLM(None, device="cuda", load_format="dummy", model_config=name,
+              quantization="fp8" if fmt == "fp8" else "none", **kw)
+else:
+    llm = LLM(source, device="cuda", **kw)
+cfg, w = llm.model_config, llm.runner.model.weights
+held = w.nbytes()
+
+
+def tensors_of(m):
+    return ([m.data, m.scales] if isinstance(m, Fp8Matrix) else
+            block_tensors(m) if isinstance(m, Blocks) else [m])
+
+
+head = {id(t) for t in tensors_of(w.head)}
+embed_bytes = sum(t.nbytes for t in tensors_of(w.embed) if id(t) not in head)  # one row read
+row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * getattr(torch, llm.config.kv_dtype).itemsize
+n_full, n_sliding = len(cfg.layers_of("global")), len(cfg.layers_of("sliding"))
+step_bytes = held - embed_bytes + row_bytes * (n_full * depth + n_sliding * min(depth, cfg.sliding_window))
+ids = torch.randint(10, cfg.vocab_size - 10, (depth,),
+                    generator=torch.Generator().manual_seed(1)).tolist()
+greedy = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+llm.generate(ids[:512], greedy)
+runs = [llm.generate(ids, greedy) for _ in range(reps)]
+ttft = statistics.median(r.ttft_s for r in runs)
+tpot = statistics.median(r.tpot_s for r in runs)
+cell = {"model": name, "quantization": fmt, "source": source, "weight_bytes": held,
+        "step_bytes": step_bytes, "decode_ms": tpot * 1e3, "floor_ms": step_bytes / copy_bw * 1e3,
+        "fraction_of_floor": step_bytes / copy_bw / tpot, "prefill_tok_s": depth / ttft,
+        "ttft_s": ttft, "decode_samples_ms": [r.tpot_s * 1e3 for r in runs],
+        "ttft_samples_s": [r.ttft_s for r in runs], "copy_bytes_per_s": copy_bw,
+        "tokens": runs[-1].token_ids[:16], "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__, "triton": triton.__version__}
+if fmt == "fp8":
+    layer = w.layers[0]
+    fp8_ms = bf16_ms = 0.0
+    shapes = []
+    for mat in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+        m, k = mat.shape
+        xq = torch.randn(depth, k, device="cuda").to(torch.float8_e4m3fn)
+        sa = torch.ones(depth, 1, device="cuda")
+        f = cuda_ms(lambda: torch._scaled_mm(xq, mat.data.t(), scale_a=sa,
+                                             scale_b=mat.scales[None, :],
+                                             out_dtype=torch.bfloat16))
+        xb, wb = torch.randn(depth, k, device="cuda", dtype=torch.bfloat16), \
+            torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = cuda_ms(lambda: torch.mm(xb, wb.t()))
+        shapes.append({"m": m, "k": k, "fp8_ms": f, "bf16_ms": b,
+                       "fp8_tflops": 2 * depth * m * k / f / 1e9,
+                       "bf16_tflops": 2 * depth * m * k / b / 1e9})
+        fp8_ms, bf16_ms = fp8_ms + f, bf16_ms + b
+        del xb, wb
+    layers = len(w.layers)
+    cell["gemm_shapes"] = shapes
+    cell["fp8_gemm_ceiling_tok_s"] = depth / (layers * fp8_ms / 1e3)
+    cell["bf16_gemm_ceiling_tok_s"] = depth / (layers * bf16_ms / 1e3)
+    cell["prefill_of_fp8_gemm_ceiling"] = cell["prefill_tok_s"] / cell["fp8_gemm_ceiling_tok_s"]
+print("RESULT " + json.dumps(cell))
+"""
+
+
+def llama_bench(binary: str, gguf: str, depth: int, reps: int, steps: int) -> dict:
+    cell = {"gguf": gguf, "tool": "llama-bench -ngl 99 -fa 1"}
+    for label, flags in (("tg", ["-p", "0", "-n", str(steps), "-d", str(depth)]),
+                         (f"pp{depth}", ["-p", str(depth), "-n", "0"])):
+        proc = subprocess.run([binary, "-m", gguf, "-ngl", "99", "-fa", "1", "-r", str(reps),
+                               "-o", "json", *flags], stdout=subprocess.PIPE, text=True)
+        rows = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
+        if rows:
+            cell[f"{label}_tok_s"] = rows[0]["avg_ts"]
+            cell[f"{label}_samples_tok_s"] = rows[0].get("samples_ts")
+        else:
+            cell[f"{label}_error"] = f"exit {proc.returncode}"
+    if "tg_tok_s" in cell:
+        cell["decode_ms"] = 1e3 / cell["tg_tok_s"]
+    print(f"llama.cpp {gguf}: {cell}", file=sys.stderr, flush=True)
+    return cell
+
+
+def plot(receipt: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = receipt["cells"]
+    names = [c["quantization"] for c in cells]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    at = range(len(cells))
+    left.bar([i - 0.27 for i in at], [c["decode_ms"] for c in cells], 0.27, label="muser")
+    left.bar(at, [c["floor_ms"] for c in cells], 0.27, label="bandwidth floor", color="gray")
+    left.bar([i + 0.27 for i in at], [c.get("llama_cpp_decode_ms") or 0 for c in cells], 0.27,
+             label="llama.cpp")
+    left.set_ylabel("decode ms/token after 2,048")
+    right.bar([i - 0.2 for i in at], [c["prefill_tok_s"] for c in cells], 0.4, label="muser")
+    right.bar([i + 0.2 for i in at], [c.get("llama_cpp_prefill_tok_s") or 0 for c in cells],
+              0.4, label="llama.cpp")
+    right.set_ylabel("prefill tok/s of 2,048")
+    for ax in (left, right):
+        ax.set_xticks(list(at), names)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"{receipt['model']} on {receipt.get('gpu', 'GPU')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-config", default="gemma3-27b")
+    ap.add_argument("--formats", default="bf16,fp8", help="dummy-weight formats: bf16, fp8")
+    ap.add_argument("--gguf", default="", help="name=path,... GGUF files kept as blocks")
+    ap.add_argument("--llama-bench", help="a CUDA llama-bench binary, run on each --gguf file")
+    ap.add_argument("--depth", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--plot", type=Path)
+    args = ap.parse_args()
+    receipt = json.loads(args.out.read_text()) if args.out.exists() else {"cells": []}
+    receipt["model"] = args.model_config
+    runs = [(f, "") for f in args.formats.split(",") if f] + [
+        tuple(e.split("=", 1)) for e in args.gguf.split(",") if e]
+    for fmt, source in runs:
+        proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, source,
+                               str(args.reps), str(args.decode_steps), str(args.depth)],
+                              stdout=subprocess.PIPE, text=True)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{fmt}: the process failed (exit {proc.returncode})", file=sys.stderr)
+            continue
+        cell = json.loads(line[7:])
+        if args.llama_bench and source:
+            theirs = llama_bench(args.llama_bench, source, args.depth, args.reps,
+                                 args.decode_steps)
+            cell["llama_cpp"] = theirs
+            if "decode_ms" in theirs:
+                cell["llama_cpp_decode_ms"] = theirs["decode_ms"]
+                cell["decode_vs_llama_cpp"] = theirs["decode_ms"] / cell["decode_ms"]
+            if f"pp{args.depth}_tok_s" in theirs:
+                cell["llama_cpp_prefill_tok_s"] = theirs[f"pp{args.depth}_tok_s"]
+                cell["prefill_vs_llama_cpp"] = cell["prefill_tok_s"] / theirs[f"pp{args.depth}_tok_s"]
+        print(f"{fmt}: {json.dumps({k: v for k, v in cell.items() if not k.endswith('samples_ms')})}",
+              file=sys.stderr, flush=True)
+        receipt["cells"] = [c for c in receipt["cells"] if c["quantization"] != fmt] + [cell]
+        receipt["gpu"] = cell["gpu"]
+        args.out.write_text(json.dumps(receipt, indent=1) + "\n")
+    bf16 = next((c for c in receipt["cells"] if c["quantization"] == "bf16"), None)
+    for c in receipt["cells"]:
+        if bf16 is not None:
+            c["prefill_vs_bf16"] = c["prefill_tok_s"] / bf16["prefill_tok_s"]
+            c["decode_vs_bf16"] = bf16["decode_ms"] / c["decode_ms"]
+    args.out.write_text(json.dumps(receipt, indent=1) + "\n")
+    if args.plot:
+        plot(receipt, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
