@@ -54,7 +54,7 @@ x = torch.empty(2**30, device="cuda", dtype=torch.uint8)
 y = torch.empty_like(x)
 copy_bw = 2 * x.nbytes / (cuda_ms(lambda: y.copy_(x)) / 1e3)
 del x, y
-kw = dict(max_num_seqs=1, max_model_len=depth + steps + 64, progress=False)
+kw = dict(max_num_seqs=1, max_model_len=depth + steps + 64, prefix_cache=False, progress=False)
 if fmt in ("bf16", "fp8"):
     llm = LLM(None, device="cuda", load_format="dummy", model_config=name,
               quantization="fp8" if fmt == "fp8" else "none", **kw)

@@ -20,13 +20,13 @@ types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*b
          "part_ptr": "*fp32", "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32",
          "next_ptr": "*fp32", "res_out_ptr": "*fp32", "eps": "fp32"}
 out = {}
-for dot, block_n, block_m, block_k, stages, epilogue in [
-        (False, 1, 8, 1024, 3, "norm"), (False, 8, 4, 1024, 3, "geglu"),
-        (True, 16, 128, 128, 4, "norm")]:
+for kind, block_n, block_m, block_k, stages, epilogue in [
+        ("fma", 1, 8, 1024, 3, "norm"), ("fma", 8, 4, 1024, 3, "geglu"),
+        ("dot", 16, 128, 128, 4, "norm"), ("dot8", 16, 128, 128, 4, "plain")]:
     for pdl in (True, False):
-        out[f"gemv dot={dot} {epilogue} pdl={pdl}"] = ptx(
+        out[f"gemv {kind} {epilogue} pdl={pdl}"] = ptx(
             gemv_fp8._gemv_fp8_kernel, types, dict(
-                DOT=dot, SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
+                LOOP=gemv_fp8.LOOPS[kind], SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
                 BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4, PDL=pdl),
             sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
@@ -45,7 +45,7 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 8
+    assert len(ptx) == 10
 
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
@@ -54,13 +54,17 @@ def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
             continue
         assert "ld.global.v4.b32" in code or "ld.global.cg.v4.b32" in code, name
         assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
-        assert "cvt.rn.f16x2.e4m3x2" in code, name
+        if "dot8" not in name:  # dot8 multiplies the codes as they are
+            assert "cvt.rn.f16x2.e4m3x2" in code, name
 
 
 def test_tensor_core_gemv_on_wgmma_and_pdl_only_when_asked(ptx):
     for name, code in ptx.items():
-        if "dot=True" in name:  # float16 operands: the codes widened by one packed convert
+        if " dot " in name:  # float16 operands: the codes widened by one packed convert
             assert "wgmma.mma_async" in code and ".f16.f16" in code, name
+        if "dot8" in name:  # e4m3 operands, x's codes made in registers
+            assert "wgmma.mma_async" in code and ".e4m3.e4m3" in code, name
+            assert "cvt.rn.satfinite.e4m3x2.f32" in code, name
         if name.startswith("gemv"):
             assert all((g in code) == ("pdl=True" in name) for g in GDC), name
 

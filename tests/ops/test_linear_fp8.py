@@ -28,6 +28,35 @@ def _proj(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:
     return (x.to(w.dtype).double() @ w.dequantize(torch.float64).t()).to(w.dtype).double()
 
 
+def x_hat_dot8(x: torch.Tensor, config) -> torch.Tensor:
+    """x as the "dot8" GEMV loop sees it (gemv_fp8's docstring): per row and per split of K,
+    times the power of two up that puts the largest |x| in [2^7, 2^8), rounded to e4m3
+    (torch's conversion: nearest, ties to even), divided by up."""
+    from muser.ops.triton.launch import cdiv
+
+    k = x.shape[1]
+    per = cdiv(cdiv(k, config.split_k), config.block_k) * config.block_k
+    out = torch.empty_like(x, dtype=torch.float64)
+    for lo in range(0, k, per):
+        part = x[:, lo:lo + per].double()
+        amax = part.abs().amax(dim=1, keepdim=True)
+        up = torch.where(amax > 0, 2.0 ** (7 - torch.floor(torch.log2(amax))), 1.0)
+        out[:, lo:lo + per] = (part * up).float().to(FP8).double() / up
+    return out
+
+
+def _picked_proj(x: torch.Tensor, w: Fp8Matrix, epilogue: str) -> torch.Tensor:
+    """_proj of x as the projection linear_fp8 picked for this shape computes on: x_hat of a
+    "dot8" GEMV config (a GPU may pick one), x itself otherwise."""
+    from muser.ops.triton.linear import _key
+    from muser.ops.triton.linear_fp8 import _CHOICE
+
+    pick = _CHOICE[_key(x, w, epilogue)]
+    if getattr(pick, "kind", None) == "dot8":
+        return _proj(x_hat_dot8(x.to(w.dtype), pick), w)
+    return _proj(x, w)
+
+
 def _magnitude(x: torch.Tensor, w: Fp8Matrix) -> float:
     """max over outputs of sum_k |x w|: what a float32 sum's and a weight rounding's errors
     scale with."""
@@ -67,8 +96,12 @@ def test_every_gemv_fp8_config(gen, epilogue):
     res, post, nxt = rand(gen, 2, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1
     norm = NormEpilogue(res, post, nxt, 1e-6, dtype) if epilogue == "norm" else None
     configs = candidates_fp8(2, m, k) + [GemvConfig("fma", 4, 32, 3, 4),
-                                         GemvConfig("dot", 16, 32, 2, 4)]
+                                         GemvConfig("dot", 16, 32, 2, 4),
+                                         GemvConfig("dot8", 16, 32, 2, 4)]
+    assert {c.kind for c in configs} == {"fma", "dot", "dot8"}
+    exact = proj
     for config in configs:
+        proj = _proj(x_hat_dot8(x.to(dtype), config), w) if config.kind == "dot8" else exact
         for _ in range(2):
             out = gemv_fp8(x, w, config, epilogue == "geglu", norm)
             if epilogue == "plain":
@@ -155,14 +188,15 @@ def test_linear_fp8(gen, dtype, n):
     if _CHOICE[_key(x, w, "")] == "scaled_mm":  # picked on a GPU, for bfloat16 rows > 8
         _check_quantized_x(out, x, w)
     else:
-        check(out, _proj(x, w), dtype, scale=max(1.0, _magnitude(x, w)))
+        check(out, _picked_proj(x, w, ""), dtype, scale=max(1.0, _magnitude(x, w)))
 
 
 @pytest.mark.parametrize("n", [1, 5, 17])
 def test_linear_geglu_fp8(gen, n):
     dtype = torch.float16
     x, w = rand(gen, n, 96), _weight(gen, 2 * 40, 96, dtype)
-    check(linear_geglu(x, w), ref.geglu(_proj(x, w)), dtype,
+    out = linear_geglu(x, w)
+    check(out, ref.geglu(_picked_proj(x, w, "geglu")), dtype,
           scale=2.0 * max(1.0, _magnitude(x, w)))
 
 
@@ -172,8 +206,8 @@ def test_linear_add_rms_norm_fp8(gen, n):
     x, w = rand(gen, n, 96), _weight(gen, m, 96, dtype)
     res, post, nxt = rand(gen, n, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1
     h, y = linear_add_rms_norm(x, w, res, post, nxt, 1e-6, dtype)
-    h_ref, y_ref = ref.add_rms_norm(res.double(), _proj(x, w), post.double(), nxt.double(),
-                                    1e-6)
+    h_ref, y_ref = ref.add_rms_norm(res.double(), _picked_proj(x, w, "norm"), post.double(),
+                                    nxt.double(), 1e-6)
     scale = 2.0 * max(1.0, _magnitude(x, w))
     check(h, h_ref, dtype, scale=scale)
     check(y, y_ref, dtype, scale=scale)

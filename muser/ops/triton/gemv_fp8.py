@@ -6,15 +6,21 @@ SPLIT_K programs per row block, accumulated in float32, then each row's scale mu
 sum (or each split's partial) once and `gemv.finish` rounds y to x's dtype (the model's: the
 caller hands x in it) and runs the same epilogues: plain, GeGLU, residual add + RMSNorm.
 
-Two loops:
-- FMA: codes widened to float32 in registers, products accumulated there, reduced once;
-- tensor cores in float16: every e4m3 value is a float16 value, and the widening is one
-  packed convert per two codes (to float32 it is one convert per code, the FMA loop's limit).
-  x enters float16 multiplied by a power of two per row (`_row_scales`: the row's largest
-  |x| in [2^14, 2^15)), divided out of the float32 sums after. With 2^e <= max |x| < 2^(e+1)
-  for the row, a bfloat16 x is then exact in float16 (8 significant bits in 11) except
-  entries below 2^(e-28), which land among float16's subnormals (absolute error <= 2^(e-39));
-  a float32 x also rounds to 11 bits (2^-11 relative), below the weights' e4m3 rounding (2^-4).
+Three main loops (GemvConfig.kind), the fastest picked per shape by timing (linear_fp8.py):
+- "fma": codes widened to float32 in registers, products accumulated there, reduced once;
+- "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
+  convert per two codes. x enters float16 multiplied by a power of two per row
+  (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums
+  after. With 2^e <= max |x| < 2^(e+1) for the row, a bfloat16 x is then exact in float16 (8
+  significant bits in 11) except entries below 2^(e-28), which land among float16's
+  subnormals (absolute error <= 2^(e-39)); a float32 x also rounds to 11 bits (2^-11
+  relative), below the weights' e4m3 rounding (2^-4);
+- "dot8": FP8 tensor cores on the codes as stored (no widening at all), x quantized to e4m3
+  per row over the program's K range: times the power of two that puts its largest |x| in
+  [2^7, 2^8) (exact), rounded to nearest e4m3 (ties to even), the sums divided by it after.
+  Each x entry is then within 2^-4 of itself, or among e4m3's subnormals (below 2^-13 of the
+  row's largest) within 2^-10 / up: x_hat = e4m3(x * up) / up, the only rounding before the
+  float32 sum (`x_hat_dot8` in the tests computes it).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from muser.ops.triton.gemv import (
 )
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
+from muser.ops.triton.quantize_fp8 import round_e4m3
 
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
 
@@ -51,30 +58,38 @@ def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
     return w, x
 
 
+FMA, DOT16, DOT8 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # the main loops
+LOOPS = {"fma": 0, "dot": 1, "dot8": 2}  # GemvConfig.kind -> LOOP
+
+
 @triton.jit
-def _row_scales(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """Powers of two (up, down = 1 / up) per row of x over columns k_lo .. k_hi - 1 that put
-    the row's largest |x| in [2^14, 2^15): x * up is exact in float32 and fits float16."""
+def _row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """max |x| per row over columns k_lo .. k_hi - 1, float32 [BLOCK_N] (0 for padding rows)."""
     amax = tl.zeros((BLOCK_N,), tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
                     mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    # amax in [2^e, 2^(e+1)), biased exponent b = e + 127 -> up = 2^(14 - e), biased 268 - b,
-    # kept normal both ways (a zero row gets 2^126: its zeros stay zeros)
-    biased = 268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF)
+    return amax
+
+
+@triton.jit
+def _pow2_scales(amax, TOP: tl.constexpr):
+    """Powers of two (up, down = 1 / up) per row that put its largest |x| in [2^TOP,
+    2^(TOP+1)): x * up is exact in float32. amax in [2^e, 2^(e+1)), biased exponent b = e + 127
+    -> up = 2^(TOP - e), biased 254 + TOP - b, kept normal both ways (a zero row: 2^126)."""
+    biased = 254 + TOP - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF)
     biased = tl.minimum(tl.maximum(biased, 1), 253)
-    up = (biased << 23).to(tl.float32, bitcast=True)
-    down = ((254 - biased) << 23).to(tl.float32, bitcast=True)
-    return up, down
+    return ((biased << 23).to(tl.float32, bitcast=True),
+            ((254 - biased) << 23).to(tl.float32, bitcast=True))
 
 
 @triton.jit
 def _gemv_fp8_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
-    N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, DOT: tl.constexpr,
+    N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, LOOP: tl.constexpr,
     SCALE_X: tl.constexpr, GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr,
@@ -86,9 +101,19 @@ def _gemv_fp8_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_dtype = x_ptr.dtype.element_ty
     enter(PDL)
-    if DOT:
+    if LOOP == DOT8:
+        up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
+                                          BLOCK_K), 7)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            w, x = _tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
+            q = round_e4m3(x.to(tl.float32) * up[:, None])
+            acc = tl.dot(w, tl.trans(q.to(w_ptr.dtype.element_ty)), acc)
+        y = tl.trans(acc) * down[:, None]
+    elif LOOP == DOT16:
         if SCALE_X:
-            up, down = _row_scales(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N, BLOCK_K)
+            up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
+                                              BLOCK_K), 14)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             w, x = _tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
@@ -138,19 +163,21 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
         res if res is not None else out, post if post is not None else out,
         nxt if nxt is not None else out, res_out if res_out is not None else out, n, m, k,
         x.stride(0), out.stride(0), res.stride(0) if res is not None else 0, k_per_split,
-        norm.eps if norm is not None else 0.0, DOT=c.kind == "dot",
+        norm.eps if norm is not None else 0.0, LOOP=LOOPS[c.kind],
         SCALE_X=x.dtype != torch.float16, GEGLU=geglu,
         NORM=norm is not None, NORM_BLOCK=min(next_power_of_2(m), 4096),
-        BLOCK_N=16 if c.kind == "dot" else max(1, next_power_of_2(n)), BLOCK_M=c.block_m,
+        BLOCK_N=16 if c.kind != "fma" else max(1, next_power_of_2(n)), BLOCK_M=c.block_m,
         BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
         **options(dev))
     return (res_out, out) if norm is not None else out
 
 
 def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
-    """The bfloat16 GEMV's configs for this shape, plus each of its tiles with twice the
-    columns (the same bytes per load as a bfloat16 tile) when not split over K."""
+    """The bfloat16 GEMV's configs for this shape, each of its tiles with twice the columns
+    (the same bytes per load as a bfloat16 tile) when not split over K, and every
+    tensor-core config also with FP8 activations (dot8)."""
     base = candidates(n, m, k)
     wide = [dataclasses.replace(c, block_k=2 * c.block_k) for c in base
             if c.split_k == 1 and (c.kind == "dot" or n <= 2)]
-    return base + wide
+    dot8 = [dataclasses.replace(c, kind="dot8") for c in base + wide if c.kind == "dot"]
+    return base + wide + dot8
