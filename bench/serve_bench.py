@@ -67,7 +67,8 @@ IN_PROCESS = ("ceilings", "cap-sweep", "hf")
 SERVE_FLAGS = (("model", str), ("device", str), ("dtype", str), ("load_format", str),
                ("model_config", str), ("max_model_len", int), ("prefill_chunk", int),
                ("max_num_seqs", int), ("max_batched_tokens", int),
-               ("decode_waiting_chunk", int), ("gpu_memory_utilization", float))
+               ("decode_waiting_chunk", int), ("gpu_memory_utilization", float),
+               ("quantization", str), ("gguf_weights", str))
 T0 = time.perf_counter()
 
 
