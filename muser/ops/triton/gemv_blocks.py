@@ -1,57 +1,307 @@
 """Decode GEMV over GGUF blocks: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), W read
-once as the file's bytes and dequantized in registers (block_values), so a step reads the
-file's size of weights, not its bfloat16 expansion. Split over M (BLOCK_M rows per program);
-products accumulate in registers across K and are reduced once at the end, in float32."""
+once as the file's bytes, so a step reads the file's size of weights, not its bf16 expansion.
+
+Blocks are loaded as words (the widest load each type's alignment allows: Q4_K's 144-byte
+blocks as 36 int32, Q6_K's 210, Q8_0's 34 and Q5_0's 22 bytes as int16), codes are cut out of
+the words with shifts and masks, and x is gathered in the codes' order (no permuting of the
+weights). Every block type is a scale times an integer code plus an offset per sub-block j of
+B values: w_k = s_j q_k - t_j, so the sum runs per sub-block on the integer codes,
+
+    y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k),
+
+and the per-weight work is: extract the code, make it a float, one multiply-add per x row.
+The x sums are per program and block, shared by its BLOCK_M rows. Codes become floats
+exactly by the magic number (q | 0x4B000000 is the float 2^23 + q, for 0 <= q < 2^23).
+
+    type  B   words (bytes)                          s_j, t_j
+    Q4_K  32  0: d|dmin, 1-3: 12 scale bytes,         d sc_j, dmin m_j (6-bit sc, m)
+              4 + 8g + i: codes of sub-blocks 2g (low nibbles) and 2g + 1 (high)
+    Q6_K  16  0-63: low nibbles, 64-95: 2-bit highs,  d sc_j, 32 d sc_j (int8 sc)
+              96-103: 16 int8 scales, 104: d
+    Q8_0  32  0: d, 1-16: 32 int8 codes                d, 0
+    Q5_0  32  0: d, 1-2: 32 high bits, 3-10: nibbles  d, 16 d
+
+Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits): each
+product x q rounds once and a sub-block's sum of B of them adds B - 1 roundings, so each
+product carries at most B; the products s_j P_j and t_j X_j (X_j: a sum of B - 1 roundings)
+then round once each and the L = (1 or 2) K / B of them sum in any order (across blocks,
+programs of a split, the final reductions), at most L more. So
+|y - exact| <= gamma_(B + L) * sum_k |x_k| (|s_j q_k| + |t_j|).
+
+A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
+blocks per iteration; split over K, the float32 partials are summed in a fixed order by the last
+program of the row block to finish (gemv.finish): deterministic, as graph replay needs.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.block_values import block_values
+from muser.ops.triton.arrive import counters
+from muser.ops.triton.block_values import Q4_K, Q5_0, Q6_K, Q8_0
+from muser.ops.triton.gemv import finish
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
+QT = GGMLQuantizationType
 
 
 @triton.jit
-def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, N, M, K, row_bytes, stride_xn, stride_on,
-                        QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    enter(PDL)
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _f32(q):
+    """Integer codes 0 <= q < 2^23 -> float32, exactly."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _f16(word):
+    """The low 16 bits of an int16 / int32 word as an fp16 -> float32."""
+    return word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _ax(n: tl.constexpr, axis: tl.constexpr):
+    """arange(n) along `axis` of the kernel's 6-d tiles [n, m, block, group, word, part]."""
+    r = tl.arange(0, n)
+    if axis == 2:
+        return r[None, None, :, None, None, None]
+    elif axis == 3:
+        return r[None, None, None, :, None, None]
+    elif axis == 4:
+        return r[None, None, None, None, :, None]
+    else:
+        tl.static_assert(axis == 5)
+        return r[None, None, None, None, None, :]
+
+
+@triton.jit
+def _dot(xrow, k, xmask, q):
+    """x[:, k] against codes q [1, BM, NB, G, W, T] -> (sum x q [BN, BM, NB, G, 1, 1],
+    sum x [BN, 1, NB, G, 1, 1]): each sub-block's sums (its values are the last two axes)."""
+    x = tl.load(xrow + k, mask=xmask, other=0.0).to(tl.float32)
+    p = tl.sum(tl.sum(x * _f32(q), axis=5, keep_dims=True), axis=4, keep_dims=True)
+    xs = tl.sum(tl.sum(x, axis=5, keep_dims=True), axis=4, keep_dims=True)
+    return p, xs
+
+
+@triton.jit
+def _scale_byte(s0, s1, s2, i):
+    """Byte i (0-11) of Q4_K's 12 scale bytes, held in words s0, s1, s2."""
+    w = tl.where(i < 4, s0, tl.where(i < 8, s1, s2))
+    return (w >> ((i % 4) * 8)) & 0xFF
+
+
+@triton.jit
+def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    g, i, t = _ax(4, 3), _ax(8, 4), _ax(4, 5)
+    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 4, 1, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 2)
+        blk = wrow + b * 36
+        mask = wmask & (b < b_hi)
+        head = tl.load(blk, mask=mask, other=0)
+        d, dmin = _f16(head), _f16(head >> 16)
+        s0 = tl.load(blk + 1, mask=mask, other=0)
+        s1 = tl.load(blk + 2, mask=mask, other=0)
+        s2 = tl.load(blk + 3, mask=mask, other=0)
+        words = tl.load(blk + 4 + 8 * g + i, mask=mask, other=0)  # [1, BM, NB, 4, 8, 1]
+        for hi in tl.static_range(2):  # sub-block j = 2g + hi: nibble hi of each byte t
+            j = 2 * g + hi
+            p, xs = _dot(xrow, 256 * b + 32 * j + 4 * i + t, xmask & (b < b_hi),
+                         (words >> (8 * t + 4 * hi)) & 0xF)
+            lo_s = _scale_byte(s0, s1, s2, j % 4)
+            up = _scale_byte(s0, s1, s2, j + 4)
+            sc = tl.where(j < 4, lo_s & 63, (up & 0xF) | ((lo_s >> 6) << 4))
+            m = tl.where(j < 4, up & 63, (up >> 4) | ((_scale_byte(s0, s1, s2, j) >> 6) << 4))
+            acc += (d * _f32(sc)) * p - (dmin * _f32(m)) * xs
+    return acc
+
+
+@triton.jit
+def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    # group g = 2h + v: half h of the block (128 values), v: 16-value half of each 32 there
+    g, i, e = _ax(4, 3), _ax(8, 4), _ax(2, 5)
+    h, v = g // 2, g % 2
+    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 4, 1, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 2)
+        blk = wrow + b * 105
+        mask = wmask & (b < b_hi)
+        d = _f16(tl.load(blk + 104, mask=mask, other=0))
+        low0 = tl.load(blk + 32 * h + 8 * v + i, mask=mask, other=0).to(tl.int32)
+        low1 = tl.load(blk + 32 * h + 16 + 8 * v + i, mask=mask, other=0).to(tl.int32)
+        high = tl.load(blk + 64 + 8 * g + i, mask=mask, other=0).to(tl.int32)
+        for a in tl.static_range(4):  # values 128h + 32a + 16v + 2i + e: sub-block 8h + 2a + v
+            low = low0 if a % 2 == 0 else low1
+            q = ((low >> (8 * e + 4 * (a // 2))) & 0xF) | (((high >> (8 * e + 2 * a)) & 3) << 4)
+            p, xs = _dot(xrow, 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e,
+                         xmask & (b < b_hi), q)
+            sw = tl.load(blk + 96 + 4 * h + a, mask=mask, other=0).to(tl.int32)
+            s = d * ((sw << (24 - 8 * v)) >> 24).to(tl.float32)  # int8 scale byte v
+            acc += s * p - (32.0 * s) * xs
+    return acc
+
+
+@triton.jit
+def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    i, e = _ax(16, 4), _ax(2, 5)
+    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 1, 1, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 2)
+        blk = wrow + b * 17
+        mask = wmask & (b < b_hi)
+        d = _f16(tl.load(blk, mask=mask, other=0))
+        words = tl.load(blk + 1 + i, mask=mask, other=0).to(tl.int32)
+        x = tl.load(xrow + 32 * b + 2 * i + e, mask=xmask & (b < b_hi), other=0.0)
+        # int8 byte e as float: (u ^ 0x80) = q + 128 in 0..255, as 2^23 + q + 128
+        u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
+        q = u.to(tl.float32, bitcast=True) - 8388736.0
+        p = tl.sum(tl.sum(x.to(tl.float32) * q, axis=5, keep_dims=True), axis=4,
+                   keep_dims=True)
+        acc += d * p
+    return acc
+
+
+@triton.jit
+def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    i, e = _ax(8, 4), _ax(2, 5)
+    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 1, 1, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 2)
+        blk = wrow + b * 11
+        mask = wmask & (b < b_hi)
+        d = _f16(tl.load(blk, mask=mask, other=0))
+        qh = ((tl.load(blk + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF)
+              | (tl.load(blk + 2, mask=mask, other=0).to(tl.int32) << 16))
+        words = tl.load(blk + 3 + i, mask=mask, other=0).to(tl.int32)
+        for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
+            j = 2 * i + e + 16 * half
+            q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
+            p, xs = _dot(xrow, 32 * b + j, xmask & (b < b_hi), q)
+            acc += d * p - (16.0 * d) * xs
+    return acc
+
+
+@triton.jit
+def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_words, stride_xn,
+                        stride_on, blocks, blocks_per_split, QTYPE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr,
+                        SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     rn = tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    base = w_ptr + rm[:, None].to(tl.int64) * row_bytes
-    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        w = block_values(base, kk[None, :], (rm[:, None] < M) & (kk[None, :] < K), QTYPE)
-        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                    mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
-        acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=2)
-    tl.store(out_ptr + rn[:, None] * stride_on + rm[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=(rn[:, None] < N) & (rm[None, :] < M))
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b_lo = tl.program_id(1) * blocks_per_split
+    b_hi = tl.minimum(b_lo + blocks_per_split, blocks)
+    n6 = rn[:, None, None, None, None, None]
+    m6 = rm[None, :, None, None, None, None]
+    xrow, xmask = x_ptr + n6 * stride_xn, n6 < N
+    wrow, wmask = w_ptr + m6.to(tl.int64) * row_words, m6 < M
+    enter(PDL)
+    if QTYPE == Q4_K:
+        acc = _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    elif QTYPE == Q6_K:
+        acc = _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    elif QTYPE == Q8_0:
+        acc = _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    else:
+        tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
+        acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    y = tl.sum(tl.sum(tl.sum(tl.sum(acc, axis=5), axis=4), axis=3), axis=2)
+    finish(y, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
+           stride_on, 0, 0.0, tl.float32, False, False, 1, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
-def linear_blocks(x: torch.Tensor, weight: BlockMatrix, block_m: int = 8,
-                  block_k: int = 256, out: torch.Tensor | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class BlockGemvConfig:
+    block_m: int  # weight rows per program
+    blocks: int  # blocks (super-blocks for Q4_K / Q6_K) per loop iteration
+    split_k: int  # programs per row block, each over a range of the blocks
+    num_warps: int
+    num_stages: int = 3
+
+
+# (block_m, blocks, num_warps) worth timing per type; 256 weights per row and iteration
+_TILES = {QT.Q4_K: [(8, 1, 4), (16, 1, 4), (32, 1, 8), (8, 2, 4)],
+          QT.Q6_K: [(8, 1, 4), (16, 1, 4), (32, 1, 8), (8, 2, 4)],
+          QT.Q8_0: [(8, 8, 4), (16, 8, 4), (32, 8, 8), (8, 16, 4)],
+          QT.Q5_0: [(8, 8, 4), (16, 8, 4), (32, 8, 8), (8, 16, 4)]}
+_PRODUCTS_PER_THREAD = 64  # register budget: x rows x rows x weights of one iteration
+
+
+def _config(n: int, m: int, k: int, qtype: QT, block_m: int, blocks: int, num_warps: int,
+            split_k: int) -> BlockGemvConfig:
+    """block_m capped so an iteration's N x BLOCK_M x weights products fit the registers."""
+    weights = blocks * GGML_QUANT_SIZES[qtype][0]
+    most = _PRODUCTS_PER_THREAD * 32 * num_warps // (next_power_of_2(n) * weights)
+    return BlockGemvConfig(max(1, min(block_m, next_power_of_2(most + 1) // 2)), blocks,
+                           split_k, num_warps)
+
+
+def _fill(m: int, k: int, qtype: QT, c: BlockGemvConfig) -> list[int]:
+    """SPLIT_K values worth trying: splits over K when M alone gives too few programs."""
+    programs = cdiv(m, c.block_m)
+    if programs >= 1024:
+        return [1]
+    most = min(max(1, k // GGML_QUANT_SIZES[qtype][0] // c.blocks), 16)
+    return sorted({1, *(min(s, most) for s in (2, 4, 8)),
+                   min(next_power_of_2(cdiv(1024, programs)), most)})
+
+
+def default_config(n: int, m: int, k: int, qtype: QT) -> BlockGemvConfig:
+    """The first tile of the type, split over K until about 1024 programs run."""
+    block_m, blocks, warps = _TILES[qtype][0]
+    c = _config(n, m, k, qtype, block_m, blocks, warps, 1)
+    return BlockGemvConfig(c.block_m, c.blocks, _fill(m, k, qtype, c)[-1], c.num_warps)
+
+
+def candidates_blocks(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig]:
+    """Configs worth timing for one shape: the type's tiles, each at a few splits over K."""
+    out = []
+    for block_m, blocks, warps in _TILES[qtype]:
+        c = _config(n, m, k, qtype, block_m, blocks, warps, 1)
+        out += [BlockGemvConfig(c.block_m, c.blocks, s, c.num_warps) for s in _fill(m, k, qtype, c)]
+    return list(dict.fromkeys(out))
+
+
+def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
+    """The blocks' bytes as the words the kernel loads: int32 for Q4_K, int16 otherwise."""
+    dtype = torch.int32 if qtype == QT.Q4_K else torch.int16
+    size = dtype.itemsize
+    assert data.data_ptr() % size == 0 and data.shape[1] % size == 0, "blocks not word aligned"
+    return data.view(dtype)
+
+
+def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
     Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
     any float dtype, rows of any stride: e.g. a column slice of a wider output)."""
-    n, (m, k) = x.shape[0], weight.shape
+    n, (m, k), qtype = x.shape[0], weight.shape, weight.qtype
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
-    assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
+    assert qtype in KERNEL_TYPES and weight.data.is_contiguous()
+    c = config or default_config(n, m, k, qtype)
+    dev = x.device
     if out is None:
-        out = empty((n, m), torch.float32, x.device)
+        out = empty((n, m), torch.float32, dev)
     assert out.shape == (n, m) and out.stride(-1) == 1
-    launch(_gemv_blocks_kernel, (cdiv(m, block_m),), x, weight.data, out, n, m, k,
-           weight.data.shape[1], x.stride(0), out.stride(0), QTYPE=int(weight.qtype),
-           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCK_K=block_k,
-           **options(x.device))
+    words = _words(weight.data, qtype)
+    blocks = k // GGML_QUANT_SIZES[qtype][0]
+    per_split = cdiv(cdiv(blocks, c.split_k), c.blocks) * c.blocks
+    splits, row_blocks = cdiv(blocks, per_split), cdiv(m, c.block_m)
+    cnt = counters(dev, row_blocks) if splits > 1 else out
+    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+    launch(_gemv_blocks_kernel, (row_blocks, splits), x, words, out, part, cnt, n, m,
+           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, QTYPE=int(qtype),
+           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=c.block_m, BLOCKS=c.blocks,
+           SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return out
