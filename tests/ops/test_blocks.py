@@ -60,8 +60,8 @@ def test_dequantize_gguf_quantized_q8_0(gen):
 
 
 # the block GEMV: M = 37 (a partial BLOCK_M at every tile), K: several blocks per row, enough
-# for SPLIT_K > 1 at every tile (and a partial iteration: 20 blocks of 32 by 8 per iteration)
-GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 768), QT.Q6_K: (37, 768)}
+# for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 10 of 256: 4 per iteration)
+GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 2560), QT.Q6_K: (37, 768)}
 CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192)}  # code bytes
 SUB = {QT.Q5_0: (32, 2), QT.Q8_0: (32, 1), QT.Q4_K: (32, 2), QT.Q6_K: (16, 2)}  # B, terms of j
 

@@ -51,6 +51,9 @@ from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
+# NOTE: 0x4B000000 (the float 2^23) passed as an argument: held in a register, so ptxas folds
+# a code's mask and this OR into one LOP3 (two immediates take two)
+MAGIC = 0x4B000000
 QT = GGMLQuantizationType
 
 
@@ -68,60 +71,64 @@ def _f16(word):
 
 @triton.jit
 def _ax(n: tl.constexpr, axis: tl.constexpr):
-    """arange(n) along `axis` of the kernel's 6-d tiles [n, m, block, group, word, part]."""
+    """arange(n) along `axis` of the 5-d tiles [n, block, group, m, word]. NOTE: the rows
+    (m) are the slowest axis of Triton's layout, so each thread holds several rows of the same
+    words: the x values it loads serve all of them."""
     r = tl.arange(0, n)
-    if axis == 2:
-        return r[None, None, :, None, None, None]
-    elif axis == 3:
-        return r[None, None, None, :, None, None]
-    elif axis == 4:
-        return r[None, None, None, None, :, None]
+    if axis == 1:
+        return r[None, :, None, None, None]
+    elif axis == 2:
+        return r[None, None, :, None, None]
     else:
-        tl.static_assert(axis == 5)
-        return r[None, None, None, None, None, :]
+        tl.static_assert(axis == 4)
+        return r[None, None, None, None, :]
 
 
 @triton.jit
-def _dot(xrow, k, xmask, q):
-    """x[:, k] against codes q [1, BM, NB, G, W, T] -> (sum x q [BN, BM, NB, G, 1, 1],
-    sum x [BN, 1, NB, G, 1, 1]): each sub-block's sums (its values are the last two axes)."""
-    x = tl.load(xrow + k, mask=xmask, other=0.0).to(tl.float32)
-    p = tl.sum(tl.sum(x * _f32(q), axis=5, keep_dims=True), axis=4, keep_dims=True)
-    xs = tl.sum(tl.sum(x, axis=5, keep_dims=True), axis=4, keep_dims=True)
-    return p, xs
+def _x_sums(xrow, start, xmask, B: tl.constexpr):
+    """sum_{l < B} x[:, start + l]: the x sums of sub-blocks (one contiguous load each)."""
+    x = tl.load(xrow + start + _ax(B, 4), mask=xmask, other=0.0).to(tl.float32)
+    return tl.sum(x, axis=4, keep_dims=True)
 
 
 @triton.jit
-def _scale_byte(s0, s1, s2, i):
-    """Byte i (0-11) of Q4_K's 12 scale bytes, held in words s0, s1, s2."""
-    w = tl.where(i < 4, s0, tl.where(i < 8, s1, s2))
-    return (w >> ((i % 4) * 8)) & 0xFF
-
-
-@triton.jit
-def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
-    g, i, t = _ax(4, 3), _ax(8, 4), _ax(4, 5)
-    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 4, 1, 1), tl.float32)
+    # group g: 8 code words (two 16-byte loads), sub-blocks 2g (low nibbles), 2g + 1 (high)
+    g, i = _ax(4, 2), _ax(4, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 2)
+        b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 36
-        mask = wmask & (b < b_hi)
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
         head = tl.load(blk, mask=mask, other=0)
-        d, dmin = _f16(head), _f16(head >> 16)
         s0 = tl.load(blk + 1, mask=mask, other=0)
         s1 = tl.load(blk + 2, mask=mask, other=0)
         s2 = tl.load(blk + 3, mask=mask, other=0)
-        words = tl.load(blk + 4 + 8 * g + i, mask=mask, other=0)  # [1, BM, NB, 4, 8, 1]
-        for hi in tl.static_range(2):  # sub-block j = 2g + hi: nibble hi of each byte t
+        first = tl.load(blk + 4 + 8 * g + i, mask=mask, other=0)  # [1, NB, 4, BM, 4]
+        second = tl.load(blk + 8 + 8 * g + i, mask=mask, other=0)
+        for hi in tl.static_range(2):  # sub-block j = 2g + hi
             j = 2 * g + hi
-            p, xs = _dot(xrow, 256 * b + 32 * j + 4 * i + t, xmask & (b < b_hi),
-                         (words >> (8 * t + 4 * hi)) & 0xF)
-            lo_s = _scale_byte(s0, s1, s2, j % 4)
-            up = _scale_byte(s0, s1, s2, j + 4)
-            sc = tl.where(j < 4, lo_s & 63, (up & 0xF) | ((lo_s >> 6) << 4))
-            m = tl.where(j < 4, up & 63, (up >> 4) | ((_scale_byte(s0, s1, s2, j) >> 6) << 4))
-            acc += (d * _f32(sc)) * p - (dmin * _f32(m)) * xs
+            p = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.float32)
+            for t in tl.static_range(4):  # nibble 2t + hi of word 4 half + i: value 16 half + 4i + t
+                nib = 2 * t + hi
+                sh = 4 * nib if nib < 5 else 4 * nib - 20  # in place (nibbles 0-4), or >> 20
+                # the float 2^(23 - sh) with the code at bit sh of its mantissa: 2^(23 - sh) + q
+                bits = magic - (sh << 23)
+                for half in tl.static_range(2):
+                    words = first if half == 0 else second
+                    x = tl.load(xrow + 256 * b + 32 * j + 16 * half + 4 * i + t, mask=xm,
+                                other=0.0).to(tl.float32)
+                    q = ((words if nib < 5 else words >> 20) & (0xF << sh)) | bits
+                    p += x * (q.to(tl.float32, bitcast=True) - (1 << (23 - sh)))
+            # the scale and min of sub-block j: byte 2 (g % 2) + hi of s0, s1, s2
+            at = 8 * (2 * (g % 2) + hi)
+            a, c, e = (s0 >> at) & 0xFF, (s1 >> at) & 0xFF, (s2 >> at) & 0xFF
+            sc = tl.where(g < 2, a & 63, (e & 0xF) | ((a >> 2) & 0x30))
+            m = tl.where(g < 2, c & 63, (e >> 4) | ((c >> 2) & 0x30))
+            s = _f16(head) * _f32(sc)
+            acc += (s * tl.sum(p, axis=4, keep_dims=True)
+                    - (_f16(head >> 16) * _f32(m)) * _x_sums(xrow, 256 * b + 32 * j, xm, 32))
     return acc
 
 
@@ -129,94 +136,105 @@ def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
 def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
     # group g = 2h + v: half h of the block (128 values), v: 16-value half of each 32 there
-    g, i, e = _ax(4, 3), _ax(8, 4), _ax(2, 5)
+    g, i = _ax(4, 2), _ax(8, 4)
     h, v = g // 2, g % 2
-    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 4, 1, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 2)
+        b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 105
-        mask = wmask & (b < b_hi)
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
         d = _f16(tl.load(blk + 104, mask=mask, other=0))
         low0 = tl.load(blk + 32 * h + 8 * v + i, mask=mask, other=0).to(tl.int32)
         low1 = tl.load(blk + 32 * h + 16 + 8 * v + i, mask=mask, other=0).to(tl.int32)
         high = tl.load(blk + 64 + 8 * g + i, mask=mask, other=0).to(tl.int32)
         for a in tl.static_range(4):  # values 128h + 32a + 16v + 2i + e: sub-block 8h + 2a + v
-            low = low0 if a % 2 == 0 else low1
-            q = ((low >> (8 * e + 4 * (a // 2))) & 0xF) | (((high >> (8 * e + 2 * a)) & 3) << 4)
-            p, xs = _dot(xrow, 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e,
-                         xmask & (b < b_hi), q)
             sw = tl.load(blk + 96 + 4 * h + a, mask=mask, other=0).to(tl.int32)
-            s = d * ((sw << (24 - 8 * v)) >> 24).to(tl.float32)  # int8 scale byte v
-            acc += s * p - (32.0 * s) * xs
+            s = d * ((sw << (24 - 8 * v)) >> 24).to(tl.float32)  # its int8 scale: byte v
+            low = low0 if a % 2 == 0 else low1
+            p = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 8), tl.float32)
+            for e in tl.static_range(2):
+                q = (((low >> (8 * e + 4 * (a // 2))) & 0xF)
+                     | (((high >> (8 * e + 2 * a)) & 3) << 4))
+                x = tl.load(xrow + 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e, mask=xm,
+                            other=0.0).to(tl.float32)
+                p += x * _f32(q)
+            xs = _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
+            acc += s * tl.sum(p, axis=4, keep_dims=True) - (32.0 * s) * xs
     return acc
 
 
 @triton.jit
 def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
-    i, e = _ax(16, 4), _ax(2, 5)
-    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 1, 1, 1), tl.float32)
+    i = _ax(16, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 2)
+        b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 17
-        mask = wmask & (b < b_hi)
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
         d = _f16(tl.load(blk, mask=mask, other=0))
         words = tl.load(blk + 1 + i, mask=mask, other=0).to(tl.int32)
-        x = tl.load(xrow + 32 * b + 2 * i + e, mask=xmask & (b < b_hi), other=0.0)
-        # int8 byte e as float: (u ^ 0x80) = q + 128 in 0..255, as 2^23 + q + 128
-        u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
-        q = u.to(tl.float32, bitcast=True) - 8388736.0
-        p = tl.sum(tl.sum(x.to(tl.float32) * q, axis=5, keep_dims=True), axis=4,
-                   keep_dims=True)
-        acc += d * p
+        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 16), tl.float32)
+        for e in tl.static_range(2):  # int8 byte e: (u ^ 0x80) = q + 128, as 2^23 + q + 128
+            x = tl.load(xrow + 32 * b + 2 * i + e, mask=xm, other=0.0).to(tl.float32)
+            u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
+            p += x * (u.to(tl.float32, bitcast=True) - 8388736.0)
+        acc += d * tl.sum(p, axis=4, keep_dims=True)
     return acc
 
 
 @triton.jit
 def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
-    i, e = _ax(8, 4), _ax(2, 5)
-    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCKS, 1, 1, 1), tl.float32)
+    i = _ax(8, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 2)
+        b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 11
-        mask = wmask & (b < b_hi)
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
         d = _f16(tl.load(blk, mask=mask, other=0))
         qh = ((tl.load(blk + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF)
               | (tl.load(blk + 2, mask=mask, other=0).to(tl.int32) << 16))
         words = tl.load(blk + 3 + i, mask=mask, other=0).to(tl.int32)
+        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
         for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
-            j = 2 * i + e + 16 * half
-            q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
-            p, xs = _dot(xrow, 32 * b + j, xmask & (b < b_hi), q)
-            acc += d * p - (16.0 * d) * xs
+            for e in tl.static_range(2):
+                j = 2 * i + e + 16 * half
+                q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
+                x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
+                p += x * _f32(q)
+        acc += d * tl.sum(p, axis=4, keep_dims=True) - (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
     return acc
 
 
 @triton.jit
 def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_words, stride_xn,
-                        stride_on, blocks, blocks_per_split, QTYPE: tl.constexpr,
+                        stride_on, blocks, blocks_per_split, magic, QTYPE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr,
                         SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     rn = tl.arange(0, BLOCK_N)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     b_lo = tl.program_id(1) * blocks_per_split
     b_hi = tl.minimum(b_lo + blocks_per_split, blocks)
-    n6 = rn[:, None, None, None, None, None]
-    m6 = rm[None, :, None, None, None, None]
-    xrow, xmask = x_ptr + n6 * stride_xn, n6 < N
-    wrow, wmask = w_ptr + m6.to(tl.int64) * row_words, m6 < M
+    n5 = rn[:, None, None, None, None]
+    m5 = rm[None, None, None, :, None]
+    xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
+    wmask = m5 < M
     enter(PDL)
-    if QTYPE == Q4_K:
-        acc = _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
+        wrow = w_ptr + m5.to(tl.int64) * (row_words // 4 * 4)
+        acc = _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N, BLOCK_M, BLOCKS)
     elif QTYPE == Q6_K:
+        wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
     elif QTYPE == Q8_0:
+        wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
     else:
         tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
+        wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
-    y = tl.sum(tl.sum(tl.sum(tl.sum(acc, axis=5), axis=4), axis=3), axis=2)
+    y = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
     finish(y, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
            stride_on, 0, 0.0, tl.float32, False, False, 1, BLOCK_N, BLOCK_M, SPLIT_K)
 
@@ -230,46 +248,45 @@ class BlockGemvConfig:
     num_stages: int = 3
 
 
-# (block_m, blocks, num_warps) worth timing per type; 256 weights per row and iteration
-_TILES = {QT.Q4_K: [(8, 1, 4), (16, 1, 4), (32, 1, 8), (8, 2, 4)],
-          QT.Q6_K: [(8, 1, 4), (16, 1, 4), (32, 1, 8), (8, 2, 4)],
-          QT.Q8_0: [(8, 8, 4), (16, 8, 4), (32, 8, 8), (8, 16, 4)],
-          QT.Q5_0: [(8, 8, 4), (16, 8, 4), (32, 8, 8), (8, 16, 4)]}
-_PRODUCTS_PER_THREAD = 64  # register budget: x rows x rows x weights of one iteration
+# (block_m, blocks, num_warps) worth timing per type, best first by the sm_90 code's count of
+# instructions per weight at N = 1 (Q4_K at 32, 4, 4: ~6; the 16-bit types ~13-17)
+_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (32, 2, 2)],
+          QT.Q6_K: [(32, 1, 4), (16, 1, 2), (64, 1, 8), (32, 2, 4)],
+          QT.Q8_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)],
+          QT.Q5_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)]}
+_CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
 
 
 def _config(n: int, m: int, k: int, qtype: QT, block_m: int, blocks: int, num_warps: int,
             split_k: int) -> BlockGemvConfig:
     """block_m capped so an iteration's N x BLOCK_M x weights products fit the registers."""
     weights = blocks * GGML_QUANT_SIZES[qtype][0]
-    most = _PRODUCTS_PER_THREAD * 32 * num_warps // (next_power_of_2(n) * weights)
+    most = _CODES_PER_THREAD * 32 * num_warps // (next_power_of_2(n) * weights)
     return BlockGemvConfig(max(1, min(block_m, next_power_of_2(most + 1) // 2)), blocks,
                            split_k, num_warps)
 
 
-def _fill(m: int, k: int, qtype: QT, c: BlockGemvConfig) -> list[int]:
-    """SPLIT_K values worth trying: splits over K when M alone gives too few programs."""
-    programs = cdiv(m, c.block_m)
-    if programs >= 1024:
-        return [1]
+def _splits(m: int, k: int, qtype: QT, c: BlockGemvConfig) -> tuple[int, int]:
+    """(SPLIT_K that brings the launch to about 1024 programs, the most the blocks allow)."""
     most = min(max(1, k // GGML_QUANT_SIZES[qtype][0] // c.blocks), 16)
-    return sorted({1, *(min(s, most) for s in (2, 4, 8)),
-                   min(next_power_of_2(cdiv(1024, programs)), most)})
+    return min(next_power_of_2(cdiv(1024, cdiv(m, c.block_m))), most), most
 
 
 def default_config(n: int, m: int, k: int, qtype: QT) -> BlockGemvConfig:
-    """The first tile of the type, split over K until about 1024 programs run."""
-    block_m, blocks, warps = _TILES[qtype][0]
-    c = _config(n, m, k, qtype, block_m, blocks, warps, 1)
-    return BlockGemvConfig(c.block_m, c.blocks, _fill(m, k, qtype, c)[-1], c.num_warps)
+    """The type's first tile, split over K until about 1024 programs run."""
+    c = _config(n, m, k, qtype, *_TILES[qtype][0], 1)
+    return BlockGemvConfig(c.block_m, c.blocks, _splits(m, k, qtype, c)[0], c.num_warps)
 
 
 def candidates_blocks(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig]:
-    """Configs worth timing for one shape: the type's tiles, each at a few splits over K."""
+    """Configs worth timing for one shape: each of the type's tiles at the split that fills the
+    chip, the first tile also at half and twice that split."""
     out = []
-    for block_m, blocks, warps in _TILES[qtype]:
-        c = _config(n, m, k, qtype, block_m, blocks, warps, 1)
-        out += [BlockGemvConfig(c.block_m, c.blocks, s, c.num_warps) for s in _fill(m, k, qtype, c)]
+    for first, tile in zip([True] + [False] * 3, _TILES[qtype]):
+        c = _config(n, m, k, qtype, *tile, 1)
+        fill, most = _splits(m, k, qtype, c)
+        for split in sorted({max(1, fill // 2), fill, min(2 * fill, most)} if first else {fill}):
+            out.append(BlockGemvConfig(c.block_m, c.blocks, split, c.num_warps))
     return list(dict.fromkeys(out))
 
 
@@ -301,7 +318,7 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig 
     cnt = counters(dev, row_blocks) if splits > 1 else out
     part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
     launch(_gemv_blocks_kernel, (row_blocks, splits), x, words, out, part, cnt, n, m,
-           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, QTYPE=int(qtype),
+           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, MAGIC, QTYPE=int(qtype),
            BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=c.block_m, BLOCKS=c.blocks,
            SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return out
