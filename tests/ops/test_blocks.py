@@ -68,7 +68,7 @@ SUB = {QT.Q5_0: (32, 2), QT.Q8_0: (32, 1), QT.Q4_K: (32, 2), QT.Q6_K: (16, 2)}  
 
 def _offsets(raw: np.ndarray, qtype: QT, k: int) -> torch.Tensor:
     """[M, K] float64 offsets o_k = -t_j of w_k = s_j q_k - t_j: the blocks with every code 0."""
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    type_size = GGML_QUANT_SIZES[qtype][1]
     lo, hi = CODES[qtype]
     blocks = raw.reshape(raw.shape[0], -1, type_size).copy()
     blocks[..., lo:hi] = 0

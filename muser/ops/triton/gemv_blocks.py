@@ -2,16 +2,18 @@
 once as the file's bytes, so a step reads the file's size of weights, not its bf16 expansion.
 
 Blocks are loaded as words (the widest load each type's alignment allows: Q4_K's 144-byte
-blocks as 36 int32, Q6_K's 210, Q8_0's 34 and Q5_0's 22 bytes as int16), codes are cut out of
-the words with shifts and masks, and x is gathered in the codes' order (no permuting of the
-weights). Every block type is a scale times an integer code plus an offset per sub-block j of
-B values: w_k = s_j q_k - t_j, so the sum runs per sub-block on the integer codes,
+blocks as 36 int32, 16 bytes at a time; Q6_K's 210, Q8_0's 34 and Q5_0's 22 bytes as int16),
+codes are cut out of the words with shifts and masks, and x is gathered in the codes' order (no
+permuting of the weights). Every block type is a scale times an integer code plus an offset per
+sub-block j of B values, w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
     y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k),
 
-and the per-weight work is: extract the code, make it a float, one multiply-add per x row.
-The x sums are per program and block, shared by its BLOCK_M rows. Codes become floats
-exactly by the magic number (q | 0x4B000000 is the float 2^23 + q, for 0 <= q < 2^23).
+and the per-weight work is: cut the code out, make it a float, one multiply-add per x row.
+The x sums X_j are loaded and summed once per program and block, for all its rows. Codes
+become floats exactly by a magic number: (q << sh) | bits(2^(23 - sh)) is the float
+2^(23 - sh) + q (for q << sh < 2^23), so Q4_K masks nibbles 0-4 of a word in place and 5-7
+after one shift by 20: a mask-and-OR, a subtraction and the multiply-add per weight.
 
     type  B   words (bytes)                          s_j, t_j
     Q4_K  32  0: d|dmin, 1-3: 12 scale bytes,         d sc_j, dmin m_j (6-bit sc, m)
@@ -20,6 +22,12 @@ exactly by the magic number (q | 0x4B000000 is the float 2^23 + q, for 0 <= q < 
               96-103: 16 int8 scales, 104: d
     Q8_0  32  0: d, 1-16: 32 int8 codes                d, 0
     Q5_0  32  0: d, 1-2: 32 high bits, 3-10: nibbles  d, 16 d
+
+Tiles are 5-d, [n, block, group, m, word]: Triton lays the words' axis out across threads
+first and the rows last, so a thread holds the same words of several rows and the x it loads
+serves them all; a sub-block's codes sit in one thread (Q4_K: its 8 words) or a few (16-bit
+words, one per thread). sm_90 code at N = 1 (the loop's instructions per weight): Q4_K ~6 at
+its first tile; Q6_K, Q8_0, Q5_0 ~13-17 (per-thread work per 16-bit word: open).
 
 Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits): each
 product x q rounds once and a sub-block's sum of B of them adds B - 1 roundings, so each
@@ -51,8 +59,8 @@ from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
-# NOTE: 0x4B000000 (the float 2^23) passed as an argument: held in a register, so ptxas folds
-# a code's mask and this OR into one LOP3 (two immediates take two)
+# NOTE: the float 2^23's bits passed as an argument: in a register, ptxas fuses a code's mask
+# and its OR into one LOP3 (with two immediates it issues two)
 MAGIC = 0x4B000000
 QT = GGMLQuantizationType
 
@@ -92,8 +100,8 @@ def _x_sums(xrow, start, xmask, B: tl.constexpr):
 
 
 @triton.jit
-def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCKS: tl.constexpr):
+def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr):
     # group g: 8 code words (two 16-byte loads), sub-blocks 2g (low nibbles), 2g + 1 (high)
     g, i = _ax(4, 2), _ax(4, 4)
     acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
