@@ -1,6 +1,6 @@
 """GGUF blocks read inside Triton kernels (Q5_0, Q8_0, Q4_K, Q6_K) on random blocks: the dequantization
 kernel equals `gguf.quants.dequantize` bit for bit, and the decode GEMV over the blocks is
-within the error bound of its float32 sum of the float64 product."""
+within the error bound of its per-sub-block float32 sums of the float64 product."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from opcheck import DEVICE, rand
 from muser.ops import ref
 from muser.ops.blocks import BlockMatrix
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
-from muser.ops.triton.gemv_blocks import linear_blocks
+from muser.ops.triton.gemv_blocks import candidates_blocks, linear_blocks
 from tests.error_bounds import gamma
 
 QT = GGMLQuantizationType
@@ -59,19 +59,46 @@ def test_dequantize_gguf_quantized_q8_0(gen):
     assert torch.equal(dequantize_blocks(_matrix(raw, QT.Q8_0, 96), torch.float32).cpu(), expect)
 
 
-@pytest.mark.parametrize("qtype", list(SHAPES), ids=lambda q: q.name)
+# the block GEMV: M = 37 (a partial BLOCK_M at every tile), K: several blocks per row, enough
+# for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 10 of 256: 4 per iteration)
+GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 2560), QT.Q6_K: (37, 768)}
+CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192)}  # code bytes
+SUB = {QT.Q5_0: (32, 2), QT.Q8_0: (32, 1), QT.Q4_K: (32, 2), QT.Q6_K: (16, 2)}  # B, terms of j
+
+
+def _offsets(raw: np.ndarray, qtype: QT, k: int) -> torch.Tensor:
+    """[M, K] float64 offsets o_k = -t_j of w_k = s_j q_k - t_j: the blocks with every code 0."""
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    lo, hi = CODES[qtype]
+    blocks = raw.reshape(raw.shape[0], -1, type_size).copy()
+    blocks[..., lo:hi] = 0
+    o = gguf.quants.dequantize(blocks.reshape(raw.shape), qtype).reshape(raw.shape[0], k)
+    return torch.from_numpy(o).double()
+
+
+@pytest.mark.parametrize("qtype", list(GEMV_SHAPES), ids=lambda q: q.name)
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_gemv_over_blocks(gen, qtype, n):
-    """The weights are exact (test above), so the only error is the float32 sum of K products:
-    each product rounds once and the K-term sum, in any order, adds gamma_(K-1) of the sum of
-    magnitudes, |y - exact| <= gamma_K * sum_k |x w| (the float64 reference's own error is
-    below K 2^-53 of the same)."""
-    m, k = SHAPES[qtype]
-    w = _matrix(_random_blocks(gen, qtype, m, k), qtype, k)
+    """Every candidate config (partial row blocks, several blocks per row, splits over K) within
+    the kernel's error bound (gemv_blocks.py): the sum runs per sub-block of B codes, each
+    product carrying at most B roundings, then its L = terms * K / B scaled sums (s_j P_j, and
+    t_j X_j) at most L more: |y - exact| <= gamma_(B + L) sum_k |x_k| (|s_j q_k| + |t_j|).
+    The magnitudes come from gguf's w = fl(s q - t) and o = -t (exact): a = w - o is within
+    u |s q - t| of s q, and the float64 reference of gguf's w is off by the same (one more
+    rounding each: gamma_(B + L + 2)), plus its own K 2^-53."""
+    m, k = GEMV_SHAPES[qtype]
+    raw = _random_blocks(gen, qtype, m, k)
+    w = _matrix(raw, qtype, k)
     x = rand(gen, n, k)
-    y = linear_blocks(x, w)
     exact = ref.linear_blocks(x.double(), w)
+    o = _offsets(raw, qtype, k)
     wd = w.dequantize().double()
-    bound = (gamma(k) + k * 2.0**-53) * (x.double().abs() @ wd.abs().t())
-    assert y.shape == (n, m) and y.dtype == torch.float32 and not y.isnan().any()
-    assert ((y.double() - exact).abs() <= bound).all()
+    b, terms = SUB[qtype]
+    mag = x.double().abs() @ ((wd - o).abs() + o.abs()).t()
+    bound = (gamma(b + terms * k // b + 2) + k * 2.0**-53) * mag
+    configs = candidates_blocks(n, m, k, qtype)
+    assert any(c.split_k > 1 for c in configs) and any(m % c.block_m for c in configs)
+    for config in [None, *configs]:
+        y = linear_blocks(x, w, config)
+        assert y.shape == (n, m) and y.dtype == torch.float32 and not y.isnan().any()
+        assert ((y.double() - exact).abs() <= bound).all(), config

@@ -14,12 +14,17 @@ from muser.ops.blocks import KERNEL_TYPES
 gemv_blocks = importlib.import_module("muser.ops.triton.gemv_blocks")
 dequantize_blocks = importlib.import_module("muser.ops.triton.dequantize_blocks")
 
-types = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16"}
+types = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "part_ptr": "*fp32",
+         "cnt_ptr": "*i32"}
 out = {}
 for qtype in KERNEL_TYPES:
-    for pdl in (True, False):
-        out[f"gemv {qtype.name} pdl={pdl}"] = ptx(gemv_blocks._gemv_blocks_kernel, types, dict(
-            QTYPE=int(qtype), BLOCK_N=8, BLOCK_M=8, BLOCK_K=256, PDL=pdl))
+    words = {"w_ptr": "*i32" if qtype.name == "Q4_K" else "*i16"}
+    for pdl, split in ((True, 1), (False, 4)):  # split over K: the partials and the last arriver
+        c = gemv_blocks.default_config(8, 4096, 4096, qtype)
+        out[f"gemv {qtype.name} pdl={pdl} split={split}"] = ptx(
+            gemv_blocks._gemv_blocks_kernel, types | words, dict(
+                QTYPE=int(qtype), BLOCK_N=8, BLOCK_M=c.block_m, BLOCKS=c.blocks, SPLIT_K=split,
+                PDL=pdl), num_warps=c.num_warps)
     out[f"dequantize {qtype.name} pdl=True"] = ptx(
         dequantize_blocks._dequantize_blocks_kernel, types,
         dict(QTYPE=int(qtype), BLOCK_M=16, BLOCK_K=256, PDL=True))

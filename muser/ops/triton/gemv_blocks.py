@@ -1,57 +1,332 @@
 """Decode GEMV over GGUF blocks: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), W read
-once as the file's bytes and dequantized in registers (block_values), so a step reads the
-file's size of weights, not its bfloat16 expansion. Split over M (BLOCK_M rows per program);
-products accumulate in registers across K and are reduced once at the end, in float32."""
+once as the file's bytes, so a step reads the file's size of weights, not its bf16 expansion.
+
+Blocks are loaded as words (the widest load each type's alignment allows: Q4_K's 144-byte
+blocks as 36 int32, 16 bytes at a time; Q6_K's 210, Q8_0's 34 and Q5_0's 22 bytes as int16),
+codes are cut out of the words with shifts and masks, and x is gathered in the codes' order (no
+permuting of the weights). Every block type is a scale times an integer code plus an offset per
+sub-block j of B values, w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
+
+    y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k),
+
+and the per-weight work is: cut the code out, make it a float, one multiply-add per x row.
+The x sums X_j are loaded and summed once per program and block, for all its rows. Codes
+become floats exactly by a magic number: (q << sh) | bits(2^(23 - sh)) is the float
+2^(23 - sh) + q (for q << sh < 2^23), so Q4_K masks nibbles 0-4 of a word in place and 5-7
+after one shift by 20: a mask-and-OR, a subtraction and the multiply-add per weight.
+
+    type  B   words (bytes)                          s_j, t_j
+    Q4_K  32  0: d|dmin, 1-3: 12 scale bytes,         d sc_j, dmin m_j (6-bit sc, m)
+              4 + 8g + i: codes of sub-blocks 2g (low nibbles) and 2g + 1 (high)
+    Q6_K  16  0-63: low nibbles, 64-95: 2-bit highs,  d sc_j, 32 d sc_j (int8 sc)
+              96-103: 16 int8 scales, 104: d
+    Q8_0  32  0: d, 1-16: 32 int8 codes                d, 0
+    Q5_0  32  0: d, 1-2: 32 high bits, 3-10: nibbles  d, 16 d
+
+Tiles are 5-d, [n, block, group, m, word]: Triton lays the words' axis out across threads
+first and the rows last, so a thread holds the same words of several rows and the x it loads
+serves them all; a sub-block's codes sit in one thread (Q4_K: its 8 words) or a few (16-bit
+words, one per thread). sm_90 code at N = 1 (the loop's instructions per weight): Q4_K ~6 at
+its first tile; Q6_K, Q8_0, Q5_0 ~13-17 (per-thread work per 16-bit word: open).
+
+Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits): each
+product x q rounds once and a sub-block's sum of B of them adds B - 1 roundings, so each
+product carries at most B; the products s_j P_j and t_j X_j (X_j: a sum of B - 1 roundings)
+then round once each and the L = (1 or 2) K / B of them sum in any order (across blocks,
+programs of a split, the final reductions), at most L more. So
+|y - exact| <= gamma_(B + L) * sum_k |x_k| (|s_j q_k| + |t_j|).
+
+A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
+blocks per iteration; split over K, the float32 partials are summed in a fixed order by the last
+program of the row block to finish (gemv.finish): deterministic, as graph replay needs.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.block_values import block_values
+from muser.ops.triton.arrive import counters
+from muser.ops.triton.block_values import Q4_K, Q5_0, Q6_K, Q8_0
+from muser.ops.triton.gemv import finish
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
+# NOTE: the float 2^23's bits passed as an argument: in a register, ptxas fuses a code's mask
+# and its OR into one LOP3 (with two immediates it issues two)
+MAGIC = 0x4B000000
+QT = GGMLQuantizationType
 
 
 @triton.jit
-def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, N, M, K, row_bytes, stride_xn, stride_on,
-                        QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    enter(PDL)
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _f32(q):
+    """Integer codes 0 <= q < 2^23 -> float32, exactly."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _f16(word):
+    """The low 16 bits of an int16 / int32 word as an fp16 -> float32."""
+    return word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _ax(n: tl.constexpr, axis: tl.constexpr):
+    """arange(n) along `axis` of the 5-d tiles [n, block, group, m, word]. NOTE: the rows
+    (m) are the slowest axis of Triton's layout, so each thread holds several rows of the same
+    words: the x values it loads serve all of them."""
+    r = tl.arange(0, n)
+    if axis == 1:
+        return r[None, :, None, None, None]
+    elif axis == 2:
+        return r[None, None, :, None, None]
+    else:
+        tl.static_assert(axis == 4)
+        return r[None, None, None, None, :]
+
+
+@triton.jit
+def _x_sums(xrow, start, xmask, B: tl.constexpr):
+    """sum_{l < B} x[:, start + l]: the x sums of sub-blocks (one contiguous load each)."""
+    x = tl.load(xrow + start + _ax(B, 4), mask=xmask, other=0.0).to(tl.float32)
+    return tl.sum(x, axis=4, keep_dims=True)
+
+
+@triton.jit
+def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr):
+    # group g: 8 code words (two 16-byte loads), sub-blocks 2g (low nibbles), 2g + 1 (high)
+    g, i = _ax(4, 2), _ax(4, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 1)
+        blk = wrow + b * 36
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
+        head = tl.load(blk, mask=mask, other=0)
+        s0 = tl.load(blk + 1, mask=mask, other=0)
+        s1 = tl.load(blk + 2, mask=mask, other=0)
+        s2 = tl.load(blk + 3, mask=mask, other=0)
+        first = tl.load(blk + 4 + 8 * g + i, mask=mask, other=0)  # [1, NB, 4, BM, 4]
+        second = tl.load(blk + 8 + 8 * g + i, mask=mask, other=0)
+        for hi in tl.static_range(2):  # sub-block j = 2g + hi
+            j = 2 * g + hi
+            p = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.float32)
+            for t in tl.static_range(4):  # nibble 2t + hi of word 4 half + i: value 16 half + 4i + t
+                nib = 2 * t + hi
+                sh = 4 * nib if nib < 5 else 4 * nib - 20  # in place (nibbles 0-4), or >> 20
+                # the float 2^(23 - sh) with the code at bit sh of its mantissa: 2^(23 - sh) + q
+                bits = magic - (sh << 23)
+                for half in tl.static_range(2):
+                    words = first if half == 0 else second
+                    x = tl.load(xrow + 256 * b + 32 * j + 16 * half + 4 * i + t, mask=xm,
+                                other=0.0).to(tl.float32)
+                    q = ((words if nib < 5 else words >> 20) & (0xF << sh)) | bits
+                    p += x * (q.to(tl.float32, bitcast=True) - (1 << (23 - sh)))
+            # the scale and min of sub-block j: byte 2 (g % 2) + hi of s0, s1, s2
+            at = 8 * (2 * (g % 2) + hi)
+            a, c, e = (s0 >> at) & 0xFF, (s1 >> at) & 0xFF, (s2 >> at) & 0xFF
+            sc = tl.where(g < 2, a & 63, (e & 0xF) | ((a >> 2) & 0x30))
+            m = tl.where(g < 2, c & 63, (e >> 4) | ((c >> 2) & 0x30))
+            s = _f16(head) * _f32(sc)
+            acc += (s * tl.sum(p, axis=4, keep_dims=True)
+                    - (_f16(head >> 16) * _f32(m)) * _x_sums(xrow, 256 * b + 32 * j, xm, 32))
+    return acc
+
+
+@triton.jit
+def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    # group g = 2h + v: half h of the block (128 values), v: 16-value half of each 32 there
+    g, i = _ax(4, 2), _ax(8, 4)
+    h, v = g // 2, g % 2
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 1)
+        blk = wrow + b * 105
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
+        d = _f16(tl.load(blk + 104, mask=mask, other=0))
+        low0 = tl.load(blk + 32 * h + 8 * v + i, mask=mask, other=0).to(tl.int32)
+        low1 = tl.load(blk + 32 * h + 16 + 8 * v + i, mask=mask, other=0).to(tl.int32)
+        high = tl.load(blk + 64 + 8 * g + i, mask=mask, other=0).to(tl.int32)
+        for a in tl.static_range(4):  # values 128h + 32a + 16v + 2i + e: sub-block 8h + 2a + v
+            sw = tl.load(blk + 96 + 4 * h + a, mask=mask, other=0).to(tl.int32)
+            s = d * ((sw << (24 - 8 * v)) >> 24).to(tl.float32)  # its int8 scale: byte v
+            low = low0 if a % 2 == 0 else low1
+            p = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 8), tl.float32)
+            for e in tl.static_range(2):
+                q = (((low >> (8 * e + 4 * (a // 2))) & 0xF)
+                     | (((high >> (8 * e + 2 * a)) & 3) << 4))
+                x = tl.load(xrow + 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e, mask=xm,
+                            other=0.0).to(tl.float32)
+                p += x * _f32(q)
+            xs = _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
+            acc += s * tl.sum(p, axis=4, keep_dims=True) - (32.0 * s) * xs
+    return acc
+
+
+@triton.jit
+def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    i = _ax(16, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 1)
+        blk = wrow + b * 17
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
+        d = _f16(tl.load(blk, mask=mask, other=0))
+        words = tl.load(blk + 1 + i, mask=mask, other=0).to(tl.int32)
+        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 16), tl.float32)
+        for e in tl.static_range(2):  # int8 byte e: (u ^ 0x80) = q + 128, as 2^23 + q + 128
+            x = tl.load(xrow + 32 * b + 2 * i + e, mask=xm, other=0.0).to(tl.float32)
+            u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
+            p += x * (u.to(tl.float32, bitcast=True) - 8388736.0)
+        acc += d * tl.sum(p, axis=4, keep_dims=True)
+    return acc
+
+
+@triton.jit
+def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    i = _ax(8, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 1)
+        blk = wrow + b * 11
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
+        d = _f16(tl.load(blk, mask=mask, other=0))
+        qh = ((tl.load(blk + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF)
+              | (tl.load(blk + 2, mask=mask, other=0).to(tl.int32) << 16))
+        words = tl.load(blk + 3 + i, mask=mask, other=0).to(tl.int32)
+        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
+        for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
+            for e in tl.static_range(2):
+                j = 2 * i + e + 16 * half
+                q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
+                x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
+                p += x * _f32(q)
+        acc += d * tl.sum(p, axis=4, keep_dims=True) - (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
+    return acc
+
+
+@triton.jit
+def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_words, stride_xn,
+                        stride_on, blocks, blocks_per_split, magic, QTYPE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr,
+                        SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     rn = tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    base = w_ptr + rm[:, None].to(tl.int64) * row_bytes
-    acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        w = block_values(base, kk[None, :], (rm[:, None] < M) & (kk[None, :] < K), QTYPE)
-        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                    mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
-        acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=2)
-    tl.store(out_ptr + rn[:, None] * stride_on + rm[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=(rn[:, None] < N) & (rm[None, :] < M))
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    b_lo = tl.program_id(1) * blocks_per_split
+    b_hi = tl.minimum(b_lo + blocks_per_split, blocks)
+    n5 = rn[:, None, None, None, None]
+    m5 = rm[None, None, None, :, None]
+    xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
+    wmask = m5 < M
+    enter(PDL)
+    if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
+        wrow = w_ptr + m5.to(tl.int64) * (row_words // 4 * 4)
+        acc = _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N, BLOCK_M, BLOCKS)
+    elif QTYPE == Q6_K:
+        wrow = w_ptr + m5.to(tl.int64) * row_words
+        acc = _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    elif QTYPE == Q8_0:
+        wrow = w_ptr + m5.to(tl.int64) * row_words
+        acc = _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    else:
+        tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
+        wrow = w_ptr + m5.to(tl.int64) * row_words
+        acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    y = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
+    finish(y, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
+           stride_on, 0, 0.0, tl.float32, False, False, 1, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
-def linear_blocks(x: torch.Tensor, weight: BlockMatrix, block_m: int = 8,
-                  block_k: int = 256, out: torch.Tensor | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class BlockGemvConfig:
+    block_m: int  # weight rows per program
+    blocks: int  # blocks (super-blocks for Q4_K / Q6_K) per loop iteration
+    split_k: int  # programs per row block, each over a range of the blocks
+    num_warps: int
+    num_stages: int = 3
+
+
+# (block_m, blocks, num_warps) worth timing per type, best first by the sm_90 code's count of
+# instructions per weight at N = 1 (Q4_K at 32, 4, 4: ~6; the 16-bit types ~13-17)
+_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (32, 2, 2)],
+          QT.Q6_K: [(32, 1, 4), (16, 1, 2), (64, 1, 8), (32, 2, 4)],
+          QT.Q8_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)],
+          QT.Q5_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)]}
+_CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
+
+
+def _config(n: int, m: int, k: int, qtype: QT, block_m: int, blocks: int, num_warps: int,
+            split_k: int) -> BlockGemvConfig:
+    """block_m capped so an iteration's N x BLOCK_M x weights products fit the registers."""
+    weights = blocks * GGML_QUANT_SIZES[qtype][0]
+    most = _CODES_PER_THREAD * 32 * num_warps // (next_power_of_2(n) * weights)
+    return BlockGemvConfig(max(1, min(block_m, next_power_of_2(most + 1) // 2)), blocks,
+                           split_k, num_warps)
+
+
+def _splits(m: int, k: int, qtype: QT, c: BlockGemvConfig) -> tuple[int, int]:
+    """(SPLIT_K that brings the launch to about 1024 programs, the most the blocks allow)."""
+    most = min(max(1, k // GGML_QUANT_SIZES[qtype][0] // c.blocks), 16)
+    return min(next_power_of_2(cdiv(1024, cdiv(m, c.block_m))), most), most
+
+
+def default_config(n: int, m: int, k: int, qtype: QT) -> BlockGemvConfig:
+    """The type's first tile, split over K until about 1024 programs run."""
+    c = _config(n, m, k, qtype, *_TILES[qtype][0], 1)
+    return BlockGemvConfig(c.block_m, c.blocks, _splits(m, k, qtype, c)[0], c.num_warps)
+
+
+def candidates_blocks(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig]:
+    """Configs worth timing for one shape: each of the type's tiles at the split that fills the
+    chip, the first tile also at half and twice that split."""
+    out = []
+    for first, tile in zip([True] + [False] * 3, _TILES[qtype]):
+        c = _config(n, m, k, qtype, *tile, 1)
+        fill, most = _splits(m, k, qtype, c)
+        for split in sorted({max(1, fill // 2), fill, min(2 * fill, most)} if first else {fill}):
+            out.append(BlockGemvConfig(c.block_m, c.blocks, split, c.num_warps))
+    return list(dict.fromkeys(out))
+
+
+def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
+    """The blocks' bytes as the words the kernel loads: int32 for Q4_K, int16 otherwise."""
+    dtype = torch.int32 if qtype == QT.Q4_K else torch.int16
+    size = dtype.itemsize
+    assert data.data_ptr() % size == 0 and data.shape[1] % size == 0, "blocks not word aligned"
+    return data.view(dtype)
+
+
+def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
     Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
     any float dtype, rows of any stride: e.g. a column slice of a wider output)."""
-    n, (m, k) = x.shape[0], weight.shape
+    n, (m, k), qtype = x.shape[0], weight.shape, weight.qtype
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
-    assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()
+    assert qtype in KERNEL_TYPES and weight.data.is_contiguous()
+    c = config or default_config(n, m, k, qtype)
+    dev = x.device
     if out is None:
-        out = empty((n, m), torch.float32, x.device)
+        out = empty((n, m), torch.float32, dev)
     assert out.shape == (n, m) and out.stride(-1) == 1
-    launch(_gemv_blocks_kernel, (cdiv(m, block_m),), x, weight.data, out, n, m, k,
-           weight.data.shape[1], x.stride(0), out.stride(0), QTYPE=int(weight.qtype),
-           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCK_K=block_k,
-           **options(x.device))
+    words = _words(weight.data, qtype)
+    blocks = k // GGML_QUANT_SIZES[qtype][0]
+    per_split = cdiv(cdiv(blocks, c.split_k), c.blocks) * c.blocks
+    splits, row_blocks = cdiv(blocks, per_split), cdiv(m, c.block_m)
+    cnt = counters(dev, row_blocks) if splits > 1 else out
+    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+    launch(_gemv_blocks_kernel, (row_blocks, splits), x, words, out, part, cnt, n, m,
+           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, MAGIC, QTYPE=int(qtype),
+           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=c.block_m, BLOCKS=c.blocks,
+           SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return out

@@ -1,0 +1,148 @@
+"""The decode GEMV over GGUF blocks (muser/ops/triton/gemv_blocks.py) against the memory system:
+for each block type and gemma3-27b decode shape at N = 1 and 8, every candidate config timed
+(median of warm runs), the best one's bytes read per second next to a 1 GiB device-to-device
+copy's (read + write) measured in the same run, and the dense bf16 GEMV of the same shape
+(muser.ops.triton.gemv, its default config) as the baseline. Outputs are checked against the
+blocks dequantized to float32 and multiplied by torch in float32.
+
+    python3 bench/blocks_gemv.py --out $OUT/blocks_gemv_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton.testing
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from muser.ops.blocks import BlockMatrix
+from muser.ops.triton.dequantize_blocks import dequantize_blocks
+from muser.ops.triton.gemv import gemv
+from muser.ops.triton.gemv_blocks import candidates_blocks, default_config, linear_blocks
+
+QT = GGMLQuantizationType
+TYPES = [QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0]
+SHAPES = {"qkv": (8192, 5376), "o_proj": (5376, 4096), "gate_up": (43008, 5376),
+          "down": (5376, 21504)}  # gemma3-27b: [M, K]
+ROWS = (1, 8)
+DEVICE = "cuda"
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def random_blocks(qtype: QT, m: int, k: int, gen: torch.Generator) -> BlockMatrix:
+    """Random codes and scale bytes, fp16 super-scales of small finite values (as the tests'
+    _random_blocks), built on the GPU."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    nb = k // block_size
+    raw = torch.randint(0, 256, (m, nb, type_size), generator=gen, dtype=torch.uint8,
+                        device=DEVICE)
+    halves = 2 if qtype == QT.Q4_K else 1
+    at = type_size - 2 if qtype == QT.Q6_K else 0
+    scales = (torch.rand(m, nb, halves, generator=gen, device=DEVICE) - 0.5) * 0.02
+    raw[..., at:at + 2 * halves] = scales.half().view(torch.uint8).view(m, nb, 2 * halves)
+    return BlockMatrix.from_raw(raw.reshape(m, -1), qtype, (m, k))
+
+
+def time_us(fn) -> float:
+    """Median microseconds of warm runs."""
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
+
+
+def copy_gbps() -> float:
+    """A 1 GiB device-to-device copy: 2 * bytes / time (read + write)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src))
+    return 2 * (1 << 30) / (us * 1e-6) / 1e9
+
+
+def dense_us(x: torch.Tensor, m: int, k: int, gen: torch.Generator) -> float:
+    """The dense GEMV of the same shape on a random bf16 matrix (its default config)."""
+    dense = torch.randn(m, k, generator=gen, device=DEVICE).to(torch.bfloat16)
+    return time_us(lambda: gemv(x, dense))
+
+
+def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
+                gen: torch.Generator, every: bool) -> dict:
+    """One shape: every candidate config (or only the default one, `every` False)."""
+    w = random_blocks(qtype, m, k, gen)
+    x = torch.randn(n, k, generator=gen, device=DEVICE).to(torch.bfloat16)
+    expect = x.float() @ dequantize_blocks(w, torch.float32).t()
+    scale = expect.abs().max().item()
+    nbytes = w.data.numel() + x.numel() * x.element_size()
+    rows = []
+    configs = candidates_blocks(n, m, k, qtype) if every else [default_config(n, m, k, qtype)]
+    for config in configs:
+        try:
+            out = torch.empty(n, m, dtype=torch.float32, device=DEVICE)
+            linear_blocks(x, w, config, out=out)
+            err = (out - expect).abs().max().item() / scale
+            us = time_us(lambda c=config, o=out: linear_blocks(x, w, c, out=o))
+            rows.append({"config": config.__dict__, "us": us, "rel_err": err})
+        except Exception as exc:  # noqa: BLE001  (one failing config must not end the run)
+            rows.append({"config": config.__dict__, "error": repr(exc)[:300]})
+    timed = [r for r in rows if "us" in r]
+    best = min(timed, key=lambda r: r["us"]) if timed else None
+    try:
+        dense, dense_err = dense_us(x, m, k, gen), None
+    except Exception as exc:  # noqa: BLE001
+        dense, dense_err = None, repr(exc)[:300]
+    res = {"qtype": qtype.name, "shape": name, "m": m, "k": k, "n": n, "bytes": nbytes,
+           "default": default_config(n, m, k, qtype).__dict__, "configs": rows,
+           "dense_bf16_us": dense, "dense_bf16_bytes": m * k * 2 + x.numel() * 2}
+    if dense_err:
+        res["dense_error"] = dense_err
+    if best is not None:
+        gbps = nbytes / (best["us"] * 1e-6) / 1e9
+        res |= {"best": best["config"], "us": best["us"], "rel_err": best["rel_err"],
+                "gbps": gbps, "copy_ratio": gbps / copy}
+        log(f"{qtype.name:5} {name:8} n={n}  {best['us']:8.1f} us  {gbps:7.0f} GB/s "
+            f"({gbps / copy:.2f} of copy)  err {best['rel_err']:.1e}  dense bf16 "
+            f"{dense if dense is None else round(dense, 1)} us  best {best['config']}")
+    else:
+        log(f"{qtype.name:5} {name:8} n={n}  every config failed: {rows[0].get('error')}")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--types", default=",".join(t.name for t in TYPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--budget", type=float, default=150,
+                    help="seconds after which only the default config is timed (compiles "
+                         "dominate: each candidate is its own kernel)")
+    args = ap.parse_args()
+    start = time.time()
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    copy = copy_gbps()
+    torch.cuda.empty_cache()
+    log(f"{torch.cuda.get_device_name()}: 1 GiB device copy {copy:.0f} GB/s (read + write)")
+    results = []
+    for qtype in (QT[t] for t in args.types.split(",")):
+        for name in args.shapes.split(","):
+            m, k = SHAPES[name]
+            for n in ROWS:
+                try:
+                    every = time.time() - start < args.budget
+                    results.append(bench_shape(qtype, name, m, k, n, copy, gen, every))
+                except Exception as exc:  # noqa: BLE001
+                    log(f"{qtype.name} {name} n={n} failed: {exc!r}")
+                    results.append({"qtype": qtype.name, "shape": name, "n": n,
+                                    "error": repr(exc)[:300]})
+                torch.cuda.empty_cache()
+    log(f"done in {time.time() - start:.0f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "copy_gbps": copy,
+                       "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
