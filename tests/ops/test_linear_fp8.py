@@ -47,13 +47,16 @@ def x_hat_dot8(x: torch.Tensor, config) -> torch.Tensor:
 
 def _picked_proj(x: torch.Tensor, w: Fp8Matrix, epilogue: str) -> torch.Tensor:
     """_proj of x as the projection linear_fp8 picked for this shape computes on: x_hat of a
-    "dot8" GEMV config (a GPU may pick one), x itself otherwise."""
+    "dot8" GEMV config or x quantized per token for "scaled_mm" (a GPU may pick either), x
+    itself otherwise."""
     from muser.ops.triton.linear import _key
     from muser.ops.triton.linear_fp8 import _CHOICE
 
     pick = _CHOICE[_key(x, w, epilogue)]
     if getattr(pick, "kind", None) == "dot8":
         return _proj(x_hat_dot8(x.to(w.dtype), pick), w)
+    if pick == "scaled_mm":  # x quantized per token, as quantize_fp8 does
+        return _proj(quantize_fp8(x.to(w.dtype)).dequantize(torch.float64), w)
     return _proj(x, w)
 
 
@@ -117,7 +120,8 @@ def test_every_gemv_fp8_config(gen, epilogue):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_quantize_rows_equals_quantize_fp8(gen, dtype):
     """The activation-quantization kernel of the scaled_mm route, bit for bit the reference's
-    codes and scales: rows wider than one block, a zero row, a row of one huge entry, ties."""
+    codes and scales: rows read in one tile and in several, a zero row, a row of one huge
+    entry, ties."""
     from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
 
     x = rand(gen, 5, 2500)
@@ -125,9 +129,11 @@ def test_quantize_rows_equals_quantize_fp8(gen, dtype):
     x[2, 7] = 3e4
     x[3] = torch.arange(2500, device=x.device) / 8 - 150  # many values at ties of e4m3
     x = x.to(dtype)
-    got, want = quantize_rows_fp8(x), quantize_fp8(x)
-    assert torch.equal(got.scales, want.scales)
-    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+    long = rand(gen, 2, 33000).to(dtype)  # past ONE_TILE: two passes over the row
+    for rows in (x, long):
+        got, want = quantize_rows_fp8(rows), quantize_fp8(rows)
+        assert torch.equal(got.scales, want.scales)
+        assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
 
 
 def test_quantize_rows_rounds_every_tie_and_neighbour():

@@ -1,8 +1,9 @@
 """Projections of FP8 weights (Fp8Matrix, `--quantization fp8`), each followed by the op after
 it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`:
 
-- decode rows (N <= 8): the fastest FP8 GEMV config (`gemv_fp8`; the op fused into its
-  epilogue, or as its own kernel), timed in CUDA graphs over weight copies that defeat L2;
+- decode rows (N <= 8): the fastest of the FP8 GEMV configs (`gemv_fp8`; the op fused into
+  its epilogue, or as its own kernel) and, for bfloat16 models, `scaled_mm` below, timed in
+  CUDA graphs over weight copies that defeat L2;
 - more rows, the faster of
   `scaled_mm` (bfloat16 models): x quantized per token (row) to e4m3 (one kernel,
   quantize_fp8.py), then FP8 tensor cores
@@ -110,7 +111,7 @@ def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
     n, (m, k) = x.shape[0], weight.shape
     if n > MAX_ROWS:  # cuBLAS's rowwise-scaled FP8 GEMM writes bfloat16 only
         return ["scaled_mm", "dequant"] if weight.dtype == torch.bfloat16 else ["dequant"]
-    picks: list[Pick] = []
+    picks: list[Pick] = ["scaled_mm"] if weight.dtype == torch.bfloat16 else []
     for c in candidates_fp8(n, m, k):
         picks += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
     return picks

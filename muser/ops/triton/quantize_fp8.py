@@ -2,8 +2,9 @@
 lands on 448 and rounded to e4m3 (`muser.ops.fp8.quantize_fp8`'s values bit for bit: the
 same float32 amax / 448, the same correctly rounded division, the same saturating
 round-to-nearest-even), the input of the FP8 tensor-core prefill route
-(muser/ops/triton/linear_fp8.py). One program per row reads it twice: once for its largest
-|x|, once to write the codes (the second read hits L2: a row is at most a few tens of KB).
+(muser/ops/triton/linear_fp8.py). One program per row; a row of up to 32,768 values is read
+once into registers, a longer one twice (its largest |x|, then the codes; the second read hits
+L2).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import triton.language as tl
 
 from muser.ops.fp8 import FP8, FP8_MAX, SCALE_MIN, Fp8Matrix
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.launch import launch
+from muser.ops.triton.launch import launch, next_power_of_2
 
 
 @triton.jit
@@ -36,20 +37,30 @@ def _quantize_fp8_kernel(x_ptr, data_ptr, scales_ptr, K, stride_xn, tiny,
                          BLOCK_K: tl.constexpr):
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_xn
-    amax = tl.zeros((BLOCK_K,), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_row + kk, mask=kk < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), tiny)
-    tl.store(scales_ptr + row, scale)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_row + kk, mask=kk < K, other=0.0)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
-        tl.store(data_ptr + row.to(tl.int64) * K + kk,
-                 round_e4m3(q).to(data_ptr.dtype.element_ty),
-                 mask=kk < K)
+    out_row = data_ptr + row.to(tl.int64) * K
+    if K <= BLOCK_K:  # the whole row in registers: one read
+        kk = tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), tiny)
+        tl.store(scales_ptr + row, scale)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
+        tl.store(out_row + kk, round_e4m3(q).to(data_ptr.dtype.element_ty), mask=kk < K)
+    else:
+        amax = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_row + kk, mask=kk < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), tiny)
+        tl.store(scales_ptr + row, scale)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_row + kk, mask=kk < K, other=0.0)
+            q = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
+            tl.store(out_row + kk, round_e4m3(q).to(data_ptr.dtype.element_ty), mask=kk < K)
+
+
+ONE_TILE = 32768  # rows up to this long are read once, whole, by 16 warps
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> Fp8Matrix:
@@ -59,6 +70,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> Fp8Matrix:
     n, k = x.shape
     data = empty((n, k), FP8, x.device)
     scales = empty((n,), torch.float32, x.device)
+    block = next_power_of_2(k) if k <= ONE_TILE else 4096
     launch(_quantize_fp8_kernel, (n,), x, data, scales, k, x.stride(0), SCALE_MIN,
-           BLOCK_K=1024, num_warps=4)
+           BLOCK_K=block, num_warps=16 if block > 8192 else 8 if block > 2048 else 4)
     return Fp8Matrix(data, scales, x.dtype)
