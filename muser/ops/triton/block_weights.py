@@ -11,8 +11,11 @@ embedding lookup and the prefill workspace. Weights stay the file's bytes on the
   tiles of it, each projected into its columns of the output;
 - the embedding: the rows asked for are gathered as blocks and dequantized (float32).
 
-The block GEMV has no cuBLAS twin and no tuned configs: MUSER_GEMV=0 and the tuning reach the
-dense route only.
+The block GEMV's config is chosen per shape (rows, M, K, block type) in this process: on CUDA
+the fastest of `candidates_blocks`, timed in CUDA graphs over copies of the blocks that defeat
+L2 (as linear.py times its GEMVs; the warm-up's decode shapes are timed there, and one first
+seen after it logs a warning); elsewhere `default_config`. Picks are not written to the tuning
+cache. The block GEMV has no cuBLAS twin: MUSER_GEMV=0 reaches the dense route only.
 
 `prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
 block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype
@@ -21,6 +24,8 @@ for every matrix, so the decode graphs capture no allocation of it.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -32,11 +37,20 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import NormEpilogue
-from muser.ops.triton.gemv_blocks import MAX_ROWS, linear_blocks
+from muser.ops.triton.gemv_blocks import (
+    MAX_ROWS,
+    BlockGemvConfig,
+    candidates_blocks,
+    default_config,
+    linear_blocks,
+)
+from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
+from muser.ops.triton.timing import L2_DEFEAT_BYTES, STATS, graph_ms
 
 HEAD_TILE_ROWS = 4096  # the fewest head rows one workspace tile holds
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_PICKS: dict[tuple, BlockGemvConfig] = {}  # (rows, M, K, block type, x dtype) -> config
 Dense = Callable[[torch.Tensor, torch.Tensor, bool, NormEpilogue | None], object]
 
 
@@ -80,7 +94,8 @@ def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue
     if n <= MAX_ROWS:
         y = empty((n, m), weight.dtype, x.device)
         for row, part in segments(weight):
-            linear_blocks(x, part, out=y[:, row:row + part.shape[0]])
+            out = y[:, row:row + part.shape[0]]
+            linear_blocks(x, part, gemv_config(x, part, out), out=out)
         if geglu_out:
             return geglu(y)
         if norm is not None:
@@ -107,3 +122,38 @@ def _dequantize(weight: Blocks, start: int, stop: int, workspace: torch.Tensor) 
     for row, part in segments(weight, start, stop):
         dequantize_blocks(part, dense.dtype, out=dense[row - start:row - start + part.shape[0]])
     return dense
+
+
+def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockGemvConfig:
+    """The block GEMV config of this shape: chosen once (see the module docstring). Inside
+    compile_only, a shape without a pick compiles every candidate and runs the default."""
+    n, (m, k) = x.shape[0], part.shape
+    key = (n, m, k, part.qtype, x.dtype)
+    pick = _PICKS.get(key)
+    if pick is not None:
+        return pick
+    if not x.is_cuda:
+        pick = _PICKS[key] = default_config(n, m, k, part.qtype)
+        return pick
+    if compile_only.get():
+        for c in candidates_blocks(n, m, k, part.qtype):
+            linear_blocks(x, part, c, out=out)
+        return default_config(n, m, k, part.qtype)
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("block GEMV shape first seen during graph capture: warm up first")
+    STATS.tuned += 1
+    if STATS.serving:
+        logging.getLogger("muser.tuning").warning(
+            "block GEMV %s tuned after the warm-up, on the request path", key)
+    copies = [part] + [BlockMatrix(part.data.clone(), part.qtype, part.cols, part.dtype)
+                       for _ in range(min(7, math.ceil(L2_DEFEAT_BYTES / part.data.nbytes) - 1))]
+    best, best_ms = default_config(n, m, k, part.qtype), math.inf
+    for c in candidates_blocks(n, m, k, part.qtype):
+        try:
+            ms = graph_ms(lambda w, c=c: linear_blocks(x, w, c, out=out), copies)
+        except Exception:  # noqa: BLE001  (a config that fails to compile or run is skipped)
+            continue
+        if ms < best_ms:
+            best, best_ms = c, ms
+    _PICKS[key] = best
+    return best

@@ -26,9 +26,7 @@ import dataclasses
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -40,20 +38,13 @@ from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
+from muser.ops.triton.timing import L2_DEFEAT_BYTES, STATS, eager_ms, graph_ms
 
 
-@dataclass(slots=True)
-class TuningStats:
-    tuned: int = 0  # calls of `tune`: shapes chosen in this process (timed on CUDA)
-    serving: bool = False  # set once the warm-up is over: a shape tuned after it is a stall
-
-
-STATS = TuningStats()
 _CHOICE: dict[tuple, GemvConfig | GemmConfig | None] = {}  # None: cuBLAS
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
 _SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
 _UNSET = object()
-_L2_DEFEAT_BYTES = 192 << 20
 _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
 GRAPH_ROWS = 64  # decode batches of up to this many rows replay CUDA graphs
@@ -197,7 +188,7 @@ def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
 def _copies(weight: torch.Tensor) -> list[torch.Tensor]:
     """weight and enough copies of it to defeat L2 when timed in rotation."""
     return [weight] + [weight.clone() for _ in range(
-        min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes) - 1))]
+        min(7, math.ceil(L2_DEFEAT_BYTES / weight.nbytes) - 1))]
 
 
 def _pick(
@@ -217,7 +208,7 @@ def _pick(
     best, best_score, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:
-            ms = _graph_ms(fn, copies)
+            ms = graph_ms(fn, copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)
@@ -227,26 +218,6 @@ def _pick(
     return best, timed
 
 
-def _graph_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 4) -> float:
-    """Milliseconds per call of fn(w), replayed from a CUDA graph over rotating weights."""
-    for w in weights[:2]:
-        fn(w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for w in weights:
-                fn(w)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (3 * reps * len(weights))
-
-
 def _pick_gemm(
     x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
 ) -> tuple[GemmConfig | None, dict[str, float]]:
@@ -254,7 +225,7 @@ def _pick_gemm(
     CUDA graphs), eagerly beyond (prefill and mixed steps launch eagerly)."""
     copies = _copies(weight)
     best, best_ms, timed = None, math.inf, {}
-    timer = _graph_ms if x.shape[0] <= GRAPH_ROWS else _eager_ms
+    timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
     for config in _candidates(x, weight, geglu_out, norm):
         try:
             ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
@@ -266,16 +237,3 @@ def _pick_gemm(
     return best, timed
 
 
-def _eager_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 8) -> float:
-    """Milliseconds per call of fn(w) launched eagerly, back to back, over rotating weights
-    (the best of three runs): the host's work per call counts as well as the GPU's."""
-    fn(weights[0])
-    torch.cuda.synchronize()
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for i in range(reps):
-            fn(weights[i % len(weights)])
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e3

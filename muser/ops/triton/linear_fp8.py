@@ -33,17 +33,9 @@ from muser.ops.triton.dequantize_fp8 import dequantize_fp8
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
 from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
 from muser.ops.triton.launch import compile_only
-from muser.ops.triton.linear import (
-    _L2_DEFEAT_BYTES,
-    GRAPH_ROWS,
-    ROUTES,
-    STATS,
-    _after,
-    _eager_ms,
-    _graph_ms,
-    _key,
-)
+from muser.ops.triton.linear import GRAPH_ROWS, ROUTES, _after, _key
 from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
+from muser.ops.triton.timing import L2_DEFEAT_BYTES, STATS, eager_ms, graph_ms
 
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
 _CHOICE: dict[tuple, Pick] = {}
@@ -128,7 +120,7 @@ def _compile_candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
 
 def _copies(weight: Fp8Matrix) -> list[Fp8Matrix]:
     """weight and enough copies of it to defeat L2 when timed in rotation."""
-    count = min(7, math.ceil(_L2_DEFEAT_BYTES / weight.nbytes()) - 1)
+    count = min(7, math.ceil(L2_DEFEAT_BYTES / weight.nbytes()) - 1)
     return [weight] + [Fp8Matrix(weight.data.clone(), weight.scales.clone(), weight.dtype)
                        for _ in range(count)]
 
@@ -140,7 +132,7 @@ def _fastest(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("FP8 projection shape first seen during graph capture: warm up first")
     copies = _copies(weight)
-    timer = _graph_ms if x.shape[0] <= GRAPH_ROWS else _eager_ms
+    timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
     best, best_ms, timed = None, math.inf, {}
     for pick in _candidates(x, weight, geglu_out, norm):
         try:
