@@ -93,6 +93,12 @@ def _ax(n: tl.constexpr, axis: tl.constexpr):
 
 
 @triton.jit
+def _total(acc):
+    """[n, block, group, m, word] sums -> [n, m]."""
+    return tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
+
+
+@triton.jit
 def _x_sums(xrow, start, xmask, B: tl.constexpr):
     """sum_{l < B} x[:, start + l]: the x sums of sub-blocks (one contiguous load each)."""
     x = tl.load(xrow + start + _ax(B, 4), mask=xmask, other=0.0).to(tl.float32)
@@ -137,7 +143,7 @@ def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr,
             s = _f16(head) * _f32(sc)
             acc += (s * tl.sum(p, axis=4, keep_dims=True)
                     - (_f16(head >> 16) * _f32(m)) * _x_sums(xrow, 256 * b + 32 * j, xm, 32))
-    return acc
+    return _total(acc)
 
 
 @triton.jit
@@ -146,7 +152,8 @@ def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
     # group g = 2h + v: half h of the block (128 values), v: 16-value half of each 32 there
     g, i = _ax(4, 2), _ax(8, 4)
     h, v = g // 2, g % 2
-    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 8), tl.float32)
+    off = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 105
@@ -166,16 +173,16 @@ def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
                 x = tl.load(xrow + 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e, mask=xm,
                             other=0.0).to(tl.float32)
                 p += x * _f32(q)
-            xs = _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
-            acc += s * tl.sum(p, axis=4, keep_dims=True) - (32.0 * s) * xs
-    return acc
+            acc += s * p
+            off += (32.0 * s) * _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
+    return _total(acc) - _total(off)
 
 
 @triton.jit
 def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
     i = _ax(16, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 16), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 17
@@ -187,15 +194,16 @@ def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
             x = tl.load(xrow + 32 * b + 2 * i + e, mask=xm, other=0.0).to(tl.float32)
             u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
             p += x * (u.to(tl.float32, bitcast=True) - 8388736.0)
-        acc += d * tl.sum(p, axis=4, keep_dims=True)
-    return acc
+        acc += d * p
+    return _total(acc)
 
 
 @triton.jit
 def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
     i = _ax(8, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
+    off = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 11
@@ -211,8 +219,9 @@ def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
                 q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
                 x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
                 p += x * _f32(q)
-        acc += d * tl.sum(p, axis=4, keep_dims=True) - (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
-    return acc
+        acc += d * p
+        off += (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
+    return _total(acc) - _total(off)
 
 
 @triton.jit
@@ -242,8 +251,7 @@ def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_word
         tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
         wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
-    y = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
-    finish(y, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
+    finish(acc, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
            stride_on, 0, 0.0, tl.float32, False, False, 1, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
