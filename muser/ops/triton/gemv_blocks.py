@@ -25,16 +25,19 @@ after one shift by 20: a mask-and-OR, a subtraction and the multiply-add per wei
 
 Tiles are 5-d, [n, block, group, m, word]: Triton lays the words' axis out across threads
 first and the rows last, so a thread holds the same words of several rows and the x it loads
-serves them all; a sub-block's codes sit in one thread (Q4_K: its 8 words) or a few (16-bit
-words, one per thread). sm_90 code at N = 1 (the loop's instructions per weight): Q4_K ~6 at
-its first tile; Q6_K, Q8_0, Q5_0 ~13-17 (per-thread work per 16-bit word: open).
+serves them all. Q4_K: a thread holds a group's 8 words (two 16-byte loads), so a sub-block's
+32 codes are summed in it; the 16-bit types: one word per thread and row, whose 2 or 4 codes'
+sum is scaled and accumulated per thread (no cross-thread sum in the loop), the offsets t_j X_j
+in accumulators of their own. sm_90 code at N = 1, the loop's instructions per weight at the
+first tile: Q4_K ~6, Q8_0 ~9, Q5_0 and Q6_K ~12 (16-bit loads: per-word overheads, open).
 
-Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits): each
-product x q rounds once and a sub-block's sum of B of them adds B - 1 roundings, so each
-product carries at most B; the products s_j P_j and t_j X_j (X_j: a sum of B - 1 roundings)
-then round once each and the L = (1 or 2) K / B of them sum in any order (across blocks,
-programs of a split, the final reductions), at most L more. So
-|y - exact| <= gamma_(B + L) * sum_k |x_k| (|s_j q_k| + |t_j|).
+Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits; no
+underflow): a product x q rounds once, a partial sum of at most B codes (or B x values for X_j)
+adds B - 1 roundings, the scale multiply and offset subtraction one each, then the
+accumulators (T additions per element and iteration), their final sum (at most BLOCKS E
+elements per output), the split's partials and acc - off: any tree, each product reaching y
+through at most D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so
+|y - exact| <= gamma_D * sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
 
 A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
 blocks per iteration; split over K, the float32 partials are summed in a fixed order by the last
@@ -265,11 +268,11 @@ class BlockGemvConfig:
 
 
 # (block_m, blocks, num_warps) worth timing per type, best first by the sm_90 code's count of
-# instructions per weight at N = 1 (Q4_K at 32, 4, 4: ~6; the 16-bit types ~13-17)
-_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (32, 2, 2)],
-          QT.Q6_K: [(32, 1, 4), (16, 1, 2), (64, 1, 8), (32, 2, 4)],
-          QT.Q8_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)],
-          QT.Q5_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)]}
+# the loop's instructions per weight at N = 1 (Q4_K ~6, Q8_0 ~9, Q5_0 ~12, Q6_K ~12)
+_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (64, 1, 8)],
+          QT.Q6_K: [(64, 1, 4), (32, 1, 4), (128, 1, 8), (64, 1, 8)],
+          QT.Q8_0: [(64, 4, 4), (128, 4, 8), (64, 2, 4), (32, 8, 4)],
+          QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}
 _CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
 
 
