@@ -66,8 +66,8 @@ def test_dequantize_gguf_quantized_q8_0(gen):
 
 
 # the block GEMV: M = 37 (a partial BLOCK_M at every tile), K: several blocks per row, enough
-# for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 10 of 256: 4 per iteration)
-GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 2560), QT.Q6_K: (37, 768)}
+# for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 6 of 256: 4 per iteration)
+GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 1536), QT.Q6_K: (37, 768)}
 CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192)}  # code bytes
 # The kernels' sums (gemv_blocks.py), per type: B values per sub-block; T additions into an
 # accumulator element per iteration; E accumulator elements per output and block
