@@ -14,7 +14,13 @@ from opcheck import DEVICE, rand
 from muser.ops import ref
 from muser.ops.blocks import BlockMatrix
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
-from muser.ops.triton.gemv_blocks import candidates_blocks, linear_blocks
+from muser.ops.triton.gemv_blocks import (
+    BlockGemvConfig,
+    candidates_blocks,
+    default_config,
+    linear_blocks,
+)
+from muser.ops.triton.launch import cdiv
 from tests.error_bounds import gamma
 
 QT = GGMLQuantizationType
@@ -60,10 +66,22 @@ def test_dequantize_gguf_quantized_q8_0(gen):
 
 
 # the block GEMV: M = 37 (a partial BLOCK_M at every tile), K: several blocks per row, enough
-# for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 10 of 256: 4 per iteration)
-GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 2560), QT.Q6_K: (37, 768)}
+# for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 6 of 256: 4 per iteration)
+GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 1536), QT.Q6_K: (37, 768)}
 CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192)}  # code bytes
-SUB = {QT.Q5_0: (32, 2), QT.Q8_0: (32, 1), QT.Q4_K: (32, 2), QT.Q6_K: (16, 2)}  # B, terms of j
+# The kernels' sums (gemv_blocks.py), per type: B values per sub-block; T additions into an
+# accumulator element per iteration; E accumulator elements per output and block
+SUMS = {QT.Q5_0: (32, 1, 8), QT.Q8_0: (32, 1, 16), QT.Q4_K: (32, 4, 4), QT.Q6_K: (16, 4, 32)}
+
+
+def _depth(qtype: QT, k: int, c: BlockGemvConfig) -> int:
+    """The most roundings on any product's path to y: a partial sum of at most B codes (or of B
+    x values), its scale multiply and offset subtraction, T per iteration into an accumulator,
+    the final sum of the program's accumulators (NB E), the split's partials, and acc - off."""
+    b, t, e = SUMS[qtype]
+    blocks = k // GGML_QUANT_SIZES[qtype][0]
+    per_split = cdiv(cdiv(blocks, c.split_k), c.blocks) * c.blocks
+    return b + 2 + t * (per_split // c.blocks) + c.blocks * e + cdiv(blocks, per_split) + 1
 
 
 def _offsets(raw: np.ndarray, qtype: QT, k: int) -> torch.Tensor:
@@ -80,12 +98,12 @@ def _offsets(raw: np.ndarray, qtype: QT, k: int) -> torch.Tensor:
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_gemv_over_blocks(gen, qtype, n):
     """Every candidate config (partial row blocks, several blocks per row, splits over K) within
-    the kernel's error bound (gemv_blocks.py): the sum runs per sub-block of B codes, each
-    product carrying at most B roundings, then its L = terms * K / B scaled sums (s_j P_j, and
-    t_j X_j) at most L more: |y - exact| <= gamma_(B + L) sum_k |x_k| (|s_j q_k| + |t_j|).
+    the kernel's error bound (gemv_blocks.py): each product x q (or x value, for the offsets)
+    reaches y through at most D roundings (_depth), so |y - exact| <= gamma_D sum_k |x_k|
+    (|s_j q_k| + |t_j|) (Higham: a sum by any tree is within gamma of its depth).
     The magnitudes come from gguf's w = fl(s q - t) and o = -t (exact): a = w - o is within
     u |s q - t| of s q, and the float64 reference of gguf's w is off by the same (one more
-    rounding each: gamma_(B + L + 2)), plus its own K 2^-53."""
+    rounding each: gamma_(D + 2)), plus its own K 2^-53."""
     m, k = GEMV_SHAPES[qtype]
     raw = _random_blocks(gen, qtype, m, k)
     w = _matrix(raw, qtype, k)
@@ -93,12 +111,11 @@ def test_gemv_over_blocks(gen, qtype, n):
     exact = ref.linear_blocks(x.double(), w)
     o = _offsets(raw, qtype, k)
     wd = w.dequantize().double()
-    b, terms = SUB[qtype]
     mag = x.double().abs() @ ((wd - o).abs() + o.abs()).t()
-    bound = (gamma(b + terms * k // b + 2) + k * 2.0**-53) * mag
     configs = candidates_blocks(n, m, k, qtype)
     assert any(c.split_k > 1 for c in configs) and any(m % c.block_m for c in configs)
-    for config in [None, *configs]:
+    for config in [default_config(n, m, k, qtype), *configs]:
+        bound = (gamma(_depth(qtype, k, config) + 2) + k * 2.0**-53) * mag
         y = linear_blocks(x, w, config)
         assert y.shape == (n, m) and y.dtype == torch.float32 and not y.isnan().any()
         assert ((y.double() - exact).abs() <= bound).all(), config

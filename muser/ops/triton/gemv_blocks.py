@@ -25,16 +25,19 @@ after one shift by 20: a mask-and-OR, a subtraction and the multiply-add per wei
 
 Tiles are 5-d, [n, block, group, m, word]: Triton lays the words' axis out across threads
 first and the rows last, so a thread holds the same words of several rows and the x it loads
-serves them all; a sub-block's codes sit in one thread (Q4_K: its 8 words) or a few (16-bit
-words, one per thread). sm_90 code at N = 1 (the loop's instructions per weight): Q4_K ~6 at
-its first tile; Q6_K, Q8_0, Q5_0 ~13-17 (per-thread work per 16-bit word: open).
+serves them all. Q4_K: a thread holds a group's 8 words (two 16-byte loads), so a sub-block's
+32 codes are summed in it; the 16-bit types: one word per thread and row, whose 2 or 4 codes'
+sum is scaled and accumulated per thread (no cross-thread sum in the loop), the offsets t_j X_j
+in accumulators of their own. sm_90 code at N = 1, the loop's instructions per weight at the
+first tile: Q4_K ~6, Q8_0 ~9, Q5_0 and Q6_K ~12 (16-bit loads: per-word overheads, open).
 
-Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits): each
-product x q rounds once and a sub-block's sum of B of them adds B - 1 roundings, so each
-product carries at most B; the products s_j P_j and t_j X_j (X_j: a sum of B - 1 roundings)
-then round once each and the L = (1 or 2) K / B of them sum in any order (across blocks,
-programs of a split, the final reductions), at most L more. So
-|y - exact| <= gamma_(B + L) * sum_k |x_k| (|s_j q_k| + |t_j|).
+Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits; no
+underflow): a product x q rounds once, a partial sum of at most B codes (or B x values for X_j)
+adds B - 1 roundings, the scale multiply and offset subtraction one each, then the
+accumulators (T additions per element and iteration), their final sum (at most BLOCKS E
+elements per output), the split's partials and acc - off: any tree, each product reaching y
+through at most D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so
+|y - exact| <= gamma_D * sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
 
 A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
 blocks per iteration; split over K, the float32 partials are summed in a fixed order by the last
@@ -93,6 +96,12 @@ def _ax(n: tl.constexpr, axis: tl.constexpr):
 
 
 @triton.jit
+def _total(acc):
+    """[n, block, group, m, word] sums -> [n, m]."""
+    return tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
+
+
+@triton.jit
 def _x_sums(xrow, start, xmask, B: tl.constexpr):
     """sum_{l < B} x[:, start + l]: the x sums of sub-blocks (one contiguous load each)."""
     x = tl.load(xrow + start + _ax(B, 4), mask=xmask, other=0.0).to(tl.float32)
@@ -137,7 +146,7 @@ def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr,
             s = _f16(head) * _f32(sc)
             acc += (s * tl.sum(p, axis=4, keep_dims=True)
                     - (_f16(head >> 16) * _f32(m)) * _x_sums(xrow, 256 * b + 32 * j, xm, 32))
-    return acc
+    return _total(acc)
 
 
 @triton.jit
@@ -146,7 +155,8 @@ def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
     # group g = 2h + v: half h of the block (128 values), v: 16-value half of each 32 there
     g, i = _ax(4, 2), _ax(8, 4)
     h, v = g // 2, g % 2
-    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 8), tl.float32)
+    off = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 105
@@ -166,16 +176,16 @@ def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
                 x = tl.load(xrow + 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e, mask=xm,
                             other=0.0).to(tl.float32)
                 p += x * _f32(q)
-            xs = _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
-            acc += s * tl.sum(p, axis=4, keep_dims=True) - (32.0 * s) * xs
-    return acc
+            acc += s * p
+            off += (32.0 * s) * _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
+    return _total(acc) - _total(off)
 
 
 @triton.jit
 def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
     i = _ax(16, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 16), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 17
@@ -187,15 +197,16 @@ def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
             x = tl.load(xrow + 32 * b + 2 * i + e, mask=xm, other=0.0).to(tl.float32)
             u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
             p += x * (u.to(tl.float32, bitcast=True) - 8388736.0)
-        acc += d * tl.sum(p, axis=4, keep_dims=True)
-    return acc
+        acc += d * p
+    return _total(acc)
 
 
 @triton.jit
 def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCKS: tl.constexpr):
     i = _ax(8, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
+    off = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
         blk = wrow + b * 11
@@ -211,8 +222,9 @@ def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
                 q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
                 x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
                 p += x * _f32(q)
-        acc += d * tl.sum(p, axis=4, keep_dims=True) - (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
-    return acc
+        acc += d * p
+        off += (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
+    return _total(acc) - _total(off)
 
 
 @triton.jit
@@ -242,8 +254,7 @@ def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_word
         tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
         wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
-    y = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
-    finish(y, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
+    finish(acc, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
            stride_on, 0, 0.0, tl.float32, False, False, 1, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
@@ -257,11 +268,11 @@ class BlockGemvConfig:
 
 
 # (block_m, blocks, num_warps) worth timing per type, best first by the sm_90 code's count of
-# instructions per weight at N = 1 (Q4_K at 32, 4, 4: ~6; the 16-bit types ~13-17)
-_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (32, 2, 2)],
-          QT.Q6_K: [(32, 1, 4), (16, 1, 2), (64, 1, 8), (32, 2, 4)],
-          QT.Q8_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)],
-          QT.Q5_0: [(64, 4, 4), (32, 8, 4), (32, 4, 2), (128, 2, 8)]}
+# the loop's instructions per weight at N = 1 (Q4_K ~6, Q8_0 ~9, Q5_0 ~12, Q6_K ~12)
+_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (64, 1, 8)],
+          QT.Q6_K: [(64, 1, 4), (32, 1, 4), (128, 1, 8), (64, 1, 8)],
+          QT.Q8_0: [(64, 4, 4), (128, 4, 8), (64, 2, 4), (32, 8, 4)],
+          QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}
 _CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
 
 
