@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,7 +25,18 @@ from muser.server.samples import best, check_samples, prompt_entries, split
 router = APIRouter()
 
 _DEFAULT_COMPLETION_TOKENS = 16
-SYSTEM_FINGERPRINT = f"b{version('muser')}-muser"
+
+
+def _package_version() -> str:
+    """The installed distribution's version; a source tree on sys.path, not installed, has
+    none and says so in the fingerprint."""
+    try:
+        return version("muser")
+    except PackageNotFoundError:
+        return "0+source"
+
+
+SYSTEM_FINGERPRINT = f"b{_package_version()}-muser"
 
 
 def sse(obj: Any) -> str:

@@ -222,6 +222,35 @@ class NormEpilogue:
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """A GEMV launch's output and scratch tensors, in its kernels' argument order (out, part,
+    cnt, res, post, next, res_out: unused ones stand in as `out`), and what the call returns."""
+    args: tuple
+    stride_rn: int
+    eps: float
+    result: object
+
+
+def outputs(n: int, m: int, dtype: torch.dtype, splits: int, blocks: int, geglu: bool,
+            norm: NormEpilogue | None, device: torch.device) -> Outputs:
+    """The tensors of a GEMV of [n, m] in `dtype` over `blocks` row blocks split `splits`
+    ways over K, with GeGLU or the norm epilogue (as `gemv` returns them)."""
+    if norm is not None:
+        assert norm.residual.shape == (n, m) and norm.residual.stride(-1) == 1
+        out = empty((n, m), norm.dtype, device)
+        res_out = empty((n, m), torch.float32, device)
+    else:
+        out = empty((n, m // 2 if geglu else m), dtype, device)
+    needed = (blocks if splits > 1 else 0) + (blocks + 1 if norm is not None else 0)
+    cnt = counters(device, needed) if needed else out
+    part = empty((splits, n, m), torch.float32, device) if splits > 1 else out
+    if norm is None:
+        return Outputs((out, part, cnt, out, out, out, out), 0, 0.0, out)
+    return Outputs((out, part, cnt, norm.residual, norm.post, norm.next, res_out),
+                   norm.residual.stride(0), norm.eps, (res_out, out))
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
          geglu: bool = False, norm: NormEpilogue | None = None):
     """x: [N, K] any float, N <= 8; weight: [M, K] contiguous ->
@@ -235,29 +264,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     splits = cdiv(k, k_per_split)
     blocks = cdiv(m, c.block_m)
     dev = x.device
-    res = post = nxt = res_out = None
-    if norm is not None:
-        assert norm.residual.shape == (n, m) and norm.residual.stride(-1) == 1
-        out = empty((n, m), norm.dtype, dev)
-        res_out = empty((n, m), torch.float32, dev)
-        res, post, nxt = norm.residual, norm.post, norm.next
-    else:
-        out = empty((n, m // 2 if geglu else m), weight.dtype, dev)
-    needed = (blocks if splits > 1 else 0) + (blocks + 1 if norm is not None else 0)
-    cnt = counters(dev, needed) if needed else out
-    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+    o = outputs(n, m, weight.dtype, splits, blocks, geglu, norm, dev)
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
     block_n = 16 if c.kind == "dot" else max(1, next_power_of_2(n))
     launch(
-        kernel, (blocks, splits), x, weight, out, part, cnt, res if res is not None else out,
-        post if post is not None else out, nxt if nxt is not None else out,
-        res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
-        res.stride(0) if res is not None else 0, k_per_split,
-        norm.eps if norm is not None else 0.0, GEGLU=geglu, NORM=norm is not None,
+        kernel, (blocks, splits), x, weight, *o.args, n, m, k, x.stride(0), o.args[0].stride(0),
+        o.stride_rn, k_per_split, o.eps, GEGLU=geglu, NORM=norm is not None,
         NORM_BLOCK=min(next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m,
         BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
         **options(dev))
-    return (res_out, out) if norm is not None else out
+    return o.result
 
 
 def candidates(n: int, m: int, k: int) -> list[GemvConfig]:

@@ -32,14 +32,13 @@ import triton
 import triton.language as tl
 
 from muser.ops.fp8 import Fp8Matrix
-from muser.ops.triton.alloc import empty
-from muser.ops.triton.arrive import counters
 from muser.ops.triton.gemv import (
     MAX_ROWS,
     GemvConfig,
     NormEpilogue,
     candidates,
     finish,
+    outputs,
     weight_rows,
 )
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
@@ -147,29 +146,16 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
     c, dev = config, x.device
     k_per_split = cdiv(cdiv(k, c.split_k), c.block_k) * c.block_k
     splits, blocks = cdiv(k, k_per_split), cdiv(m, c.block_m)
-    res = post = nxt = res_out = None
-    if norm is not None:
-        assert norm.residual.shape == (n, m) and norm.residual.stride(-1) == 1
-        out = empty((n, m), norm.dtype, dev)
-        res_out = empty((n, m), torch.float32, dev)
-        res, post, nxt = norm.residual, norm.post, norm.next
-    else:
-        out = empty((n, m // 2 if geglu else m), weight.dtype, dev)
-    needed = (blocks if splits > 1 else 0) + (blocks + 1 if norm is not None else 0)
-    cnt = counters(dev, needed) if needed else out
-    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+    o = outputs(n, m, weight.dtype, splits, blocks, geglu, norm, dev)
     launch(
-        _gemv_fp8_kernel, (blocks, splits), x, weight.data, weight.scales, out, part, cnt,
-        res if res is not None else out, post if post is not None else out,
-        nxt if nxt is not None else out, res_out if res_out is not None else out, n, m, k,
-        x.stride(0), out.stride(0), res.stride(0) if res is not None else 0, k_per_split,
-        norm.eps if norm is not None else 0.0, LOOP=LOOPS[c.kind],
-        SCALE_X=x.dtype != torch.float16, GEGLU=geglu,
-        NORM=norm is not None, NORM_BLOCK=min(next_power_of_2(m), 4096),
+        _gemv_fp8_kernel, (blocks, splits), x, weight.data, weight.scales, *o.args, n, m, k,
+        x.stride(0), o.args[0].stride(0), o.stride_rn, k_per_split, o.eps, LOOP=LOOPS[c.kind],
+        SCALE_X=x.dtype != torch.float16, GEGLU=geglu, NORM=norm is not None,
+        NORM_BLOCK=min(next_power_of_2(m), 4096),
         BLOCK_N=16 if c.kind != "fma" else max(1, next_power_of_2(n)), BLOCK_M=c.block_m,
         BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
         **options(dev))
-    return (res_out, out) if norm is not None else out
+    return o.result
 
 
 def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
