@@ -32,8 +32,7 @@ import json, statistics, sys
 import torch
 from muser import LLM, SamplingParams
 import triton
-from muser.ops.blocks import Blocks, block_tensors
-from muser.ops.fp8 import Fp8Matrix
+from muser.graph.weights import matrix_tensors
 
 name, fmt, source, reps, steps, depth = sys.argv[1:7]
 reps, steps, depth = int(reps), int(steps), int(depth)
@@ -62,15 +61,8 @@ else:
     llm = LLM(source, device="cuda", **kw)
 cfg, w = llm.model_config, llm.runner.model.weights
 held = w.nbytes()
-
-
-def tensors_of(m):
-    return ([m.data, m.scales] if isinstance(m, Fp8Matrix) else
-            block_tensors(m) if isinstance(m, Blocks) else [m])
-
-
-head = {id(t) for t in tensors_of(w.head)}
-embed_bytes = sum(t.nbytes for t in tensors_of(w.embed) if id(t) not in head)  # one row read
+head = {id(t) for t in matrix_tensors(w.head)}
+embed_bytes = sum(t.nbytes for t in matrix_tensors(w.embed) if id(t) not in head)  # a row read
 row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * getattr(torch, llm.config.kv_dtype).itemsize
 n_full, n_sliding = len(cfg.layers_of("global")), len(cfg.layers_of("sliding"))
 step_bytes = held - embed_bytes + row_bytes * (n_full * depth + n_sliding * min(depth, cfg.sliding_window))

@@ -55,11 +55,16 @@ class ModelWeights:
         for layer in self.layers:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
-            parts = ([m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else
-                     [m.data, m.scales] if isinstance(m, Fp8Matrix) else
-                     block_tensors(m) if isinstance(m, Blocks) else [m])
-            tensors.update((id(t), t) for t in parts if t is not None)
+            tensors.update((id(t), t) for t in matrix_tensors(m))
         return sum(t.nbytes for t in tensors.values())
+
+
+def matrix_tensors(m: Matrix) -> list[torch.Tensor]:
+    """The tensors that hold a matrix's bytes, whatever its kind."""
+    parts = ([m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else
+             [m.data, m.scales] if isinstance(m, Fp8Matrix) else
+             block_tensors(m) if isinstance(m, Blocks) else [m])
+    return [t for t in parts if t is not None]
 
 
 def random_weights(

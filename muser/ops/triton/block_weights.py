@@ -46,7 +46,7 @@ from muser.ops.triton.gemv_blocks import (
 )
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
-from muser.ops.triton.timing import L2_DEFEAT_BYTES, STATS, graph_ms
+from muser.ops.triton.timing import STATS, graph_ms, rotation
 
 HEAD_TILE_ROWS = 4096  # the fewest head rows one workspace tile holds
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -145,8 +145,8 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockG
     if STATS.serving:
         logging.getLogger("muser.tuning").warning(
             "block GEMV %s tuned after the warm-up, on the request path", key)
-    copies = [part] + [BlockMatrix(part.data.clone(), part.qtype, part.cols, part.dtype)
-                       for _ in range(min(7, math.ceil(L2_DEFEAT_BYTES / part.data.nbytes) - 1))]
+    copies = rotation(part, part.data.nbytes,
+                      lambda w: BlockMatrix(w.data.clone(), w.qtype, w.cols, w.dtype))
     best, best_ms = default_config(n, m, k, part.qtype), math.inf
     for c in candidates_blocks(n, m, k, part.qtype):
         try:

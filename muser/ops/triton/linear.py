@@ -38,8 +38,7 @@ from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
-from muser.ops.triton.timing import L2_DEFEAT_BYTES, STATS, eager_ms, graph_ms
-
+from muser.ops.triton.timing import STATS, eager_ms, graph_ms, rotation
 
 _CHOICE: dict[tuple, GemvConfig | GemmConfig | None] = {}  # None: cuBLAS
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
@@ -185,18 +184,12 @@ def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
     return rows, weight.shape[0], weight.shape[1], epilogue, weight.dtype, x.dtype
 
 
-def _copies(weight: torch.Tensor) -> list[torch.Tensor]:
-    """weight and enough copies of it to defeat L2 when timed in rotation."""
-    return [weight] + [weight.clone() for _ in range(
-        min(7, math.ceil(L2_DEFEAT_BYTES / weight.nbytes) - 1))]
-
-
 def _pick(
     x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
-    copies = _copies(weight)
+    copies = rotation(weight, weight.nbytes, torch.Tensor.clone)
     runs: dict[GemvConfig | None, Callable] = {
         c: lambda w, c=c: _run(x, w, c, geglu_out, norm)
         for c in _candidates(x, weight, geglu_out, norm)}
@@ -223,7 +216,7 @@ def _pick_gemm(
 ) -> tuple[GemmConfig | None, dict[str, float]]:
     """Timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode batches replay
     CUDA graphs), eagerly beyond (prefill and mixed steps launch eagerly)."""
-    copies = _copies(weight)
+    copies = rotation(weight, weight.nbytes, torch.Tensor.clone)
     best, best_ms, timed = None, math.inf, {}
     timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
     for config in _candidates(x, weight, geglu_out, norm):

@@ -35,7 +35,7 @@ from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.linear import GRAPH_ROWS, ROUTES, _after, _key
 from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
-from muser.ops.triton.timing import L2_DEFEAT_BYTES, STATS, eager_ms, graph_ms
+from muser.ops.triton.timing import STATS, eager_ms, graph_ms, rotation
 
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
 _CHOICE: dict[tuple, Pick] = {}
@@ -118,20 +118,14 @@ def _compile_candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
     return _run(x, weight, "dequant", geglu_out, norm)
 
 
-def _copies(weight: Fp8Matrix) -> list[Fp8Matrix]:
-    """weight and enough copies of it to defeat L2 when timed in rotation."""
-    count = min(7, math.ceil(L2_DEFEAT_BYTES / weight.nbytes()) - 1)
-    return [weight] + [Fp8Matrix(weight.data.clone(), weight.scales.clone(), weight.dtype)
-                       for _ in range(count)]
-
-
 def _fastest(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
              norm: NormEpilogue | None) -> tuple[Pick, dict[str, float]]:
     """Each candidate timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode
     batches replay CUDA graphs), eagerly beyond (prefill launches eagerly)."""
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("FP8 projection shape first seen during graph capture: warm up first")
-    copies = _copies(weight)
+    copies = rotation(weight, weight.nbytes(),
+                      lambda w: Fp8Matrix(w.data.clone(), w.scales.clone(), w.dtype))
     timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
     best, best_ms, timed = None, math.inf, {}
     for pick in _candidates(x, weight, geglu_out, norm):

@@ -22,6 +22,13 @@ class TuningStats:
 STATS = TuningStats()
 
 
+def rotation(weight, nbytes: int, clone: Callable) -> list:
+    """weight and enough copies of it (clone(weight), at most 7) to defeat L2 when timed in
+    rotation; nbytes: its size."""
+    count = min(7, math.ceil(L2_DEFEAT_BYTES / nbytes) - 1)
+    return [weight] + [clone(weight) for _ in range(count)]
+
+
 def graph_ms(fn: Callable, weights: list[torch.Tensor], reps: int = 4) -> float:
     """Milliseconds per call of fn(w), replayed from a CUDA graph over rotating weights."""
     for w in weights[:2]:
