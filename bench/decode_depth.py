@@ -6,7 +6,10 @@ warps, pipeline stages), for the full-attention layers of gemma3-27b and gemma3-
 
 A cell reads `keys` rows of K and V (bf16) through a page table of 256-row pages in a random
 order (a fragmented pool), and is checked against ops.ref.decode_attention on the first depth.
-The receipt is rewritten after every cell (a bounded run keeps what it measured).
+With --new the kernel also stores the step's new row and attends it, as a decode step does
+(`new=`); --graph times replays of a CUDA graph of the call (as the step runs it: no launch
+cost) instead of eager calls. The receipt is rewritten after every cell (a bounded run keeps
+what it measured).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from muser.ops import ref
 from muser.ops.triton.decode_attention import decode_attention, launch_config
+from muser.ops.triton.timing import graph_ms
 
 DEV, BF16, PAGE = torch.device("cuda"), torch.bfloat16, 256
 SHAPES = {"gemma3-27b": (32, 16, 128), "gemma3-1b": (4, 1, 256)}  # heads, kv heads, head dim
@@ -77,11 +81,14 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--shapes", default="gemma3-27b,gemma3-1b")
+    ap.add_argument("--new", action="store_true", help="store and attend the step's new row")
+    ap.add_argument("--graph", action="store_true", help="time CUDA graph replays")
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     copy_bw = copy_bandwidth()
     receipt = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "copy_bytes_per_s": copy_bw, "page_rows": PAGE, "cells": []}
+               "copy_bytes_per_s": copy_bw, "page_rows": PAGE, "new_row": args.new,
+               "timing": "cuda graph replay" if args.graph else "eager", "cells": []}
     say(f"copy {copy_bw / 1e12:.2f} TB/s (read + write)")
     configs = list(itertools.product(ints(args.splits), ints(args.block_n), ints(args.warps),
                                      ints(args.stages)))
@@ -91,6 +98,10 @@ def main() -> None:
         for depth in [d for d in ints(args.depths) if d <= max_keys]:
             q, k, v, table, starts, lens, origins, scale = case(shape, depth, max_keys)
             nbytes = 2 * depth * kv_heads * dim * 2
+            new = None
+            if args.new:  # the newest key's row comes from the step's own K/V
+                dst = (table[0, (depth - 1) // PAGE] * PAGE + (depth - 1) % PAGE).reshape(1)
+                new = (k[dst].clone(), v[dst].clone(), torch.zeros_like(dst), dst)
             want = None
             if depth == ints(args.depths)[0]:
                 want = ref.decode_attention(q.float(), k.float(), v.float(), table, starts, lens,
@@ -98,7 +109,7 @@ def main() -> None:
             default = launch_config(1, kv_heads, dim, table.shape[1] * PAGE)
             for splits, block_n, warps, stages in [(None, None, None, None), *configs]:
                 run = lambda: decode_attention(q, k, v, table, starts, lens, origins, PAGE,  # noqa: E731
-                                               scale, splits=splits, block_n=block_n,
+                                               scale, new=new, splits=splits, block_n=block_n,
                                                num_warps=warps, num_stages=stages)
                 cell = {"model": shape, "keys": depth, "splits": splits or default[0],
                         "block_n": block_n or default[1], "num_warps": warps or default[2],
@@ -109,7 +120,8 @@ def main() -> None:
                     if want is not None:
                         cell["rel_err"] = float((out.double() - want.double()).norm()
                                                 / want.double().norm())
-                    ms = bench_ms(run)
+                    ms = (graph_ms(lambda _: run(), [None], reps=10) if args.graph
+                          else bench_ms(run))
                 except Exception as e:  # NOTE: a configuration over the shared-memory limit
                     cell["error"] = f"{type(e).__name__}: {str(e)[:120]}"
                     say(f"{shape} {depth} {cell}")

@@ -103,7 +103,8 @@ def measure(shape: str, depth: int, rows: int, configs: list[FlashConfig],
         for name, out in (("gathered", gathered()), ("in place", attend(k, v, read))):
             err = float((out.double() - want.double()).norm() / want.double().norm())
             check.setdefault("rel_err", {})[f"{shape} {name}"] = err
-    default = launch_config(-(-rows // TILE), heads, kv_heads, tiles.shape[1], dim, TILE)
+    default = {way: launch_config(-(-rows // TILE), heads, kv_heads, tiles.shape[1], dim, TILE,
+                                  way == "in place") for way in ("gathered", "in place")}
     runs = []
     for cfg in [None, *configs]:
         if cfg is None or (heads // kv_heads) % cfg.pack == 0:
@@ -112,7 +113,7 @@ def measure(shape: str, depth: int, rows: int, configs: list[FlashConfig],
     cells = []
     for way, cfg, fn in runs:
         cell = {"model": shape, "depth": depth, "way": way, "default": cfg is None,
-                **dataclasses.asdict(cfg or default)}
+                **dataclasses.asdict(cfg or default[way])}
         try:
             ms = bench_ms(fn)
         except Exception as e:  # noqa: BLE001  (a configuration over the shared-memory limit)

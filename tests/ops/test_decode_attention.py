@@ -91,3 +91,28 @@ def test_decode_stores_the_new_rows_first(gen, dtype):
     out = decode_attention(q, k_rows, v_rows, *meta, new=(k_new, v_new, src, dst), splits=4)
     assert torch.equal(k_rows, k_want) and torch.equal(v_rows, v_want)
     check(out.float(), _reference(q, k_want, v_want, *meta), dtype)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("length", [1, 32, 33, 64, 65, 100])
+def test_new_row_at_tile_and_split_edges(gen, dtype, length):
+    """The newest key read from the input wherever it falls: alone in its split (33 = 32 + 1),
+    last of a whole tile (32, 64), first of a tile (65), the only key (1); 32 keys per
+    iteration, pages of 16 rows in scattered order, 4 splits."""
+    bs, kv_heads, heads, head_dim = 16, 2, 4, 64
+    pages = 8
+    k_rows, v_rows = (rand(gen, pages * bs, kv_heads, head_dim, dtype=dtype) for _ in range(2))
+    q = rand(gen, 1, heads, head_dim)
+    k_new, v_new = rand(gen, 1, kv_heads, head_dim), rand(gen, 1, kv_heads, head_dim)
+    table = torch.randperm(pages, generator=gen).to(torch.int32)[None].to(DEVICE)
+    z = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([length], dtype=torch.int32, device=DEVICE)
+    row = int(ref.decode_rows(table[0].cpu(), 0, length, 0, bs)[-1])
+    src, dst = z, torch.tensor([row], dtype=torch.int32, device=DEVICE)
+    k_want, v_want = k_rows.clone(), v_rows.clone()
+    ref.store_kv(k_want, v_want, k_new, v_new, src, dst)
+    meta = (table, z, lens, z, bs, head_dim**-0.5)
+    out = decode_attention(q, k_rows, v_rows, *meta, new=(k_new, v_new, src, dst), splits=4,
+                           block_n=32)
+    assert torch.equal(k_rows, k_want) and torch.equal(v_rows, v_want)
+    check(out.float(), _reference(q, k_want, v_want, *meta), dtype)

@@ -92,3 +92,22 @@ def test_launch_rule_splits_only_deep_narrow_chunks():
     assert launch_config(8, 4, 1, 2048, 256, 64).splits > 1  # 131k keys, gemma3-1b's 4 heads
     deep = launch_config(8, 32, 16, 2048, 128, 64)  # gemma3-27b: 32 heads over 16 kv heads
     assert deep.pack == 2 and deep.splits <= 2
+
+
+@pytest.mark.parametrize("q_start,num_q,k_start,num_k,window",
+                         [(96, 50, 0, 146, None), (40, 80, 9, 111, 32), (0, 64, 0, 64, 16),
+                          (500, 70, 0, 570, 100), (0, 1, 0, 1, None)])
+def test_classifier_ranges_are_the_tiles_runs(q_start, num_q, k_start, num_k, window):
+    """Per query tile: [first, last + 1) spans exactly its non-empty key tiles and
+    [full_first, full_last + 1) exactly its FULL ones, inside it (the kernel's three loops
+    cover the range once, the middle one without a mask)."""
+    from muser.attention.tiles import EMPTY, FULL
+    from muser.ops.triton.prefill_attention import classifier_ranges
+
+    tiles = classify_tiles(q_start, num_q, k_start, num_k, window, 16, 16)
+    for row, (first, full_first, full_last, last) in zip(tiles, classifier_ranges(tiles).tolist()):
+        nonempty = (row != EMPTY).nonzero().flatten().tolist()
+        full = (row == FULL).nonzero().flatten().tolist()
+        assert list(range(first, last)) == nonempty
+        assert first <= full_first <= full_last <= last
+        assert list(range(full_first, full_last)) == full

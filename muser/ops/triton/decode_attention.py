@@ -27,6 +27,37 @@ from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
+def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr,
+              v_ptr, kvh, d, scale_log2, KVH: tl.constexpr, D: tl.constexpr,
+              MASKED: tl.constexpr):
+    """One tile of keys i (logical indices) folded into the online softmax (m, l, acc)."""
+    j = (origin + i) % wrap
+    if MASKED:
+        blk = tl.load(table_ptr + b * stride_t + j // block_size, mask=valid, other=0)
+    else:
+        blk = tl.load(table_ptr + b * stride_t + j // block_size)
+    row = blk.to(tl.int64) * block_size + j % block_size
+    at = (row * KVH + kvh)[:, None] * D + d[None, :]
+    if MASKED:
+        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+        s = tl.where(valid[None, :], tl.dot(q, tl.trans(k)) * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # NOTE: a tile of no key
+    else:
+        k = tl.load(k_ptr + at)
+        v = tl.load(v_ptr + at)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = m_new
+    alpha = tl.exp2(m - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
     origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn,
@@ -52,7 +83,21 @@ def _decode_split_kernel(
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
     wrap = block_size * num_blocks
-    if NEW:  # the step's new row: stored by split 0, read by every split from the input
+    # Keys lo .. hi - 1: whole tiles without a mask, then the rest masked. With NEW the newest
+    # key (length - 1) is read from the input after the loops, never from its cache row, which
+    # split 0 may be storing right now: the tiles' loads stay plain copies into the pipeline.
+    last = length - 1 if NEW else length
+    whole = lo + tl.maximum(tl.minimum(hi, last) - lo, 0) // BLOCK_N * BLOCK_N
+    for i0 in range(lo, whole, BLOCK_N):
+        i = i0 + tl.arange(0, BLOCK_N)
+        acc, m, l = _key_tile(q, acc, m, l, i, i < hi, origin, wrap, table_ptr, b, stride_t,
+                              block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D, False)
+    for i0 in range(whole, hi, BLOCK_N):
+        i = i0 + tl.arange(0, BLOCK_N)
+        acc, m, l = _key_tile(q, acc, m, l, i, (i < hi) & (i != last), origin, wrap, table_ptr,
+                              b, stride_t, block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D,
+                              True)
+    if NEW:  # the step's new row: stored by split 0, attended by the split that holds it
         src = tl.load(src_ptr + b).to(tl.int64)
         dst = tl.load(dst_ptr + b).to(tl.int64)
         k_new = tl.load(kn_ptr + src * stride_kn + kvh * D + d).to(k_ptr.dtype.element_ty)
@@ -61,27 +106,14 @@ def _decode_split_kernel(
         store = (d < D) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: a padding row
         tl.store(k_ptr + at_new, k_new, mask=store)
         tl.store(v_ptr + at_new, v_new, mask=store)
-    for i0 in range(lo, hi, BLOCK_N):
-        i = i0 + tl.arange(0, BLOCK_N)
-        valid = i < hi
-        j = (origin + i) % wrap
-        blk = tl.load(table_ptr + b * stride_t + j // block_size, mask=valid, other=0)
-        row = blk.to(tl.int64) * block_size + j % block_size
-        at = (row * KVH + kvh)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
-        if NEW:  # NOTE: key length - 1 is the new row, which split 0 may be storing right now
-            newest = (i == length - 1)[:, None]
-            k = tl.where(newest, k_new[None, :], k)
-            v = tl.where(newest, v_new[None, :], v)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        if (lo <= last) & (last < hi):
+            s = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale_log2
+            m_new = tl.maximum(m, s)
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new)
+            l = l * alpha + p
+            acc = acc * alpha[:, None] + p[:, None] * v_new.to(tl.float32)[None, :]
+            m = m_new
     part = (b * H + heads) * SPLITS + split
     tl.store(mid_o + part[:, None] * D + d[None, :], acc, mask=g_mask[:, None])
     tl.store(mid_ml + part * 2, m, mask=g_mask)

@@ -1,9 +1,11 @@
 """Prefill flash attention (causal, optionally windowed) driven by the chunk's tile classifier.
 
 Grid (query tile, head, key split). Each program walks the key tiles its classifier row marks
-non-empty (`tile_ranges`: [first, last + 1) per query tile, computed once per chunk and kind),
-so empty tiles are never read; FULL tiles skip the position mask, PARTIAL apply it. Online
-softmax in float32 with exp2; QK^T and PV on tensor cores in the cache dtype.
+non-empty (`tile_ranges`: [first, last + 1) per query tile and the run of FULL tiles inside it,
+computed once per chunk and kind), so empty tiles are never read. The FULL run has a loop of
+its own with no mask, classifier read or empty-row guard (a chunk at depth is almost all FULL
+tiles); the PARTIAL tiles on either side apply the position mask. Online softmax in float32
+with exp2; QK^T and PV on tensor cores in the cache dtype.
 
 Keys and values are read either from contiguous rows or, given `read_rows`, from the layer's
 store itself: key i is store row read_rows[i] (a prefill chunk at depth attends the paged cache
@@ -33,6 +35,48 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch
 
 
+@triton.jit
+def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, num_k_tiles, S,
+              k_start, window, scale_log2, kvh, d, stride_kt, stride_kh, stride_vt, stride_vh,
+              BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
+              MASKED: tl.constexpr):
+    """Key tile kt folded into the online softmax (m, l, acc). MASKED: a PARTIAL tile (or the
+    last one, past S), positions checked; else a FULL tile of S's keys, no mask at all."""
+    rk = kt * BLOCK + tl.arange(0, BLOCK)
+    if INDEXED:  # a tile's rows are consecutive store rows: read where the first one is
+        first = tl.load(rows_ptr + kt * BLOCK).to(tl.int64)
+        rk64 = (first + tl.arange(0, BLOCK))[:, None]
+    else:
+        rk64 = rk[:, None].to(tl.int64)
+    k_at = k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :]
+    v_at = v_ptr + rk64 * stride_vt + kvh * stride_vh + d[None, :]
+    if MASKED:
+        k_mask = rk < S
+        k = tl.load(k_at, mask=k_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        full = tl.load(tiles_ptr + qt * num_k_tiles + kt) == 2  # FULL
+        k_pos = k_start + rk
+        visible = (k_pos[None, :] <= q_pos[:, None]) | full
+        if HAS_WINDOW:
+            visible &= ((q_pos[:, None] - k_pos[None, :]) < window) | full
+        s = tl.where(visible & k_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # NOTE: a row may see nothing in its first tile (window edge): keep its max at 0.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        v = tl.load(v_at, mask=k_mask[:, None], other=0.0)
+    else:
+        k = tl.load(k_at)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = m_new
+        v = tl.load(v_at)
+    alpha = tl.exp2(m - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l
+
+
 # NOTE: lengths, positions and the classifier's offsets in the step's metadata vary from one forward
 # to the next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
 @triton.jit(do_not_specialize=["T", "S", "q_start", "k_start", "num_k_tiles", "splits"],
@@ -59,39 +103,28 @@ def _flash_kernel(
     m = tl.full((PACK * BLOCK,), float("-inf"), tl.float32)
     l = tl.zeros((PACK * BLOCK,), tl.float32)
     acc = tl.zeros((PACK * BLOCK, D), tl.float32)
-    lo = tl.load(ranges_ptr + 2 * qt)
-    hi = tl.load(ranges_ptr + 2 * qt + 1)
+    lo = tl.load(ranges_ptr + 4 * qt)
+    full_lo = tl.load(ranges_ptr + 4 * qt + 1)
+    full_hi = tl.minimum(tl.load(ranges_ptr + 4 * qt + 2), S // BLOCK)  # whole tiles only
+    full_lo = tl.minimum(full_lo, full_hi)
+    hi = tl.load(ranges_ptr + 4 * qt + 3)
     if splits > 1:  # this program's share of the query tile's key tiles
         per = tl.cdiv(hi - lo, splits)
         lo = lo + split * per
         hi = tl.minimum(hi, lo + per)
-    for kt in range(lo, hi):
-        rk = kt * BLOCK + tl.arange(0, BLOCK)
-        k_mask = rk < S
-        if INDEXED:  # a tile's rows are consecutive store rows: read where the first one is
-            first = tl.load(rows_ptr + kt * BLOCK).to(tl.int64)
-            rk64 = (first + tl.arange(0, BLOCK))[:, None]
-        else:
-            rk64 = rk[:, None].to(tl.int64)
-        k = tl.load(k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :],
-                    mask=k_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
-        full = tl.load(tiles_ptr + qt * num_k_tiles + kt) == 2  # FULL
-        k_pos = k_start + rk
-        visible = (k_pos[None, :] <= q_pos[:, None]) | full
-        if HAS_WINDOW:
-            visible &= ((q_pos[:, None] - k_pos[None, :]) < window) | full
-        s = tl.where(visible & k_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        # NOTE: a row may see nothing in its first tile (window edge): keep its max at 0.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        v = tl.load(v_ptr + rk64 * stride_vt + kvh * stride_vh + d[None, :],
-                    mask=k_mask[:, None], other=0.0)
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+    # [lo, hi) in three runs: PARTIAL tiles, the FULL ones (no mask), PARTIAL again
+    for kt in range(lo, tl.minimum(hi, full_lo)):
+        acc, m, l = _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt,
+                              num_k_tiles, S, k_start, window, scale_log2, kvh, d, stride_kt,
+                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, True)
+    for kt in range(tl.maximum(lo, full_lo), tl.minimum(hi, full_hi)):
+        acc, m, l = _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt,
+                              num_k_tiles, S, k_start, window, scale_log2, kvh, d, stride_kt,
+                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, False)
+    for kt in range(tl.maximum(lo, full_hi), hi):
+        acc, m, l = _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt,
+                              num_k_tiles, S, k_start, window, scale_log2, kvh, d, stride_kt,
+                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, True)
     if splits == 1:
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh
@@ -139,37 +172,53 @@ class FlashConfig:
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
 # chunks, a few thousand keys deep, compile what a chunk at 131k runs). On the H200
 # (bench/results/prefill_depth_h200.json) splitting pays only while the (query tile, head)
-# grid leaves SMs idle: 8 splits take gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms;
-# three stages beat two everywhere.
+# grid leaves SMs idle: 8 splits take gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms.
 MIN_TILES_PER_SPLIT = 16
-MAX_PROGRAMS = 2 * 132  # two programs per SM of an H200 (132 SMs)
+SMS = 132  # an H200's multiprocessors
 
 
 def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_dim: int,
-                  tile: int) -> FlashConfig:
-    """The launch rule: two query heads of a key/value head per program where their rows fit
-    one 128-row tile of head_dim <= 128 (half the key/value loads, a taller tensor-core tile);
-    then split the key range while the grid stays within MAX_PROGRAMS and each split walks at
-    least MIN_TILES_PER_SPLIT key tiles; eight warps for head_dim > 128. Measured on the H200
-    (bench/results/prefill_depth_h200.json, 27B, 512 rows at 131k keys in place): packed with
-    two splits and four warps 3.99 ms; eight warps 5.68 ms; unpacked 4.46 ms."""
+                  tile: int, in_place: bool = False) -> FlashConfig:
+    """The launch rule. Two query heads of a key/value head per program where their rows fit
+    one 128-row tile of head_dim <= 128 (half the key/value loads, a taller tensor-core tile),
+    on eight warps (two warpgroups of 64 rows; ~210 registers a thread, so one program per SM)
+    with three key/value buffers in flight: num_stages 3, or 5 reading the store in place,
+    whose per-tile row number is a load of its own and takes pipeline stages before the tile's
+    loads (the compiled kernel holds three buffers either way). Otherwise four warps (eight for
+    head_dim > 128), two programs per SM. Then split the key range while the grid stays within
+    the programs the SMs hold at once and each split walks at least MIN_TILES_PER_SPLIT tiles.
+    Measured on the H200 (bench/results/prefill_depth_h200.json, 27B, 512 rows at 131k keys in
+    place): packed on four warps with two buffers 3.93 ms a layer, on eight with three
+    (contiguous keys) ~3.0."""
     pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
+    if pack == 2:
+        warps, stages, room = 8, 5 if in_place else 3, SMS
+    else:
+        warps, stages, room = 8 if head_dim > 128 else 4, 3, 2 * SMS
     programs, splits = q_tiles * heads // pack, 1
-    while (programs * splits * 2 <= MAX_PROGRAMS and splits < 8
+    while (programs * splits * 2 <= room and splits < 8
            and k_tiles >= 2 * splits * MIN_TILES_PER_SPLIT):
         splits *= 2
-    return FlashConfig(splits, 8 if head_dim > 128 else 4, 3, pack)
+    return FlashConfig(splits, warps, stages, pack)
 
 
 def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
-    """tiles: int8 [QT, KT] classifier -> int32 [QT, 2]: each query tile's [first, last + 1)
-    non-empty key tile ((0, 0) when none)."""
-    nonempty = tiles != EMPTY
+    """tiles: int8 [QT, KT] classifier -> int32 [QT, 4]: each query tile's non-empty key tiles
+    [first, last + 1) and, within them, its FULL ones [full_first, full_last + 1) (one run: a
+    query tile sees a contiguous key range; (last + 1, last + 1) when none; (0, 0, 0, 0) for a
+    query tile that sees nothing)."""
     cols = torch.arange(tiles.shape[1], device=tiles.device)
-    first = torch.where(nonempty, cols, tiles.shape[1]).amin(1)
-    last = torch.where(nonempty, cols, -1).amax(1) + 1
-    first = torch.where(last > 0, first, 0)
-    return torch.stack((first, last.clamp(min=0)), 1).to(torch.int32).contiguous()
+
+    def run(member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        first = torch.where(member, cols, tiles.shape[1]).amin(1)
+        last = torch.where(member, cols, -1).amax(1) + 1
+        return torch.where(last > 0, first, 0), last.clamp(min=0)
+
+    first, last = run(tiles != EMPTY)
+    full_first, full_last = run(tiles == FULL)
+    none = full_last == 0
+    full_first, full_last = torch.where(none, last, full_first), torch.where(none, last, full_last)
+    return torch.stack((first, full_first, full_last, last), 1).to(torch.int32).contiguous()
 
 
 def prefill_attention(
@@ -202,7 +251,8 @@ def prefill_attention(
     q_tiles, k_tiles = tiles.shape
     assert FULL == 2 and q_tiles == cdiv(num_q, tile) and k_tiles == cdiv(num_k, tile)
     assert tiles.is_contiguous()
-    cfg = config or launch_config(q_tiles, heads, kv_heads, k_tiles, head_dim, tile)
+    cfg = config or launch_config(q_tiles, heads, kv_heads, k_tiles, head_dim, tile,
+                                  read_rows is not None)
     assert (heads // kv_heads) % cfg.pack == 0, "packed heads must share a key/value head"
     out = empty((num_q, heads, head_dim), keys.dtype, dev)
     part = ml = out  # NOTE: unused without splits (a placeholder pointer)
