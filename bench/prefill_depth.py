@@ -60,12 +60,14 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3")
     ap.add_argument("--pack", default="1,2", help="query heads per program (those dividing G)")
+    ap.add_argument("--wide", default="1,2", help="key tiles per block in the FULL run")
     ap.add_argument("--shapes", default="gemma3-27b,gemma3-1b")
     args = ap.parse_args()
     receipt = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "rows": args.rows, "page_rows": PAGE, "tile": TILE, "cells": []}
     configs = [FlashConfig(*c) for c in itertools.product(ints(args.splits), ints(args.warps),
-                                                          ints(args.stages), ints(args.pack))]
+                                                          ints(args.stages), ints(args.pack),
+                                                          ints(args.wide))]
     for shape in args.shapes.split(","):
         for depth in [d for d in ints(args.depths) if shape == "gemma3-27b" or d <= 32768]:
             receipt["cells"] += measure(shape, depth, args.rows, configs,
@@ -78,7 +80,7 @@ def main() -> None:
                 say(f"{shape} {depth} {way}: the rule's launch {rule['ms']:.3f} ms "
                     f"({rule['tflop_s']:.0f} TFLOP/s), best {best['ms']:.3f} ms at splits "
                     f"{best['splits']} warps {best['num_warps']} stages {best['num_stages']} "
-                    f"pack {best['pack']}")
+                    f"pack {best['pack']} wide {best['wide']}")
             args.out.write_text(json.dumps(receipt, indent=1) + "\n")
             torch.cuda.empty_cache()
 

@@ -57,13 +57,15 @@ def test_flash_strided_rows(gen, dtype):
 
 
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
-@pytest.mark.parametrize("splits,pack", [(1, 1), (3, 1), (4, 2), (1, 2)])
+@pytest.mark.parametrize("splits,pack,wide", [(1, 1, 1), (3, 1, 2), (4, 2, 2), (1, 2, 1),
+                                              (1, 2, 2)])
 @pytest.mark.parametrize("num_q,num_prev,window", [(40, 120, None), (33, 70, 48)])
-def test_flash_in_place_and_split(gen, dtype, splits, pack, num_q, num_prev, window):
+def test_flash_in_place_and_split(gen, dtype, splits, pack, wide, num_q, num_prev, window):
     """A chunk at depth attends the store where its rows are (read_rows: pages of two tiles
     in a random order), its key range split over several programs whose partials are
-    combined, two query heads of a key/value head in one program (pack); against the float64
-    dense reference of the same rows gathered."""
+    combined, two query heads of a key/value head in one program (pack), the FULL tiles two
+    at a time (wide: each tile's rows from its own first row, so a pair may straddle pages);
+    against the float64 dense reference of the same rows gathered."""
     heads, kv_heads, head_dim, tile = 4, 2, 64, 16
     num_k, page = num_prev + num_q, 2 * tile
     pages = 2 * -(-num_k // page)
@@ -76,7 +78,7 @@ def test_flash_in_place_and_split(gen, dtype, splits, pack, num_q, num_prev, win
     tiles = classify_tiles(num_prev, num_q, 0, num_k, window, tile, tile)
     out = prefill_attention(q, k_store, v_store, num_prev, 0, window, 0.125, tiles.to(DEVICE),
                             tile, Route.TILED, read_rows=read.to(DEVICE),
-                            config=FlashConfig(splits=splits, pack=pack))
+                            config=FlashConfig(splits=splits, pack=pack, wide=wide))
     q_pos = torch.arange(num_prev, num_prev + num_q)
     expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
                              v_store.cpu()[read].double(), q_pos, torch.arange(num_k), window,

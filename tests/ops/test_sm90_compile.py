@@ -39,8 +39,8 @@ flash_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "rows_ptr":
                "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "tiles_ptr": "*i8",
                "ranges_ptr": "*i32", "scale_log2": "fp32"}
 out["prefill attention in place"] = ptx(prefill._flash_kernel, flash_types,
-    dict(G=2, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=2), num_warps=8,
-    num_stages=3)
+    dict(G=2, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=2, WIDE=2), num_warps=8,
+    num_stages=5)
 out["prefill attention combine"] = ptx(prefill._combine_kernel, flash_types | {"o_ptr": "*bf16"},
     dict(D=128), num_warps=1)
 json.dump(out, sys.stdout)

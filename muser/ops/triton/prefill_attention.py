@@ -39,13 +39,19 @@ from muser.ops.triton.launch import cdiv, launch
 def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, num_k_tiles, S,
               k_start, window, scale_log2, kvh, d, stride_kt, stride_kh, stride_vt, stride_vh,
               BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
-              MASKED: tl.constexpr):
-    """Key tile kt folded into the online softmax (m, l, acc). MASKED: a PARTIAL tile (or the
-    last one, past S), positions checked; else a FULL tile of S's keys, no mask at all."""
-    rk = kt * BLOCK + tl.arange(0, BLOCK)
-    if INDEXED:  # a tile's rows are consecutive store rows: read where the first one is
+              MASKED: tl.constexpr, TILES: tl.constexpr):
+    """Key tiles kt .. kt + TILES - 1 folded into the online softmax (m, l, acc) as one block.
+    MASKED (TILES = 1): a PARTIAL tile (or the last one, past S), positions checked; else FULL
+    tiles of S's keys, no mask at all."""
+    r = tl.arange(0, TILES * BLOCK)
+    rk = kt * BLOCK + r
+    if INDEXED:  # a tile's rows are consecutive store rows: read where each tile's first is
         first = tl.load(rows_ptr + kt * BLOCK).to(tl.int64)
-        rk64 = (first + tl.arange(0, BLOCK))[:, None]
+        if TILES == 1:
+            rk64 = (first + r)[:, None]
+        else:
+            second = tl.load(rows_ptr + (kt + 1) * BLOCK).to(tl.int64)
+            rk64 = tl.where(r < BLOCK, first + r, second + (r - BLOCK))[:, None]
     else:
         rk64 = rk[:, None].to(tl.int64)
     k_at = k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :]
@@ -86,7 +92,7 @@ def _flash_kernel(
     q_start, k_start, window, scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt,
     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, splits, G: tl.constexpr,
     D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
-    PACK: tl.constexpr,
+    PACK: tl.constexpr, WIDE: tl.constexpr,
 ):
     # PACK query heads of one key/value head share the program: its PACK * BLOCK rows are
     # (head, query row) pairs over the same query tile, so each key tile is loaded once for them
@@ -112,19 +118,25 @@ def _flash_kernel(
         per = tl.cdiv(hi - lo, splits)
         lo = lo + split * per
         hi = tl.minimum(hi, lo + per)
-    # [lo, hi) in three runs: PARTIAL tiles, the FULL ones (no mask), PARTIAL again
+    # [lo, hi) in three runs: PARTIAL tiles; the FULL ones WIDE at a time without a mask;
+    # the rest (PARTIAL, or a FULL tile left over) masked
+    run_lo = tl.maximum(lo, full_lo)
+    run_hi = run_lo + tl.maximum(tl.minimum(hi, full_hi) - run_lo, 0) // WIDE * WIDE
     for kt in range(lo, tl.minimum(hi, full_lo)):
         acc, m, l = _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt,
                               num_k_tiles, S, k_start, window, scale_log2, kvh, d, stride_kt,
-                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, True)
-    for kt in range(tl.maximum(lo, full_lo), tl.minimum(hi, full_hi)):
+                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, True,
+                              1)
+    for kt in range(run_lo, run_hi, WIDE):
         acc, m, l = _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt,
                               num_k_tiles, S, k_start, window, scale_log2, kvh, d, stride_kt,
-                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, False)
-    for kt in range(tl.maximum(lo, full_hi), hi):
+                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, False,
+                              WIDE)
+    for kt in range(tl.maximum(lo, run_hi), hi):
         acc, m, l = _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt,
                               num_k_tiles, S, k_start, window, scale_log2, kvh, d, stride_kt,
-                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, True)
+                              stride_kh, stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, True,
+                              1)
     if splits == 1:
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh
@@ -167,6 +179,7 @@ class FlashConfig:
     num_warps: int = 4
     num_stages: int = 2
     pack: int = 1  # query heads of one key/value head per program
+    wide: int = 1  # key tiles per block in the run of FULL tiles
 
 
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
@@ -192,14 +205,14 @@ def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_di
     (contiguous keys) ~3.0."""
     pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
     if pack == 2:
-        warps, stages, room = 8, 5 if in_place else 3, SMS
+        warps, stages, room, wide = 8, 5 if in_place else 3, SMS, 2
     else:
-        warps, stages, room = 8 if head_dim > 128 else 4, 3, 2 * SMS
+        warps, stages, room, wide = 8 if head_dim > 128 else 4, 3, 2 * SMS, 1
     programs, splits = q_tiles * heads // pack, 1
     while (programs * splits * 2 <= room and splits < 8
            and k_tiles >= 2 * splits * MIN_TILES_PER_SPLIT):
         splits *= 2
-    return FlashConfig(splits, warps, stages, pack)
+    return FlashConfig(splits, warps, stages, pack, wide)
 
 
 def classifier_ranges(tiles: torch.Tensor) -> torch.Tensor:
@@ -265,7 +278,7 @@ def prefill_attention(
         tiles, ranges, num_q, num_k, q_start, k_start, window or 0, scale * _LOG2E, k_tiles,
         qs0, qs1, ks0, ks1, vs0, vs1, heads * head_dim, head_dim, cfg.splits,
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
-        INDEXED=read_rows is not None, PACK=cfg.pack, num_warps=cfg.num_warps,
+        INDEXED=read_rows is not None, PACK=cfg.pack, WIDE=cfg.wide, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:
