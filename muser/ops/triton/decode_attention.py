@@ -9,8 +9,12 @@ sequence lives at
     row = table[j // block_size] * block_size + j % block_size
 
 so the same kernel reads a wrapped ring and a page table; only the metadata differs. Given the
-step's new rows, the kernel also stores them (store first, without a launch of its own).
-Splits are a launch constant, so the kernel is safe to capture in a CUDA graph.
+step's new rows, the kernel also stores them (store first, without a launch of its own): split
+0 writes a sequence's new row while the other splits run, so no split reads that key from the
+cache. Each program walks its whole key tiles without a mask (the loads stay plain copies into
+the software pipeline), masks its last partial tile, and the program whose range holds the
+newest key folds it in from the step's own K/V row after the loops. Splits are a launch
+constant, so the kernel is safe to capture in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -150,8 +154,9 @@ def launch_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int
     (gemma3-1b, one KV head): a 512-key ring takes 7.2 us in 32 splits, 8.9 us in 8. Long
     ranges (`bench/decode_depth.py`, bench/results/decode_depth_h200.json): 64 keys per
     iteration and ~4 programs per SM, up to 128 splits; at 131,072 keys of gemma3-27b's full
-    layers (16 KV heads) 32 splits of 64 keys read K and V at 0.94 of the copy bandwidth, where
-    16 splits of 32 keys reached 0.56."""
+    layers (16 KV heads) 32 splits of 64 keys read K and V at 1.03 of the copy bandwidth
+    (247 us, with the step's new row, from a CUDA graph), where 16 splits of 32 keys reached
+    0.56 of it (eager, before the loops lost their masks)."""
     if max_keys < LONG_KEYS:
         want = max(1, 256 // max(1, batch * num_kv_heads))
         by_keys = next_power_of_2(-(-max_keys // 16))

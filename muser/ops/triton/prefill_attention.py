@@ -184,8 +184,8 @@ class FlashConfig:
 
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
 # chunks, a few thousand keys deep, compile what a chunk at 131k runs). On the H200
-# (bench/results/prefill_depth_h200.json) splitting pays only while the (query tile, head)
-# grid leaves SMs idle: 8 splits take gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms.
+# (bench/prefill_depth.py) splitting pays only while the (query tile, head) grid leaves SMs
+# idle: 8 splits took gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms.
 MIN_TILES_PER_SPLIT = 16
 SMS = 132  # an H200's multiprocessors
 
@@ -194,15 +194,16 @@ def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_di
                   tile: int, in_place: bool = False) -> FlashConfig:
     """The launch rule. Two query heads of a key/value head per program where their rows fit
     one 128-row tile of head_dim <= 128 (half the key/value loads, a taller tensor-core tile),
-    on eight warps (two warpgroups of 64 rows; ~210 registers a thread, so one program per SM)
-    with three key/value buffers in flight: num_stages 3, or 5 reading the store in place,
-    whose per-tile row number is a load of its own and takes pipeline stages before the tile's
-    loads (the compiled kernel holds three buffers either way). Otherwise four warps (eight for
-    head_dim > 128), two programs per SM. Then split the key range while the grid stays within
-    the programs the SMs hold at once and each split walks at least MIN_TILES_PER_SPLIT tiles.
-    Measured on the H200 (bench/results/prefill_depth_h200.json, 27B, 512 rows at 131k keys in
-    place): packed on four warps with two buffers 3.93 ms a layer, on eight with three
-    (contiguous keys) ~3.0."""
+    on eight warps (two warpgroups of 64 rows; ~245 registers a thread, one program per SM)
+    with three key/value buffers of 128 keys (the FULL run two tiles a block) in flight:
+    num_stages 3, or 5 reading the store in place, whose per-tile row number is a load of its
+    own and takes pipeline stages before the tile's loads (the compiled kernel holds three
+    buffers either way; 5 on contiguous keys would need more shared memory than an SM has).
+    Otherwise four warps (eight for head_dim > 128), two programs per SM. Then split the key
+    range while the grid stays within the programs the SMs hold at once and each split walks at
+    least MIN_TILES_PER_SPLIT tiles. Measured on the H200 (bench/results/prefill_depth_h200.json,
+    27B, 512 rows at 131k keys in place): 2.92 ms a layer, where the previous kernel and rule
+    (one tile a block, four warps, two buffers, two splits) took 3.93."""
     pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
     if pack == 2:
         warps, stages, room, wide = 8, 5 if in_place else 3, SMS, 2
