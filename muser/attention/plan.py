@@ -36,7 +36,7 @@ class SeqPlan:
     write_src: torch.Tensor  # which new rows are stored
     write_dst: torch.Tensor  # where: flat physical rows of the layer's store
     tiles: torch.Tensor | None
-    tile_ranges: torch.Tensor | None = None  # device plans: [first, last + 1) per query tile
+    tile_ranges: torch.Tensor | None = None  # device plans: classifier_ranges of `tiles`
     # read_rows are consecutive within every key tile, so the keys can be attended where they
     # are (ops.prefill_attention's read_rows); else they are gathered first
     tiles_in_place: bool = True

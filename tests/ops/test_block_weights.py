@@ -165,3 +165,22 @@ def test_model_of_blocks_equals_dense_reference(tmp_path, monkeypatch):
     assert workspace.numel() == 2 * 512 * 256  # the largest layer matrix: gate_up
     scale = expect.abs().max().item()
     torch.testing.assert_close(got, expect, atol=GRAPH_ATOL * scale, rtol=GRAPH_RTOL)
+
+
+def test_a_stored_block_pick_is_the_one_that_runs(gen):
+    """A block GEMV config taken from the tuning cache (`tuning.load` ->
+    block_weights.remember) is the config of its shape, over what this machine would choose
+    (the default on the CPU), and is not stored again as if measured here."""
+    from muser.ops.triton.gemv_blocks import candidates_blocks, default_config
+
+    w = _blocks(gen, torch.float32, (QT.Q8_0, 24))  # a shape no other test projects
+    x = rand(gen, 1, K, dtype=torch.float32)
+    key = (1, 24, K, QT.Q8_0, torch.float32)
+    stored = next(c for c in candidates_blocks(1, 24, K, QT.Q8_0)
+                  if c != default_config(1, 24, K, QT.Q8_0))
+    assert block_weights.remember({key: (stored, {"stored": 0.01})}, "cache") == 1
+    assert block_weights.gemv_config(x, w, torch.empty(1, 24, device=DEVICE)) == stored
+    y = linear(x, w)
+    exact, bound = _bound(x, _values(w), torch.float32)
+    assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
+    assert key not in block_weights.measured()

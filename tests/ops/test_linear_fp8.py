@@ -242,3 +242,24 @@ def test_scaled_mm_route(gen):
     xq = quantize_fp8(x)
     on_quantized = xq.dequantize(torch.float64) @ w.dequantize(torch.float64).t()
     check(out, on_quantized, dtype, scale=max(1.0, _magnitude(x, w)))
+
+
+def test_a_stored_pick_runs_without_tuning(gen):
+    """A pick taken from the tuning cache (`tuning.load` -> linear_fp8.remember) is what the
+    shape runs: nothing is timed, the stored config computes the output, and it is not stored
+    again as if measured here."""
+    from muser.ops.triton import linear_fp8
+    from muser.ops.triton.gemv import GemvConfig
+    from muser.ops.triton.linear import _key
+    from muser.ops.triton.timing import STATS
+
+    dtype = torch.float16
+    x, w = rand(gen, 1, 64), _weight(gen, 88, 64, dtype)  # a shape no other test projects
+    key, stored = _key(x.to(dtype), w, ""), GemvConfig("dot8", 16, 32, 1, 4)
+    assert linear_fp8.remember({key: (stored, {"stored": 0.01})}, "cache") == 1
+    assert linear_fp8.remember({key: (GemvConfig("fma", 4, 32, 1, 4), {})}, "shipped") == 0
+    tuned = STATS.tuned
+    out = linear(x.to(dtype), w)
+    assert STATS.tuned == tuned and linear_fp8._CHOICE[key] == stored
+    check(out, _proj(x_hat_dot8(x.to(dtype), stored), w), dtype)
+    assert key not in linear_fp8.measured()

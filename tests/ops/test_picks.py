@@ -1,5 +1,6 @@
-"""Stored projection picks: keys and configs round-trip through JSON; an entry that is not a
-valid pick of the right kind for its key is ignored with a warning, never trusted."""
+"""Stored kernel picks of every family (dense, FP8, GGUF blocks): keys and configs round-trip
+through JSON; an entry that is not a valid pick of the right kind for its key and family is
+ignored with a warning, never trusted."""
 
 from __future__ import annotations
 
@@ -7,24 +8,43 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
 
 from muser.ops.triton import picks
 from muser.ops.triton.gemm import GemmConfig
 from muser.ops.triton.gemv import GemvConfig
+from muser.ops.triton.gemv_blocks import BlockGemvConfig
 
 GEMV = GemvConfig("dot", 64, 256, 4, 4, 4, False)
 GEMM = GemmConfig(64, 128, 64, 4, 3)
+DOT8 = GemvConfig("dot8", 64, 512, 1, 4, 4)
+BLOCK = BlockGemvConfig(32, 4, 2, 4)
 
 
-@pytest.mark.parametrize("key, pick", [
-    ((4, 1536, 1152, "norm", torch.bfloat16, torch.float32), GEMV),
-    ((512, 13824, 1152, "geglu", torch.bfloat16, torch.bfloat16), GEMM),
-    ((1, 262144, 1152, "", torch.bfloat16, torch.bfloat16), None),
+@pytest.mark.parametrize("family, key, pick", [
+    ("linear", (4, 1536, 1152, "norm", torch.bfloat16, torch.float32), GEMV),
+    ("linear", (512, 13824, 1152, "geglu", torch.bfloat16, torch.bfloat16), GEMM),
+    ("linear", (1, 262144, 1152, "", torch.bfloat16, torch.bfloat16), None),
+    ("fp8", (1, 1536, 1152, "norm", torch.bfloat16, torch.bfloat16), DOT8),
+    ("fp8", (1, 1536, 1152, "", torch.bfloat16, torch.bfloat16), "scaled_mm"),
+    ("fp8", (512, 13824, 1152, "geglu", torch.bfloat16, torch.bfloat16), "dequant"),
+    ("blocks", (2, 6912, 1152, QT.Q4_K, torch.bfloat16), BLOCK),
 ])
-def test_round_trip(key: tuple, pick) -> None:
-    text = picks.key_text(key)
-    entry = {"config": picks.config_json(pick), "timed_ms": {"x": 1.0}}
-    assert picks.parse_entries({text: entry}, Path("t")) == {key: (pick, {"x": 1.0})}
+def test_round_trip(family: str, key: tuple, pick) -> None:
+    stored = picks.entries({family: {key: (pick, {"x": 1.0})}})
+    parsed = picks.parse_entries(stored, Path("t"))
+    assert parsed == {f: ({key: (pick, {"x": 1.0})} if f == family else {})
+                      for f in picks.FAMILIES}
+
+
+def test_families_do_not_share_keys() -> None:
+    """The same shape as a dense and as an FP8 projection: two entries, each read back into its
+    own family."""
+    key = (1, 1536, 1152, "", torch.bfloat16, torch.bfloat16)
+    stored = picks.entries({"linear": {key: (GEMV, {})}, "fp8": {key: (DOT8, {})}})
+    assert len(stored) == 2
+    parsed = picks.parse_entries(stored, Path("t"))
+    assert parsed["linear"] == {key: (GEMV, {})} and parsed["fp8"] == {key: (DOT8, {})}
 
 
 @pytest.mark.parametrize("text, config", [
@@ -41,10 +61,21 @@ def test_round_trip(key: tuple, pick) -> None:
     ("4|1536|1152|norm|int8|float32", "cublas"),
     ("4|1536", "cublas"),
     ("4|1536|1152|norm|bfloat16|float32", 7),
+    ("4|1536|1152|norm|bfloat16|float32", picks.config_json(DOT8)),  # an FP8 GEMV kind
+    ("4|1536|1152|norm|bfloat16|float32", "scaled_mm"),  # an FP8 route
+    ("fp8|4|1536|1152|norm|bfloat16|float32", "cublas"),
+    ("fp8|4|1536|1152|norm|bfloat16|float32", "dequant"),  # decode rows: a GEMV or scaled_mm
+    ("fp8|64|1536|1152||bfloat16|bfloat16", picks.config_json(DOT8)),  # GEMV for a chunk
+    ("blocks|1|6912|1152|Q9_Z|bfloat16", picks.config_json(BLOCK)),  # no such block type
+    ("blocks|1|6912|1152|Q4_K|bfloat16", picks.config_json(GEMV)),
+    ("blocks|1|6912|1152|Q4_K|bfloat16", {"block_gemv": {"block_m": 0, "blocks": 4,
+                                                         "split_k": 1, "num_warps": 4}}),
+    ("blocks|64|6912|1152|Q4_K|bfloat16", picks.config_json(BLOCK)),  # no block GEMV for 64
 ])
 def test_bad_entries_are_ignored_with_a_warning(text: str, config) -> None:
     good = picks.key_text((1, 8, 8, "", torch.float32, torch.float32))
     entries = {text: {"config": config}, good: {"config": "cublas"}}
     with pytest.warns(UserWarning, match="ignoring 1 bad entries"):
         parsed = picks.parse_entries(entries, Path("t"))
-    assert list(parsed) == [(1, 8, 8, "", torch.float32, torch.float32)]
+    assert parsed == {"linear": {(1, 8, 8, "", torch.float32, torch.float32): (None, {})},
+                      "fp8": {}, "blocks": {}}

@@ -11,11 +11,12 @@ embedding lookup and the prefill workspace. Weights stay the file's bytes on the
   tiles of it, each projected into its columns of the output;
 - the embedding: the rows asked for are gathered as blocks and dequantized (float32).
 
-The block GEMV's config is chosen per shape (rows, M, K, block type) in this process: on CUDA
-the fastest of `candidates_blocks`, timed in CUDA graphs over copies of the blocks that defeat
-L2 (as linear.py times its GEMVs; the warm-up's decode shapes are timed there, and one first
-seen after it logs a warning); elsewhere `default_config`. Picks are not written to the tuning
-cache. The block GEMV has no cuBLAS twin: MUSER_GEMV=0 reaches the dense route only.
+The block GEMV's config is chosen per shape (rows, M, K, block type, x dtype): a pick from the
+tuning cache (family "blocks" in `picks.py`, written after a warm-up that timed any), else on
+CUDA the fastest of `candidates_blocks`, timed in CUDA graphs over copies of the blocks that
+defeat L2 (as linear.py times its GEMVs; the warm-up's decode shapes are timed there, and one
+first seen after it logs a warning); elsewhere `default_config`. The block GEMV has no cuBLAS
+twin: MUSER_GEMV=0 reaches the dense route only.
 
 `prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
 block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype
@@ -51,6 +52,8 @@ from muser.ops.triton.timing import STATS, graph_ms, rotation
 HEAD_TILE_ROWS = 4096  # the fewest head rows one workspace tile holds
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 _PICKS: dict[tuple, BlockGemvConfig] = {}  # (rows, M, K, block type, x dtype) -> config
+_TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call}
+_SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
 Dense = Callable[[torch.Tensor, torch.Tensor, bool, NormEpilogue | None], object]
 
 
@@ -147,13 +150,32 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockG
             "block GEMV %s tuned after the warm-up, on the request path", key)
     copies = rotation(part, part.data.nbytes,
                       lambda w: BlockMatrix(w.data.clone(), w.qtype, w.cols, w.dtype))
-    best, best_ms = default_config(n, m, k, part.qtype), math.inf
+    best, best_ms, timed = default_config(n, m, k, part.qtype), math.inf, {}
     for c in candidates_blocks(n, m, k, part.qtype):
         try:
             ms = graph_ms(lambda w, c=c: linear_blocks(x, w, c, out=out), copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile or run is skipped)
             continue
+        timed[str(c)] = round(ms, 5)
         if ms < best_ms:
             best, best_ms = c, ms
-    _PICKS[key] = best
+    _PICKS[key], _TIMED[key], _SOURCE[key] = best, timed, "timed"
     return best
+
+
+def choices() -> dict[str, dict]:
+    """Per shape: the config it runs and the measured ms of every candidate."""
+    return {str(k): {"runs": str(p), "timed_ms": _TIMED.get(k, {})} for k, p in _PICKS.items()}
+
+
+def remember(picks: dict[tuple, tuple[BlockGemvConfig, dict]], source: str) -> int:
+    """Take stored picks for shapes not chosen yet -> how many were taken."""
+    fresh = {k: v for k, v in picks.items() if k not in _PICKS}
+    for key, (pick, timed) in fresh.items():
+        _PICKS[key], _TIMED[key], _SOURCE[key] = pick, timed, source
+    return len(fresh)
+
+
+def measured() -> dict[tuple, tuple[BlockGemvConfig, dict]]:
+    """Configs timed on CUDA in this process (what the tuning cache stores)."""
+    return {k: (_PICKS[k], _TIMED[k]) for k, s in _SOURCE.items() if s == "timed" and _TIMED[k]}

@@ -13,9 +13,9 @@ it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`
   timed as `linear` times its GEMM candidates (in graph replay up to GRAPH_ROWS rows,
   eagerly beyond) per power-of-two bucket of rows.
 
-Keys are `linear._key`'s. Picks live in this process (they are not written to the tuning
-cache, whose picks are bfloat16 configs): the warm-up times each FP8 shape once per process
-(`STATS.tuned` counts them, and a shape tuned after it logs a warning). Inside
+Keys are `linear._key`'s. Picks timed here are written to the tuning cache beside linear.py's
+(family "fp8" in `picks.py`) and loaded by the next warm-up; a shape without one is timed by
+the warm-up (`STATS.tuned` counts them, and a shape tuned after it logs a warning). Inside
 `launch.compile_only`, a shape without a pick compiles every candidate.
 """
 
@@ -40,6 +40,7 @@ from muser.ops.triton.timing import STATS, eager_ms, graph_ms, rotation
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
 _CHOICE: dict[tuple, Pick] = {}
 _TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {pick: ms per call} (receipts)
+_SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
 
 
 def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
@@ -71,6 +72,19 @@ def choices() -> dict[str, dict]:
     return {str(k): {"runs": str(p), "timed_ms": _TIMED.get(k, {})} for k, p in _CHOICE.items()}
 
 
+def remember(picks: dict[tuple, tuple[Pick, dict]], source: str) -> int:
+    """Take stored picks for shapes not chosen yet -> how many were taken."""
+    fresh = {k: v for k, v in picks.items() if k not in _CHOICE}
+    for key, (pick, timed) in fresh.items():
+        _CHOICE[key], _TIMED[key], _SOURCE[key] = pick, timed, source
+    return len(fresh)
+
+
+def measured() -> dict[tuple, tuple[Pick, dict]]:
+    """Picks timed on CUDA in this process (what the tuning cache stores)."""
+    return {k: (_CHOICE[k], _TIMED[k]) for k, s in _SOURCE.items() if s == "timed" and _TIMED[k]}
+
+
 def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
          norm: NormEpilogue | None) -> Pick:
     """Choose the pick of a shape (on CUDA the fastest candidate, timed; elsewhere one small
@@ -83,7 +97,7 @@ def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
         pick, timed = (DEFAULT if x.shape[0] <= MAX_ROWS else "dequant"), {}
     else:
         pick, timed = _fastest(x, weight, geglu_out, norm)
-    _CHOICE[key], _TIMED[key] = pick, timed
+    _CHOICE[key], _TIMED[key], _SOURCE[key] = pick, timed, "timed"
     return pick
 
 

@@ -1,10 +1,16 @@
-"""Projection picks on disk: what `linear` chose per shape key, as JSON, in the tuning cache of
-this machine's fingerprint (`muser/tuning_cache.py`), plus a table shipped with the package.
+"""Kernel picks on disk: what the projections chose per shape key, as JSON, in the tuning cache
+of this machine's fingerprint (`muser/tuning_cache.py`), plus a table shipped with the package.
 
-A key is `linear._key`'s tuple (rows or row bucket, M, K, epilogue, weight dtype, input dtype)
-written as "rows|M|K|epilogue|wdtype|xdtype"; an entry is {"config": <pick>, "timed_ms": {...}}
-with the pick "cublas", {"gemv": {...}} or {"gemm": {...}}. An entry that does not parse into a
-known config of the right kind for its key is ignored with a warning.
+Three families of picks, each its module's:
+- "linear" (`linear.py`, dense weights): key `linear._key`'s tuple (rows or row bucket, M, K,
+  epilogue, weight dtype, input dtype) written "rows|M|K|epilogue|wdtype|xdtype"; pick
+  "cublas", {"gemv": {...}} or {"gemm": {...}};
+- "fp8" (`linear_fp8.py`, Fp8Matrix weights): the same key after "fp8|"; pick "scaled_mm",
+  "dequant" (more than MAX_ROWS rows) or {"gemv": {...}} (FP8 GEMV kinds, up to MAX_ROWS);
+- "blocks" (`block_weights.py`, GGUF blocks): key (rows, M, K, block type, input dtype) written
+  "blocks|rows|M|K|Q4_K|xdtype"; pick {"block_gemv": {...}}.
+An entry is {"config": <pick>, "timed_ms": {...}}; one that does not parse into a known config
+of the right kind for its key is ignored with a warning.
 
 `picks_h200.json` ships picks measured on an H200 by `scripts/make_tuning_table.py` for the
 presets. It is read when this GPU has the same name, for keys the cache lacks: a pick is only a
@@ -22,12 +28,17 @@ from typing import Any
 
 import torch
 import triton
+from gguf import GGMLQuantizationType
 
 from muser.ops.triton.gemm import GemmConfig
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig
+from muser.ops.triton.gemv_blocks import BlockGemvConfig
 from muser.tuning_cache import TuningCache, read_fingerprint, read_picks
 
-Pick = GemvConfig | GemmConfig | None  # None: cuBLAS
+Pick = GemvConfig | GemmConfig | BlockGemvConfig | str | None  # None: cuBLAS
+Family = dict[tuple, tuple[Pick, dict]]  # key -> (pick, timed_ms)
+FAMILIES = ("linear", "fp8", "blocks")
+_GEMV_KINDS = {"linear": ("fma", "dot"), "fp8": ("fma", "dot", "dot8")}
 SHIPPED = Path(__file__).with_name("picks_h200.json")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16,
                                                      torch.float32)}
@@ -56,50 +67,78 @@ def cache(device: torch.device) -> TuningCache:
     return TuningCache.at(cache_dir(), fingerprint(device))
 
 
-def key_text(key: tuple) -> str:
-    rows, m, k, epilogue, w_dtype, x_dtype = key
-    return "|".join(map(str, (rows, m, k, epilogue, *(str(d).removeprefix("torch.")
-                                                      for d in (w_dtype, x_dtype)))))
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
-def parse_key(text: str) -> tuple:
-    rows, m, k, epilogue, w_dtype, x_dtype = text.split("|")
+def key_text(key: tuple, family: str = "linear") -> str:
+    if family == "blocks":
+        rows, m, k, qtype, x_dtype = key
+        fields = ("blocks", rows, m, k, GGMLQuantizationType(qtype).name, _name(x_dtype))
+    else:
+        rows, m, k, epilogue, w_dtype, x_dtype = key
+        fields = (rows, m, k, epilogue, _name(w_dtype), _name(x_dtype))
+        fields = ("fp8", *fields) if family == "fp8" else fields
+    return "|".join(map(str, fields))
+
+
+def parse_key(text: str) -> tuple[str, tuple]:
+    """-> (family, key)."""
+    fields = text.split("|")
+    family = fields[0] if fields[0] in ("fp8", "blocks") else "linear"
+    fields = fields[1:] if family != "linear" else fields
+    if family == "blocks":
+        rows, m, k, qtype, x_dtype = fields
+        return family, (int(rows), int(m), int(k), GGMLQuantizationType[qtype], _DTYPES[x_dtype])
+    rows, m, k, epilogue, w_dtype, x_dtype = fields
     if epilogue not in ("", "geglu", "norm"):
         raise ValueError(f"unknown epilogue {epilogue!r}")
-    return int(rows), int(m), int(k), epilogue, _DTYPES[w_dtype], _DTYPES[x_dtype]
+    return family, (int(rows), int(m), int(k), epilogue, _DTYPES[w_dtype], _DTYPES[x_dtype])
 
 
 def config_json(pick: Pick) -> Any:
     if pick is None:
         return "cublas"
-    return {"gemv" if isinstance(pick, GemvConfig) else "gemm": dataclasses.asdict(pick)}
+    if isinstance(pick, str):
+        return pick
+    kind = {GemvConfig: "gemv", GemmConfig: "gemm", BlockGemvConfig: "block_gemv"}[type(pick)]
+    return {kind: dataclasses.asdict(pick)}
 
 
-def parse_config(obj: Any, rows: int) -> Pick:
-    """A stored pick for `rows` rows (decode GEMV up to MAX_ROWS, GEMM above)."""
-    if obj == "cublas":
+def parse_config(obj: Any, rows: int, family: str = "linear") -> Pick:
+    """A stored pick of `family` for `rows` rows (GEMVs up to MAX_ROWS, GEMM or a dense route
+    above)."""
+    decode = rows <= MAX_ROWS
+    if family == "linear" and obj == "cublas":
         return None
+    if family == "fp8" and (obj == "scaled_mm" or (obj == "dequant" and not decode)):
+        return obj
     kind, fields = next(iter(obj.items())) if isinstance(obj, dict) and len(obj) == 1 else (
         None, None)
-    cls = {"gemv": GemvConfig, "gemm": GemmConfig}.get(kind)
-    if cls is None or (cls is GemvConfig) != (rows <= MAX_ROWS):
-        raise ValueError(f"not a pick for {rows} rows: {obj!r}")
+    allowed = {"linear": {"gemv": GemvConfig, "gemm": GemmConfig}, "fp8": {"gemv": GemvConfig},
+               "blocks": {"block_gemv": BlockGemvConfig}}[family]
+    cls = allowed.get(kind)
+    if cls is None or (cls is GemmConfig) == decode:
+        raise ValueError(f"not a {family} pick for {rows} rows: {obj!r}")
     pick = cls(**fields)
     if any(not isinstance(v, int) or v < 1 for v in dataclasses.astuple(pick)
            if not isinstance(v, (str, bool))):
         raise ValueError(f"bad sizes in {obj!r}")
-    if isinstance(pick, GemvConfig) and pick.kind not in ("fma", "dot"):
+    if isinstance(pick, GemvConfig) and pick.kind not in _GEMV_KINDS[family]:
         raise ValueError(f"unknown GEMV kind in {obj!r}")
     return pick
 
 
-def parse_entries(entries: dict[str, Any], origin: Path) -> dict[tuple, tuple[Pick, dict]]:
-    """Stored entries -> {key: (pick, timed_ms)}; bad entries are skipped with a warning."""
-    out, bad = {}, []
+def parse_entries(entries: dict[str, Any], origin: Path) -> dict[str, Family]:
+    """Stored entries -> {family: {key: (pick, timed_ms)}} (every family present); bad entries
+    are skipped with a warning."""
+    out: dict[str, Family] = {f: {} for f in FAMILIES}
+    bad = []
     for text, entry in entries.items():
         try:
-            key = parse_key(text)
-            out[key] = (parse_config(entry["config"], key[0]), dict(entry.get("timed_ms", {})))
+            family, key = parse_key(text)
+            pick = parse_config(entry["config"], key[0], family)
+            out[family][key] = (pick, dict(entry.get("timed_ms", {})))
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration):
             bad.append(text)
     if bad:
@@ -108,20 +147,24 @@ def parse_entries(entries: dict[str, Any], origin: Path) -> dict[tuple, tuple[Pi
     return out
 
 
-def load(device: torch.device) -> tuple[dict[tuple, tuple[Pick, dict]],
-                                         dict[tuple, tuple[Pick, dict]]]:
+def load(device: torch.device) -> tuple[dict[str, Family], dict[str, Family]]:
     """-> (this machine's stored picks, the shipped table's when this GPU has its name), each
-    {key: (pick, timed_ms)}."""
+    {family: {key: (pick, timed_ms)}}."""
     store = cache(device)
     shipped = Path(os.environ.get("MUSER_SHIPPED_PICKS", SHIPPED))
     same_gpu = read_fingerprint(shipped).get("gpu") == store.fingerprint["gpu"]
     return (parse_entries(store.load(), store.path),
-            parse_entries(read_picks(shipped, None), shipped) if same_gpu else {})
+            parse_entries(read_picks(shipped, None) if same_gpu else {}, shipped))
 
 
-def save(device: torch.device, picks: dict[tuple, tuple[Pick, dict]]) -> Path:
+def entries(measured: dict[str, Family]) -> dict[str, Any]:
+    """{family: {key: (pick, timed_ms)}} -> the stored entries."""
+    return {key_text(k, family): {"config": config_json(p), "timed_ms": t}
+            for family, picks in measured.items() for k, (p, t) in picks.items()}
+
+
+def save(device: torch.device, measured: dict[str, Family]) -> Path:
     """Store measured picks in this machine's tuning cache -> its path."""
     store = cache(device)
-    store.save({key_text(k): {"config": config_json(p), "timed_ms": t}
-                for k, (p, t) in picks.items()})
+    store.save(entries(measured))
     return store.path

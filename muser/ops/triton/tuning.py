@@ -25,7 +25,7 @@ import triton
 from triton.runtime._async_compile import AsyncCompileMode
 from triton.runtime.errors import OutOfResources
 
-from muser.ops.triton import kernel_list, linear, picks
+from muser.ops.triton import block_weights, kernel_list, linear, linear_fp8, picks
 from muser.ops.triton.gemv import MAX_ROWS
 from muser.ops.triton.launch import compile_only
 from muser.tuning_cache import TuningCache
@@ -70,17 +70,21 @@ def serving() -> None:
 triton.knobs.runtime.jit_cache_hook = _count_compile
 
 
+FAMILIES = {"linear": linear, "fp8": linear_fp8, "blocks": block_weights}  # picks.FAMILIES
+
+
 def load(device: torch.device) -> dict[str, int]:
     """Take this machine's stored picks, then the shipped table's -> how many from each."""
     cached, shipped = picks.load(device)
-    return {"cache": linear.remember(cached, "cache"),
-            "shipped": linear.remember(shipped, "shipped")}
+    return {origin: sum(module.remember(stored[family], origin)
+                        for family, module in FAMILIES.items())
+            for origin, stored in (("cache", cached), ("shipped", shipped))}
 
 
 def save(device: torch.device) -> Path | None:
     """Store the picks timed in this process -> the cache file (None: nothing was timed)."""
-    measured = linear.measured()
-    return picks.save(device, measured) if measured else None
+    measured = {family: module.measured() for family, module in FAMILIES.items()}
+    return picks.save(device, measured) if any(measured.values()) else None
 
 
 @contextmanager
@@ -102,7 +106,8 @@ def compiling(device: torch.device, threads: int | None = None) -> Iterator[Asyn
 
 def listed(device: torch.device, config: str) -> TuningCache:
     """The kernel list of this machine, `config` and the picks taken (`kernel_list.py`)."""
-    runs = sorted((key, choice["runs"]) for key, choice in linear.choices().items())
+    runs = sorted((family, key, choice["runs"]) for family, module in FAMILIES.items()
+                  for key, choice in module.choices().items())
     return kernel_list.store(device, f"{config} {runs}")
 
 
