@@ -179,7 +179,7 @@ class FlashConfig:
     num_warps: int = 4
     num_stages: int = 2
     pack: int = 1  # query heads of one key/value head per program
-    wide: int = 1  # key tiles per block in the run of FULL tiles
+    wide: int = 1  # key tiles per block in the run of FULL tiles (1 or 2)
 
 
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
@@ -268,6 +268,7 @@ def prefill_attention(
     cfg = config or launch_config(q_tiles, heads, kv_heads, k_tiles, head_dim, tile,
                                   read_rows is not None)
     assert (heads // kv_heads) % cfg.pack == 0, "packed heads must share a key/value head"
+    assert cfg.wide in (1, 2), "the FULL run's blocks are one or two key tiles"
     out = empty((num_q, heads, head_dim), keys.dtype, dev)
     part = ml = out  # NOTE: unused without splits (a placeholder pointer)
     if cfg.splits > 1:
