@@ -124,18 +124,19 @@ print("RESULT " + json.dumps({"copy_bytes_per_s": copy_bw, "weight_bytes": weigh
 
 
 def llama_bench(binary: str, gguf: str, depths: list[int], reps: int, steps: int) -> list[dict]:
+    """`llama-bench -d DEPTH -p 512 -n STEPS`, one process per depth: its tg and pp512 tests
+    share the model load and the prompt of `depth` tokens (llama-bench fills it once and
+    restores its state before every run)."""
     cells = []
     for depth in depths:
         cell = {"depth": depth}
-        for label, flags in (("tg", ["-p", "0", "-n", str(steps)]),
-                             ("pp512", ["-p", "512", "-n", "0"])):
-            proc = subprocess.run([binary, "-m", gguf, "-ngl", "99", "-fa", "1", "-d", str(depth),
-                                   "-r", str(reps), "-o", "json", *flags],
-                                  stdout=subprocess.PIPE, text=True)
-            rows = json.loads(proc.stdout) if proc.returncode == 0 else []
-            if rows:
-                cell[f"{label}_tok_s"] = rows[0]["avg_ts"]
-                cell[f"{label}_samples_tok_s"] = rows[0].get("samples_ts")
+        proc = subprocess.run([binary, "-m", gguf, "-ngl", "99", "-fa", "1", "-d", str(depth),
+                               "-r", str(reps), "-o", "json", "-p", "512", "-n", str(steps)],
+                              stdout=subprocess.PIPE, text=True)
+        for row in json.loads(proc.stdout) if proc.returncode == 0 else []:
+            label = "tg" if row["n_prompt"] == 0 else "pp512"
+            cell[f"{label}_tok_s"] = row["avg_ts"]
+            cell[f"{label}_samples_tok_s"] = row.get("samples_ts")
         if "tg_tok_s" in cell:
             cell["tpot_ms"] = 1e3 / cell["tg_tok_s"]
         print(f"llama.cpp depth {depth}: {cell}", file=sys.stderr, flush=True)

@@ -100,19 +100,24 @@ def test_every_gemv_fp8_config(gen, epilogue):
     norm = NormEpilogue(res, post, nxt, 1e-6, dtype) if epilogue == "norm" else None
     configs = candidates_fp8(2, m, k) + [GemvConfig("fma", 4, 32, 3, 4),
                                          GemvConfig("dot", 16, 32, 2, 4),
-                                         GemvConfig("dot8", 16, 32, 2, 4)]
-    assert {c.kind for c in configs} == {"fma", "dot", "dot8"}
-    exact = proj
+                                         GemvConfig("dot8", 16, 32, 2, 4),
+                                         GemvConfig("row", 8, 32, 2, 4),
+                                         GemvConfig("row", 16, 64, 1, 4)]
+    assert {c.kind for c in configs} == {"fma", "dot", "dot8", "row"}
     for config in configs:
-        proj = _proj(x_hat_dot8(x.to(dtype), config), w) if config.kind == "dot8" else exact
+        rows = 1 if config.kind == "row" else 2  # the row loop reads one row of x
+        want_proj = (_proj(x_hat_dot8(x.to(dtype), config), w) if config.kind == "dot8"
+                     else proj)[:rows]
+        ep = None if norm is None else NormEpilogue(res[:rows], post, nxt, 1e-6, dtype)
         for _ in range(2):
-            out = gemv_fp8(x, w, config, epilogue == "geglu", norm)
+            out = gemv_fp8(x[:rows], w, config, epilogue == "geglu", ep)
             if epilogue == "plain":
-                check(out, proj, dtype)
+                check(out, want_proj, dtype)
             elif epilogue == "geglu":
-                check(out, ref.geglu(proj), dtype, scale=2.0)
+                check(out, ref.geglu(want_proj), dtype, scale=2.0)
             else:
-                want = ref.add_rms_norm(res.double(), proj, post.double(), nxt.double(), 1e-6)
+                want = ref.add_rms_norm(res[:rows].double(), want_proj, post.double(),
+                                        nxt.double(), 1e-6)
                 check(out[0], want[0], dtype, scale=2.0)
                 check(out[1], want[1], dtype, scale=2.0)
 

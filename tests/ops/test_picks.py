@@ -18,6 +18,7 @@ from muser.ops.triton.gemv_blocks import BlockGemvConfig
 GEMV = GemvConfig("dot", 64, 256, 4, 4, 4, False)
 GEMM = GemmConfig(64, 128, 64, 4, 3)
 DOT8 = GemvConfig("dot8", 64, 512, 1, 4, 4)
+ROW = GemvConfig("row", 8, 1024, 1, 4)
 BLOCK = BlockGemvConfig(32, 4, 2, 4)
 
 
@@ -27,6 +28,7 @@ BLOCK = BlockGemvConfig(32, 4, 2, 4)
     ("linear", (1, 262144, 1152, "", torch.bfloat16, torch.bfloat16), None),
     ("fp8", (1, 1536, 1152, "norm", torch.bfloat16, torch.bfloat16), DOT8),
     ("fp8", (1, 1536, 1152, "", torch.bfloat16, torch.bfloat16), "scaled_mm"),
+    ("fp8", (1, 1536, 1152, "geglu", torch.bfloat16, torch.bfloat16), ROW),
     ("fp8", (512, 13824, 1152, "geglu", torch.bfloat16, torch.bfloat16), "dequant"),
     ("blocks", (2, 6912, 1152, QT.Q4_K, torch.bfloat16), BLOCK),
 ])
@@ -66,6 +68,8 @@ def test_families_do_not_share_keys() -> None:
     ("fp8|4|1536|1152|norm|bfloat16|float32", "cublas"),
     ("fp8|4|1536|1152|norm|bfloat16|float32", "dequant"),  # decode rows: a GEMV or scaled_mm
     ("fp8|64|1536|1152||bfloat16|bfloat16", picks.config_json(DOT8)),  # GEMV for a chunk
+    ("fp8|2|1536|1152||bfloat16|bfloat16", picks.config_json(ROW)),  # the row loop: 1 row
+    ("1|1536|1152||bfloat16|bfloat16", picks.config_json(ROW)),  # an FP8 GEMV kind
     ("blocks|1|6912|1152|Q9_Z|bfloat16", picks.config_json(BLOCK)),  # no such block type
     ("blocks|1|6912|1152|Q4_K|bfloat16", picks.config_json(GEMV)),
     ("blocks|1|6912|1152|Q4_K|bfloat16", {"block_gemv": {"block_m": 0, "blocks": 4,

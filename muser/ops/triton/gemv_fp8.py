@@ -6,8 +6,13 @@ SPLIT_K programs per row block, accumulated in float32, then each row's scale mu
 sum (or each split's partial) once and `gemv.finish` rounds y to x's dtype (the model's: the
 caller hands x in it) and runs the same epilogues: plain, GeGLU, residual add + RMSNorm.
 
-Three main loops (GemvConfig.kind), the fastest picked per shape by timing (linear_fp8.py):
-- "fma": codes widened to float32 in registers, products accumulated there, reduced once;
+Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linear_fp8.py):
+- "fma": codes widened to float32 in registers, products accumulated there, reduced once
+  (x's rows broadcast over a [rows, BLOCK_M, BLOCK_K] accumulator: the compiled loop moves
+  each weight tile through shared memory to that layout, a byte at a time);
+- "row", one row of x only: the same arithmetic on a [BLOCK_M, BLOCK_K] accumulator in the
+  weight tile's own layout (16 codes a thread per load, widened in registers: one packed
+  convert per two codes, no shared-memory round trip for the weights);
 - "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
   convert per two codes. x enters float16 multiplied by a power of two per row
   (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums
@@ -57,8 +62,16 @@ def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
     return w, x
 
 
-FMA, DOT16, DOT8 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # the main loops
-LOOPS = {"fma": 0, "dot": 1, "dot8": 2}  # GemvConfig.kind -> LOOP
+@triton.jit
+def _row_tiles(x_ptr, w_ptr, rows, valid, kk, k_hi, K):
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
+                mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
+    return w, tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
+
+
+FMA, DOT16, DOT8, ROW = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
+                         tl.constexpr(3))  # the main loops
+LOOPS = {"fma": 0, "dot": 1, "dot8": 2, "row": 3}  # GemvConfig.kind -> LOOP
 
 
 @triton.jit
@@ -122,6 +135,12 @@ def _gemv_fp8_kernel(
         y = tl.trans(acc)
         if SCALE_X:
             y = y * down[:, None]
+    elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
+        acc2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            w, x = _row_tiles(x_ptr, w_ptr, rows, valid, k0 + rk, k_hi, K)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        y = tl.sum(acc2, axis=1)[None, :]
     else:
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -141,6 +160,7 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
     its rms_norm in norm.dtype)."""
     n, (m, k) = x.shape[0], weight.shape
     x = x if x.dtype == weight.dtype else x.to(weight.dtype)
+    assert n == 1 or config.kind != "row", "the row loop reads one row of x"
     assert n <= MAX_ROWS and weight.data.is_contiguous() and x.stride(-1) == 1
     assert x.shape[1] == k and not (geglu and norm) and (not geglu or m % 2 == 0)
     c, dev = config, x.device
@@ -152,7 +172,8 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
         x.stride(0), o.args[0].stride(0), o.stride_rn, k_per_split, o.eps, LOOP=LOOPS[c.kind],
         SCALE_X=x.dtype != torch.float16, GEGLU=geglu, NORM=norm is not None,
         NORM_BLOCK=min(next_power_of_2(m), 4096),
-        BLOCK_N=16 if c.kind != "fma" else max(1, next_power_of_2(n)), BLOCK_M=c.block_m,
+        BLOCK_N=1 if c.kind == "row" else 16 if c.kind != "fma" else max(1, next_power_of_2(n)),
+        BLOCK_M=c.block_m,
         BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
         **options(dev))
     return o.result
@@ -160,10 +181,23 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
 
 def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
     """The bfloat16 GEMV's configs for this shape, each of its tiles with twice the columns
-    (the same bytes per load as a bfloat16 tile) when not split over K, and every
-    tensor-core config also with FP8 activations (dot8)."""
+    (the same bytes per load as a bfloat16 tile) when not split over K, every tensor-core
+    config also with FP8 activations (dot8), and for one row the row loop's tiles."""
     base = candidates(n, m, k)
     wide = [dataclasses.replace(c, block_k=2 * c.block_k) for c in base
             if c.split_k == 1 and (c.kind == "dot" or n <= 2)]
     dot8 = [dataclasses.replace(c, kind="dot8") for c in base + wide if c.kind == "dot"]
-    return base + wide + dot8
+    return base + wide + dot8 + (row_candidates(m, k) if n == 1 else [])
+
+
+def row_candidates(m: int, k: int) -> list[GemvConfig]:
+    """The row loop's tiles (16 codes a thread per load, 4 or 8 warps), split over K when the
+    row blocks alone leave the chip's SMs short of programs to overlap."""
+    out = []
+    for bm, bk, warps in [(8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 1024, 8), (4, 2048, 4),
+                          (8, 2048, 8)]:
+        programs = cdiv(m, bm)
+        most = min(max(1, k // bk), 16)
+        splits = {1} | ({min(s, most) for s in (2, 4)} if programs < 1024 else set())
+        out += [GemvConfig("row", bm, bk, s, warps) for s in sorted(splits)]
+    return out
