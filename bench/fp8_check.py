@@ -6,6 +6,8 @@
   weights rotated past L2), the fastest one's weight bytes read per second and its fraction
   of copy bandwidth (the issue asks >= 0.85), and its error against float64 on the exact
   dequantized weights;
+- quantize: the prefill route's activation quantization at the four K, 512 and 2,048 rows,
+  per launch rule (the current one, the one before it, and neighbours), us and bandwidth;
 - prefill: the same matrices at 2048 rows: `torch._scaled_mm` alone (x already FP8), the
   scaled_mm route (x quantized per token first), the dequant route and bfloat16 `torch.mm`,
   in TFLOP/s, and the route `linear_fp8.tune` picks;
@@ -214,7 +216,42 @@ def accuracy(gen: torch.Generator) -> dict:
     return out
 
 
-SECTIONS = ("copy", "gemv", "prefill", "load_27b", "accuracy")
+def old_rule(k: int) -> tuple[int, int]:
+    """The activation quantization's launch before `quantize_fp8.launch_rule`: the whole row in
+    registers up to 32,768 values (16 warps past 8,192)."""
+    from muser.ops.triton.launch import next_power_of_2
+
+    block = next_power_of_2(k) if k <= 32768 else 4096
+    return block, 16 if block > 8192 else 8 if block > 2048 else 4
+
+
+def quantize(copy_gbps: float, gen: torch.Generator) -> dict:
+    """The scaled_mm route's activation quantization (quantize_rows_fp8) at the 27B's four K
+    and 512 / 2,048 rows, per launch rule: us a call and bytes moved (read + write) per second
+    against copy."""
+    from muser.ops.triton.quantize_fp8 import launch_rule, quantize_rows_fp8
+
+    rules = {"old": old_rule, "rule": launch_rule, "1024x4": lambda k: (1024, 4),
+             "4096x4": lambda k: (4096, 4), "2048x8": lambda k: (2048, 8)}
+    out = {}
+    for k in sorted({k for _, k in SHAPES_27B.values()}):
+        for rows in (512, 2048):
+            x = torch.randn(rows, k, generator=gen, device="cuda").to(BF16)
+            want = quantize_rows_fp8(x, old_rule)
+            cell = {}
+            for name, rule in rules.items():
+                got = quantize_rows_fp8(x, rule)
+                assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+                ms = _ms(lambda r=rule: quantize_rows_fp8(x, r), reps=50)
+                gbps = rows * k * 3 / ms / 1e6
+                cell[name] = {"us": ms * 1e3, "GBps": gbps, "of_copy": gbps / copy_gbps}
+            out[f"K={k} rows={rows}"] = cell
+            say(f"quantize K={k} rows={rows}: " + ", ".join(
+                f"{n} {c['us']:.1f} us ({c['of_copy']:.2f})" for n, c in cell.items()))
+    return out
+
+
+SECTIONS = ("copy", "gemv", "quantize", "prefill", "load_27b", "accuracy")
 
 
 def main() -> int:
@@ -237,6 +274,8 @@ def main() -> int:
             copy_gbps = result["copy"]["GBps"]
         elif name == "gemv":
             result["gemv"] = gemv(copy_gbps or copy_bandwidth()["GBps"], gen)
+        elif name == "quantize":
+            result["quantize"] = quantize(copy_gbps or copy_bandwidth()["GBps"], gen)
         elif name == "prefill":
             result["prefill"] = prefill(gen)
         elif name == "load_27b":

@@ -127,16 +127,17 @@ def test_quantize_rows_equals_quantize_fp8(gen, dtype):
     """The activation-quantization kernel of the scaled_mm route, bit for bit the reference's
     codes and scales: rows read in one tile and in several, a zero row, a row of one huge
     entry, ties."""
-    from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
+    from muser.ops.triton.quantize_fp8 import launch_rule, quantize_rows_fp8
 
     x = rand(gen, 5, 2500)
     x[1] = 0.0
     x[2, 7] = 3e4
     x[3] = torch.arange(2500, device=x.device) / 8 - 150  # many values at ties of e4m3
     x = x.to(dtype)
-    long = rand(gen, 2, 33000).to(dtype)  # past ONE_TILE: two passes over the row
-    for rows in (x, long):
-        got, want = quantize_rows_fp8(rows), quantize_fp8(rows)
+    want = quantize_fp8(x)
+    # the launch rule's (two passes of 2,048), the whole row in one tile, passes of 256
+    for rule in (launch_rule, lambda k: (4096, 4), lambda k: (256, 2)):
+        got = quantize_rows_fp8(x, rule)
         assert torch.equal(got.scales, want.scales)
         assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
 

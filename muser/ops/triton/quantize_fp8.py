@@ -2,9 +2,11 @@
 lands on 448 and rounded to e4m3 (`muser.ops.fp8.quantize_fp8`'s values bit for bit: the
 same float32 amax / 448, the same correctly rounded division, the same saturating
 round-to-nearest-even), the input of the FP8 tensor-core prefill route
-(muser/ops/triton/linear_fp8.py). One program per row; a row of up to 32,768 values is read
-once into registers, a longer one twice (its largest |x|, then the codes; the second read hits
-L2).
+(muser/ops/triton/linear_fp8.py). One program per row, four warps: a row of up to BLOCK_K
+values is read once into registers, a longer one twice, BLOCK_K at a time (its largest |x|,
+then the codes; the second read hits L1 or L2). Small programs keep many rows in flight on
+each SM; a whole row in registers (up to 32,768 values, 16 warps) left one row per SM at a time
+and ran a 2,048-row prefill's quantizations at 69 us a call (bench/fp8_check.py, "quantize").
 """
 
 from __future__ import annotations
@@ -60,17 +62,19 @@ def _quantize_fp8_kernel(x_ptr, data_ptr, scales_ptr, K, stride_xn, tiny,
             tl.store(out_row + kk, round_e4m3(q).to(data_ptr.dtype.element_ty), mask=kk < K)
 
 
-ONE_TILE = 32768  # rows up to this long are read once, whole, by 16 warps
+def launch_rule(k: int) -> tuple[int, int]:
+    """(BLOCK_K, num_warps) for rows of k values."""
+    return min(next_power_of_2(k), 2048), 4
 
 
-def quantize_rows_fp8(x: torch.Tensor) -> Fp8Matrix:
+def quantize_rows_fp8(x: torch.Tensor, rule=launch_rule) -> Fp8Matrix:
     """x: [N, K] float, rows unit-stride -> Fp8Matrix of its rows (a scale per row), equal to
-    quantize_fp8(x)."""
+    quantize_fp8(x); rule: k -> (BLOCK_K, num_warps) (benchmarks compare others)."""
     assert x.dim() == 2 and x.stride(-1) == 1 and FP8_MAX == 448.0
     n, k = x.shape
     data = empty((n, k), FP8, x.device)
     scales = empty((n,), torch.float32, x.device)
-    block = next_power_of_2(k) if k <= ONE_TILE else 4096
+    block, warps = rule(k)
     launch(_quantize_fp8_kernel, (n,), x, data, scales, k, x.stride(0), SCALE_MIN,
-           BLOCK_K=block, num_warps=16 if block > 8192 else 8 if block > 2048 else 4)
+           BLOCK_K=block, num_warps=warps)
     return Fp8Matrix(data, scales, x.dtype)
