@@ -315,7 +315,8 @@ def gemv_bandwidth(cfg) -> list[dict]:
     see ops/triton/linear.py) vs cuBLAS alone, both timed in CUDA graphs, weights rotated past
     L2; and every Triton candidate config checked against float64 on the first matrix."""
     from muser.ops.triton.gemv import NormEpilogue, candidates, gemv
-    from muser.ops.triton.linear import _CHOICE, _cublas, _graph_ms, _key
+    from muser.ops.triton.linear import PICKS, _cublas, _key
+    from muser.ops.triton.timing import graph_ms
 
     out = []
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
@@ -332,10 +333,10 @@ def gemv_bandwidth(cfg) -> list[dict]:
                 "norm": lambda w: tops.linear_add_rms_norm(x, w, norm.residual, norm.post,
                                                            norm.next, 1e-6, BF16)}[epi]
         ours(ws[0])  # picks the path for this shape
-        t_ours = _graph_ms(ours, ws)
+        t_ours = graph_ms(ours, ws)
         epi_args = (epi == "geglu", norm if epi == "norm" else None)
-        t_cublas = _graph_ms(lambda w: _cublas(x, w, *epi_args), ws)
-        choice = _CHOICE[_key(x, ws[0], epi)]
+        t_cublas = graph_ms(lambda w: _cublas(x, w, *epi_args), ws)
+        choice = PICKS.pick[_key(x, ws[0], epi)]
         row = {"matrix": name, "shape": [m, k], "chosen": "cublas" if choice is None else
                str(choice), "chosen_GBps": nbytes / t_ours / 1e6,
                "cublas_GBps": nbytes / t_cublas / 1e6}
@@ -366,7 +367,7 @@ def attention_sweep(cfg) -> list[dict]:
     full sliding ring and a 2,080-key global cache: microseconds per layer for each split
     count and key block, timed in CUDA graphs (the default is launch_config's pick)."""
     from muser.ops.triton.decode_attention import launch_config
-    from muser.ops.triton.linear import _graph_ms
+    from muser.ops.triton.timing import graph_ms
 
     out = []
     kvh, d, h = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
@@ -384,7 +385,7 @@ def attention_sweep(cfg) -> list[dict]:
             for block_n in (32, 64):
                 fn = lambda w, s=splits, b=block_n: tops.decode_attention(  # noqa: E731
                     q, w, vc, *meta, new=new, splits=s, block_n=b)
-                us = _graph_ms(fn, [kc]) * 1e3
+                us = graph_ms(fn, [kc]) * 1e3
                 out.append({"layer": label, "keys": keys, "splits": splits, "block_n": block_n,
                             "us": us, "default": (splits, block_n) == default[:2]})
         best = min((r for r in out if r["layer"] == label), key=lambda r: r["us"])

@@ -118,12 +118,13 @@ def down_sweep(cfg) -> dict:
     """The down projection (hidden x intermediate) at N=1 over a wider set of GEMV configs than
     `candidates`, each timed in CUDA graphs over rotating weights past L2."""
     from muser.ops.triton.gemv import GemvConfig, gemv
-    from muser.ops.triton.linear import _cublas, _graph_ms
+    from muser.ops.triton.linear import _cublas
+    from muser.ops.triton.timing import graph_ms
 
     m, k = cfg.hidden_size, cfg.intermediate_size
     ws = [torch.randn(m, k, device=DEV, dtype=BF16) for _ in range(8)]
     x = torch.randn(1, k, device=DEV).to(BF16)
-    out = {"cublas": _graph_ms(lambda w: _cublas(x, w, False, None), ws) * 1e3}
+    out = {"cublas": graph_ms(lambda w: _cublas(x, w, False, None), ws) * 1e3}
     for kind, bm, bk, split, warps, stages in [
             ("fma", 4, 1024, 1, 4, 3), ("fma", 4, 1024, 1, 4, 4), ("fma", 4, 2048, 1, 8, 3),
             ("fma", 2, 2048, 1, 4, 3), ("fma", 4, 512, 2, 4, 4), ("fma", 4, 1024, 2, 4, 3),
@@ -132,7 +133,7 @@ def down_sweep(cfg) -> dict:
             ("dot", 64, 256, 8, 4, 4), ("dot", 32, 256, 8, 4, 5), ("dot", 16, 1024, 2, 4, 3)]:
         c = GemvConfig(kind, bm, bk, split, warps, stages)
         try:
-            out[str(c)] = _graph_ms(lambda w, c=c: gemv(x, w, c), ws) * 1e3
+            out[str(c)] = graph_ms(lambda w, c=c: gemv(x, w, c), ws) * 1e3
         except Exception as exc:  # noqa: BLE001  (a config that does not compile is skipped)
             out[str(c)] = f"{type(exc).__name__}"
     timed = sorted((v, c) for c, v in out.items() if isinstance(v, float))

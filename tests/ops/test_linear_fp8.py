@@ -50,9 +50,9 @@ def _picked_proj(x: torch.Tensor, w: Fp8Matrix, epilogue: str) -> torch.Tensor:
     "dot8" GEMV config or x quantized per token for "scaled_mm" (a GPU may pick either), x
     itself otherwise."""
     from muser.ops.triton.linear import _key
-    from muser.ops.triton.linear_fp8 import _CHOICE
+    from muser.ops.triton.linear_fp8 import PICKS
 
-    pick = _CHOICE[_key(x, w, epilogue)]
+    pick = PICKS.pick[_key(x, w, epilogue)]
     if getattr(pick, "kind", None) == "dot8":
         return _proj(x_hat_dot8(x.to(w.dtype), pick), w)
     if pick == "scaled_mm":  # x quantized per token, as quantize_fp8 does
@@ -192,12 +192,12 @@ def test_gemv_fp8_dot_scales_x(gen):
 @pytest.mark.parametrize("n", [1, 3, 8, 24])  # the FP8 GEMV (<= 8 rows) and the dequant route
 def test_linear_fp8(gen, dtype, n):
     from muser.ops.triton.linear import _key
-    from muser.ops.triton.linear_fp8 import _CHOICE
+    from muser.ops.triton.linear_fp8 import PICKS
 
     x, w = rand(gen, n, 200), _weight(gen, 72, 200, dtype)
     out = linear(x, w)
     assert out.dtype == dtype and out.shape == (n, 72)
-    if _CHOICE[_key(x, w, "")] == "scaled_mm":  # picked on a GPU, for bfloat16 rows > 8
+    if PICKS.pick[_key(x, w, "")] == "scaled_mm":  # picked on a GPU, for bfloat16 rows > 8
         _check_quantized_x(out, x, w)
     else:
         check(out, _picked_proj(x, w, ""), dtype, scale=max(1.0, _magnitude(x, w)))
@@ -266,6 +266,6 @@ def test_a_stored_pick_runs_without_tuning(gen):
     assert linear_fp8.remember({key: (GemvConfig("fma", 4, 32, 1, 4), {})}, "shipped") == 0
     tuned = STATS.tuned
     out = linear(x.to(dtype), w)
-    assert STATS.tuned == tuned and linear_fp8._CHOICE[key] == stored
+    assert STATS.tuned == tuned and linear_fp8.PICKS.pick[key] == stored
     check(out, _proj(x_hat_dot8(x.to(dtype), stored), w), dtype)
     assert key not in linear_fp8.measured()

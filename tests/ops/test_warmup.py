@@ -81,11 +81,11 @@ def test_nothing_is_tuned_after_the_warm_up() -> None:
     before = linear.STATS.tuned
     prepare(runner)
     warmed = linear.STATS.tuned
-    keys = set(linear._CHOICE)
+    keys = set(linear.PICKS.pick)
     assert warmed > before
     steps = _serve(runner, prompts=[1, 3, 9, 20, 37, 5, 12, 13], max_tokens=[3, 6, 2, 5, 4, 3, 2, 4])
     assert linear.STATS.tuned == warmed
-    assert set(linear._CHOICE) == keys
+    assert set(linear.PICKS.pick) == keys
     widths = {rows for kind, _, rows in steps if kind != "decode"}
     decodes = {num_decode for _, num_decode, _ in steps}
     kinds = {kind for kind, _, _ in steps}
@@ -97,11 +97,11 @@ def test_nothing_is_tuned_after_the_warm_up_fp8() -> None:
     runner = _runner(fp8=True)
     before = linear.STATS.tuned
     prepare(runner)
-    warmed, keys = linear.STATS.tuned, set(linear_fp8._CHOICE)
+    warmed, keys = linear.STATS.tuned, set(linear_fp8.PICKS.pick)
     assert warmed > before and keys
     _serve(runner, prompts=[1, 3, 9, 20, 37, 5, 12, 13], max_tokens=[3, 6, 2, 5, 4, 3, 2, 4])
     assert linear.STATS.tuned == warmed
-    assert set(linear_fp8._CHOICE) == keys
+    assert set(linear_fp8.PICKS.pick) == keys
 
 
 def test_prefill_widths_cover_every_bucket() -> None:

@@ -47,13 +47,12 @@ from muser.ops.triton.gemv_blocks import (
 )
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
-from muser.ops.triton.timing import STATS, graph_ms, rotation
+from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation
 
 HEAD_TILE_ROWS = 4096  # the fewest head rows one workspace tile holds
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-_PICKS: dict[tuple, BlockGemvConfig] = {}  # (rows, M, K, block type, x dtype) -> config
-_TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call}
-_SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
+PICKS = PickTable()  # (rows, M, K, block type, x dtype) -> BlockGemvConfig
+choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 Dense = Callable[[torch.Tensor, torch.Tensor, bool, NormEpilogue | None], object]
 
 
@@ -132,11 +131,12 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockG
     compile_only, a shape without a pick compiles every candidate and runs the default."""
     n, (m, k) = x.shape[0], part.shape
     key = (n, m, k, part.qtype, x.dtype)
-    pick = _PICKS.get(key)
+    pick = PICKS.pick.get(key)
     if pick is not None:
         return pick
     if not x.is_cuda:
-        pick = _PICKS[key] = default_config(n, m, k, part.qtype)
+        pick = default_config(n, m, k, part.qtype)
+        PICKS.set(key, pick, {})
         return pick
     if compile_only.get():
         for c in candidates_blocks(n, m, k, part.qtype):
@@ -159,23 +159,5 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockG
         timed[str(c)] = round(ms, 5)
         if ms < best_ms:
             best, best_ms = c, ms
-    _PICKS[key], _TIMED[key], _SOURCE[key] = best, timed, "timed"
+    PICKS.set(key, best, timed)
     return best
-
-
-def choices() -> dict[str, dict]:
-    """Per shape: the config it runs and the measured ms of every candidate."""
-    return {str(k): {"runs": str(p), "timed_ms": _TIMED.get(k, {})} for k, p in _PICKS.items()}
-
-
-def remember(picks: dict[tuple, tuple[BlockGemvConfig, dict]], source: str) -> int:
-    """Take stored picks for shapes not chosen yet -> how many were taken."""
-    fresh = {k: v for k, v in picks.items() if k not in _PICKS}
-    for key, (pick, timed) in fresh.items():
-        _PICKS[key], _TIMED[key], _SOURCE[key] = pick, timed, source
-    return len(fresh)
-
-
-def measured() -> dict[tuple, tuple[BlockGemvConfig, dict]]:
-    """Configs timed on CUDA in this process (what the tuning cache stores)."""
-    return {k: (_PICKS[k], _TIMED[k]) for k, s in _SOURCE.items() if s == "timed" and _TIMED[k]}

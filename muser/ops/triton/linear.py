@@ -38,11 +38,10 @@ from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
-from muser.ops.triton.timing import STATS, eager_ms, graph_ms, rotation
+from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
 
-_CHOICE: dict[tuple, GemvConfig | GemmConfig | None] = {}  # None: cuBLAS
-_TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {config: ms per call} (receipts)
-_SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
+PICKS = PickTable()  # shape key -> GemvConfig | GemmConfig | None (cuBLAS)
+remember, measured = PICKS.remember, PICKS.measured
 _UNSET = object()
 _CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
@@ -73,8 +72,7 @@ def linear_add_rms_norm(
 def choices() -> dict[str, dict]:
     """Per shape (decode rows or prefill bucket, M, K, epilogue, dtypes): the config it runs
     and the measured ms of every candidate (for benchmark receipts)."""
-    return {str(k): {"runs": "cublas" if c is None else str(c), "timed_ms": _TIMED.get(k, {}),
-                     "source": _SOURCE.get(k, "timed")} for k, c in _CHOICE.items()}
+    return PICKS.choices(lambda c: "cublas" if c is None else str(c))
 
 
 def _after(y: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None):
@@ -114,7 +112,7 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     if _CUBLAS_ONLY:
         return _cublas(x, weight, geglu_out, norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
-    config = _CHOICE.get(key, _UNSET)
+    config = PICKS.pick.get(key, _UNSET)
     if config is _UNSET:
         if compile_only.get():
             return _compile_candidates(x, weight, geglu_out, norm)
@@ -136,22 +134,8 @@ def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     else:
         pick = _pick if x.shape[0] <= MAX_ROWS else _pick_gemm
         config, timed = pick(x, weight, geglu_out, norm)
-    _CHOICE[key], _TIMED[key], _SOURCE[key] = config, timed, "timed"
+    PICKS.set(key, config, timed)
     return config
-
-
-def remember(picks: dict[tuple, tuple[GemvConfig | GemmConfig | None, dict]],
-             source: str) -> int:
-    """Take stored picks for shapes not chosen yet -> how many were taken."""
-    fresh = {k: v for k, v in picks.items() if k not in _CHOICE}
-    for key, (config, timed) in fresh.items():
-        _CHOICE[key], _TIMED[key], _SOURCE[key] = config, timed, source
-    return len(fresh)
-
-
-def measured() -> dict[tuple, tuple[GemvConfig | GemmConfig | None, dict]]:
-    """Picks timed on CUDA in this process (what the tuning cache stores)."""
-    return {k: (_CHOICE[k], _TIMED[k]) for k, s in _SOURCE.items() if s == "timed" and _TIMED[k]}
 
 
 def _candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,

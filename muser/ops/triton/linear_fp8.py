@@ -35,12 +35,11 @@ from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.linear import GRAPH_ROWS, ROUTES, _after, _key
 from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
-from muser.ops.triton.timing import STATS, eager_ms, graph_ms, rotation
+from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
 
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
-_CHOICE: dict[tuple, Pick] = {}
-_TIMED: dict[tuple, dict[str, float]] = {}  # shape -> {pick: ms per call} (receipts)
-_SOURCE: dict[tuple, str] = {}  # shape -> "timed" | "cache" | "shipped"
+PICKS = PickTable()  # shape key -> Pick
+choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 
 
 def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
@@ -59,30 +58,12 @@ def dequant_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
 
 def project(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool, norm: NormEpilogue | None):
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
-    pick = _CHOICE.get(key)
+    pick = PICKS.pick.get(key)
     if pick is None:
         if compile_only.get():
             return _compile_candidates(x, weight, geglu_out, norm)
         pick = tune(key, x, weight, geglu_out, norm)
     return _run(x, weight, pick, geglu_out, norm)
-
-
-def choices() -> dict[str, dict]:
-    """Per shape: the pick it runs and the measured ms of every candidate (receipts)."""
-    return {str(k): {"runs": str(p), "timed_ms": _TIMED.get(k, {})} for k, p in _CHOICE.items()}
-
-
-def remember(picks: dict[tuple, tuple[Pick, dict]], source: str) -> int:
-    """Take stored picks for shapes not chosen yet -> how many were taken."""
-    fresh = {k: v for k, v in picks.items() if k not in _CHOICE}
-    for key, (pick, timed) in fresh.items():
-        _CHOICE[key], _TIMED[key], _SOURCE[key] = pick, timed, source
-    return len(fresh)
-
-
-def measured() -> dict[tuple, tuple[Pick, dict]]:
-    """Picks timed on CUDA in this process (what the tuning cache stores)."""
-    return {k: (_CHOICE[k], _TIMED[k]) for k, s in _SOURCE.items() if s == "timed" and _TIMED[k]}
 
 
 def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
@@ -97,7 +78,7 @@ def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
         pick, timed = (DEFAULT if x.shape[0] <= MAX_ROWS else "dequant"), {}
     else:
         pick, timed = _fastest(x, weight, geglu_out, norm)
-    _CHOICE[key], _TIMED[key], _SOURCE[key] = pick, timed, "timed"
+    PICKS.set(key, pick, timed)
     return pick
 
 

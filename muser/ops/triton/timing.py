@@ -1,5 +1,6 @@
 """Timing of kernel candidates on CUDA, shared by the projections that choose configs per
-shape (linear.py, linear_fp8.py, block_weights.py), and the process's tuning counters."""
+shape (linear.py, linear_fp8.py, block_weights.py): the tables of their picks, the timers, and
+the process's tuning counters."""
 
 from __future__ import annotations
 
@@ -20,6 +21,38 @@ class TuningStats:
 
 
 STATS = TuningStats()
+
+
+class PickTable:
+    """One projection route's picks per shape key: what runs (`pick`), every candidate's
+    measured ms (`timed`, for receipts) and where the pick came from (`source`: "timed" in this
+    process, or "cache" / "shipped" when remembered from a tuning table)."""
+
+    def __init__(self) -> None:
+        self.pick: dict[tuple, object] = {}
+        self.timed: dict[tuple, dict[str, float]] = {}
+        self.source: dict[tuple, str] = {}
+
+    def set(self, key: tuple, pick, timed: dict[str, float], source: str = "timed") -> None:
+        self.pick[key], self.timed[key], self.source[key] = pick, timed, source
+
+    def choices(self, show: Callable = str) -> dict[str, dict]:
+        """Per shape: the pick it runs (as `show` writes it), the measured ms of every
+        candidate and the pick's source (benchmark receipts)."""
+        return {str(k): {"runs": show(p), "timed_ms": self.timed.get(k, {}),
+                         "source": self.source.get(k, "timed")} for k, p in self.pick.items()}
+
+    def remember(self, picks: dict[tuple, tuple[object, dict]], source: str) -> int:
+        """Take stored picks for shapes not chosen yet -> how many were taken."""
+        fresh = {k: v for k, v in picks.items() if k not in self.pick}
+        for key, (pick, timed) in fresh.items():
+            self.set(key, pick, timed, source)
+        return len(fresh)
+
+    def measured(self) -> dict[tuple, tuple[object, dict]]:
+        """Picks timed on CUDA in this process (what the tuning cache stores)."""
+        return {k: (self.pick[k], self.timed[k]) for k, s in self.source.items()
+                if s == "timed" and self.timed[k]}
 
 
 def rotation(weight, nbytes: int, clone: Callable) -> list:
