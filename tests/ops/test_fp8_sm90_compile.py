@@ -1,11 +1,14 @@
 """The FP8 kernels compile for sm_90 on a machine without a GPU (Triton's own ptxas), in a
 fresh process (the kernel tests import them under TRITON_INTERPRET=1), with what their speed
-rests on: the e4m3 bytes read by 16-byte vector loads once pointers and sizes are multiples of
+rests on: the e4m3 bytes read by 16-byte vector loads (or 16-byte cp.async copies where a loop
+is pipelined) once pointers and sizes are multiples of
 16 (the divisibility the launcher specializes on, given here as attributes), decoded by
 Hopper's conversion instruction, the tensor-core GEMV config on float16 wgmma, and the
 activation quantization's codes written by the packed float32 -> e4m3 convert."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from sm90 import GDC, compile_ptx
@@ -22,12 +25,14 @@ types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*b
 out = {}
 for kind, block_n, block_m, block_k, stages, epilogue in [
         ("fma", 1, 8, 1024, 3, "norm"), ("fma", 8, 4, 1024, 3, "geglu"),
-        ("dot", 16, 128, 128, 4, "norm"), ("dot8", 16, 128, 128, 4, "plain")]:
+        ("dot", 16, 128, 128, 4, "norm"), ("dot8", 16, 128, 128, 4, "plain"),
+        ("row", 1, 8, 512, 1, "plain"), ("row", 1, 16, 1024, 3, "geglu")]:
     for pdl in (True, False):
-        out[f"gemv {kind} {epilogue} pdl={pdl}"] = ptx(
+        out[f"gemv {kind} {epilogue} stages={stages} pdl={pdl}"] = ptx(
             gemv_fp8._gemv_fp8_kernel, types, dict(
                 LOOP=gemv_fp8.LOOPS[kind], SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
-                BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4, PDL=pdl),
+                BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4,
+                ROW_STAGES=stages if kind == "row" else 1, PDL=pdl),
             sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
@@ -45,14 +50,27 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 10
+    assert len(ptx) == 14
+
+
+def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
+    """The one-row loop never moves codes through shared memory in pieces (the 3-d loop's
+    layout conversion did, 16 bits at a time); with stages it loads tiles ahead by cp.async."""
+    rows = {name: code for name, code in ptx.items() if " row " in name}
+    assert len(rows) == 4
+    for name, code in rows.items():
+        assert not any(f"st.shared.{t}" in code for t in ("b8", "u8", "b16", "u16")), name
+        assert ("cp.async.cg.shared.global" in code) == ("stages=3" in name), name
+        assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
 
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
     for name, code in ptx.items():
         if name == "quantize":
             continue
-        assert "ld.global.v4.b32" in code or "ld.global.cg.v4.b32" in code, name
+        # 16 bytes at a time: into registers, or into shared memory by cp.async (pipelined)
+        assert ("ld.global.v4.b32" in code or "ld.global.cg.v4.b32" in code
+                or re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", code)), name
         assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
         if "dot8" not in name:  # dot8 multiplies the codes as they are
             assert "cvt.rn.f16x2.e4m3x2" in code, name

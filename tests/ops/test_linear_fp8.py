@@ -102,7 +102,7 @@ def test_every_gemv_fp8_config(gen, epilogue):
                                          GemvConfig("dot", 16, 32, 2, 4),
                                          GemvConfig("dot8", 16, 32, 2, 4),
                                          GemvConfig("row", 8, 32, 2, 4),
-                                         GemvConfig("row", 16, 64, 1, 4)]
+                                         GemvConfig("row", 16, 64, 1, 4, 1)]
     assert {c.kind for c in configs} == {"fma", "dot", "dot8", "row"}
     for config in configs:
         rows = 1 if config.kind == "row" else 2  # the row loop reads one row of x

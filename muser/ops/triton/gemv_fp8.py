@@ -12,7 +12,10 @@ Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linea
   each weight tile through shared memory to that layout, a byte at a time);
 - "row", one row of x only: the same arithmetic on a [BLOCK_M, BLOCK_K] accumulator in the
   weight tile's own layout (16 codes a thread per load, widened in registers: one packed
-  convert per two codes, no shared-memory round trip for the weights);
+  convert per two codes, no layout conversion of the weights); num_stages 1 loads each tile
+  into registers when the loop reaches it, more stages load tiles ahead into shared memory by
+  cp.async (Triton's pipeliner, asked for by `tl.range`: it does not pipeline loads that feed
+  no dot on its own);
 - "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
   convert per two codes. x enters float16 multiplied by a power of two per row
   (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums
@@ -104,7 +107,7 @@ def _gemv_fp8_kernel(
     N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, LOOP: tl.constexpr,
     SCALE_X: tl.constexpr, GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -137,7 +140,7 @@ def _gemv_fp8_kernel(
             y = y * down[:, None]
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
         acc2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             w, x = _row_tiles(x_ptr, w_ptr, rows, valid, k0 + rk, k_hi, K)
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         y = tl.sum(acc2, axis=1)[None, :]
@@ -173,9 +176,9 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
         SCALE_X=x.dtype != torch.float16, GEGLU=geglu, NORM=norm is not None,
         NORM_BLOCK=min(next_power_of_2(m), 4096),
         BLOCK_N=1 if c.kind == "row" else 16 if c.kind != "fma" else max(1, next_power_of_2(n)),
-        BLOCK_M=c.block_m,
-        BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
-        **options(dev))
+        BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
+        ROW_STAGES=c.num_stages if c.kind == "row" else 1, num_warps=c.num_warps,
+        num_stages=c.num_stages, **options(dev))
     return o.result
 
 
@@ -191,13 +194,15 @@ def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
 
 
 def row_candidates(m: int, k: int) -> list[GemvConfig]:
-    """The row loop's tiles (16 codes a thread per load, 4 or 8 warps), split over K when the
-    row blocks alone leave the chip's SMs short of programs to overlap."""
+    """The row loop's tiles (16 codes a thread per load, four warps: eight won no 27B shape on
+    the H200), split over K when the row blocks alone leave the chip's SMs short of programs to
+    overlap; each loaded into registers as it is used (num_stages 1) and pipelined (3: two
+    tiles ahead by cp.async)."""
     out = []
-    for bm, bk, warps in [(8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 1024, 8), (4, 2048, 4),
-                          (8, 2048, 8)]:
+    for bm, bk, warps in [(8, 512, 4), (16, 512, 4), (8, 1024, 4), (4, 2048, 4)]:
         programs = cdiv(m, bm)
         most = min(max(1, k // bk), 16)
         splits = {1} | ({min(s, most) for s in (2, 4)} if programs < 1024 else set())
-        out += [GemvConfig("row", bm, bk, s, warps) for s in sorted(splits)]
+        out += [GemvConfig("row", bm, bk, s, warps, stages) for s in sorted(splits)
+                for stages in (1, 3)]
     return out
