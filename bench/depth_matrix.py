@@ -15,7 +15,8 @@ builds it; bench/synth_gguf.py writes the GGUF of the preset's shape) `llama-ben
 prompt appended at that depth (pp512). CPU: the GGUF (--model, default the embedded one) in
 muser and, with --llama-cpp-python, in llama.cpp through llama-cpp-python, the same cells timed
 the same way. Each version's cells gain llama_cpp_tpot_ms, decode_vs_llama_cpp (llama.cpp ms /
-muser ms) and chunk512_vs_llama_cpp (muser tok/s / llama.cpp pp512 tok/s).
+muser ms), chunk512_vs_llama_cpp (muser's median tok/s / the pp512 tok/s llama-bench reports,
+the mean of its runs) and chunk512_vs_llama_cpp_median (against the median of its runs).
 
 Per muser process: one sequence, the prefix cache off except for the appended chunk. Per depth:
 --reps runs of `LLM.generate` over `depth` exact tokens with max_tokens = --decode-steps + 1
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +111,7 @@ for depth in depths:
                   "tpot_samples_ms": [r.tpot_s * 1e3 for r in runs],
                   "prefill_tok_s": depth / ttft, "step_bytes": step_bytes,
                   "chunk512_depth": at, "chunk512_at_depth_s": statistics.median(chunk),
+                  "chunk512_samples_s": chunk,
                   "chunk512_at_depth_tok_s": 512 / statistics.median(chunk),
                   "floor_ms": step_bytes / copy_bw * 1e3,
                   "fraction_of_floor": step_bytes / copy_bw / tpot})
@@ -303,6 +306,11 @@ def main() -> int:
                     if other.get("pp512_tok_s"):
                         cell["chunk512_vs_llama_cpp"] = (cell["chunk512_at_depth_tok_s"]
                                                          / other["pp512_tok_s"])
+                    if other.get("pp512_samples_tok_s"):  # median against median
+                        theirs_median = statistics.median(other["pp512_samples_tok_s"])
+                        cell["llama_cpp_pp512_median_tok_s"] = theirs_median
+                        cell["chunk512_vs_llama_cpp_median"] = (
+                            cell["chunk512_at_depth_tok_s"] / theirs_median)
         write(receipt, args.out)
     if args.plot:
         plot(receipt, args.plot)
