@@ -9,7 +9,7 @@ caller hands x in it) and runs the same epilogues: plain, GeGLU, residual add + 
 Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linear_fp8.py):
 - "fma": codes widened to float32 in registers, products accumulated there, reduced once
   (x's rows broadcast over a [rows, BLOCK_M, BLOCK_K] accumulator: the compiled loop moves
-  each weight tile through shared memory to that layout, a byte at a time);
+  each weight tile through shared memory to that layout, 16 bits at a time);
 - "row", one row of x only: the same arithmetic on a [BLOCK_M, BLOCK_K] accumulator in the
   weight tile's own layout (16 codes a thread per load, widened in registers: one packed
   convert per two codes, no layout conversion of the weights); num_stages 1 loads each tile
