@@ -242,7 +242,7 @@ def quantize(copy_gbps: float, gen: torch.Generator) -> dict:
             for name, rule in rules.items():
                 got = quantize_rows_fp8(x, rule)
                 assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
-                ms = _ms(lambda r=rule: quantize_rows_fp8(x, r), reps=50)
+                ms = _ms(lambda r=rule, x=x: quantize_rows_fp8(x, r), reps=50)
                 gbps = rows * k * 3 / ms / 1e6
                 cell[name] = {"us": ms * 1e3, "GBps": gbps, "of_copy": gbps / copy_gbps}
             out[f"K={k} rows={rows}"] = cell
