@@ -57,19 +57,16 @@ DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
 
 
 @triton.jit
-def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
-                mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
-    x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
-    return w, x
+def _weight_tile(w_ptr, rows, valid, kk, k_hi, K):
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
+                   mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
 
 
 @triton.jit
-def _row_tiles(x_ptr, w_ptr, rows, valid, kk, k_hi, K):
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
-                mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
-    return w, tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
+def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
+    x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+    return _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x
 
 
 FMA, DOT16, DOT8, ROW = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
@@ -141,7 +138,9 @@ def _gemv_fp8_kernel(
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
         acc2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=ROW_STAGES):
-            w, x = _row_tiles(x_ptr, w_ptr, rows, valid, k0 + rk, k_hi, K)
+            kk = k0 + rk
+            w = _weight_tile(w_ptr, rows, valid, kk, k_hi, K)
+            x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         y = tl.sum(acc2, axis=1)[None, :]
     else:
