@@ -76,8 +76,10 @@ class MuserSide:
     def prefill(self, ids: list[int]) -> None:
         seq = self.runner.allocate()
         chunk = self.llm.config.prefill_chunk
-        for start in range(0, len(ids), chunk):
-            self.runner.forward([seq], [ids[start:start + chunk]])
+        for start in range(0, len(ids), chunk):  # logits of the last chunk only, as served
+            last = start + chunk >= len(ids)
+            self.runner.forward([seq], [ids[start:start + chunk]],
+                                logit_rows=None if last else [])
         self.runner.free(seq)
 
     def decode(self, ids: list[int], steps: int) -> Callable[[], None]:

@@ -199,11 +199,10 @@ class Engine:
                 done.append(live)
                 rows.append(flat - 1)
         # NOTE: every sequence done (a decode step): each one's last row, the runner's default;
-        # none done: still one row (never read)
+        # none done (chunks in the middle of prompts): no row, and no LM head
         all_done = len(done) == len(lives) and not echo_rows
         logits = self.runner.forward([live.seq for live in lives], inputs,
-                                     logit_rows=None if all_done else
-                                     rows + echo_rows or [flat - 1])
+                                     logit_rows=None if all_done else rows + echo_rows)
         if echo_rows:
             self._prompt_logprobs(logits[len(rows):], echo_ids, echo_lives)
         if not done:

@@ -29,8 +29,10 @@ def prefill(llm, prompt_ids: list[int]) -> KVSnapshot:
     runner, chunk = llm.runner, llm.config.prefill_chunk
     seq = runner.allocate()
     try:
-        for start in range(0, len(prompt_ids), chunk):
-            logits = runner.forward([seq], [prompt_ids[start:start + chunk]])
+        for start in range(0, len(prompt_ids), chunk):  # the last chunk's logits only
+            last = start + chunk >= len(prompt_ids)
+            logits = runner.forward([seq], [prompt_ids[start:start + chunk]],
+                                    logit_rows=None if last else [])
         return export(runner, seq, logits[-1])
     finally:
         runner.free(seq)

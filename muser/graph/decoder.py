@@ -27,7 +27,8 @@ class Decoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, plan: StepPlan,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32."""
+        """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32 (no LM head
+        at all when logit_rows is empty: a chunk in the middle of a prompt)."""
         cfg, w, ops = self.cfg, self.weights, self.ops
         h = ops.embed(w.embed, input_ids) * math.sqrt(cfg.hidden_size)  # residual stream, f32
         # NOTE: a NoPE kind rotates every row by angle 0 (cos 1, sin 0): the identity, exactly
@@ -45,6 +46,8 @@ class Decoder:
                 w.final_norm
             )
             h, x = self.layer(layer_id, layer, h, x, rope, plan, next_norm)
+        if logit_rows.numel() == 0:
+            return h.new_empty((0, cfg.vocab_size))
         logits = ops.linear(x[logit_rows], w.head).float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
