@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from opcheck import DEVICE, DTYPES, check, rand
 
 from muser.ops import ref
 from muser.ops.triton import qk_norm_rope
-from opcheck import DEVICE, DTYPES, check, rand
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,heads,head_dim", [(1, 1, 64), (6, 3, 128), (4, 2, 256)])
+@pytest.mark.parametrize("n,heads,head_dim", [(1, 1, 64), (6, 3, 128), (4, 2, 256), (70, 4, 64)])
 def test_qk_norm_rope(gen, dtype, n, heads, head_dim):
+    """Up to 64 rows one head a program; (70, 4, 64): four heads a program."""
     # A strided view, as the split of the fused QKV projection hands it over.
     qkv = rand(gen, n, (heads + 2) * head_dim, dtype=dtype)
     x = qkv[:, : heads * head_dim].view(n, heads, head_dim)
@@ -23,15 +24,18 @@ def test_qk_norm_rope(gen, dtype, n, heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_qk_norm_rope_pair(gen, dtype):
+@pytest.mark.parametrize("n", [3, 66])
+def test_qk_norm_rope_pair(gen, dtype, n):
+    """3 rows: one head a program; 66 rows: two (every program all q's or all k's)."""
     from muser.ops.triton import qk_norm_rope_pair
 
-    n, heads, kv_heads, head_dim = 3, 4, 2, 64
+    heads, kv_heads, head_dim = 4, 2, 64
     qkv = rand(gen, n, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     q = qkv[:, : heads * head_dim].view(n, heads, head_dim)
     k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
     wq, wk = 1 + rand(gen, head_dim, scale=0.1), 1 + rand(gen, head_dim, scale=0.1)
-    cos, sin = ref.rope_cos_sin(torch.tensor([0, 9, 700]).to(q.device), head_dim, 1e6, 8.0)
+    positions = torch.randint(0, 131072, (n,), generator=gen)
+    cos, sin = ref.rope_cos_sin(positions.to(q.device), head_dim, 1e6, 8.0)
     got = qk_norm_rope_pair(q, k, wq, wk, cos, sin, 1e-6)
     want = ref.qk_norm_rope_pair(q.double(), k.double(), wq.double(), wk.double(), cos.double(),
                                  sin.double(), 1e-6)
@@ -55,19 +59,23 @@ def test_rope_cos_sin(gen, head_dim, theta, scaling):
 
 
 @pytest.mark.parametrize("cache_dtype", DTYPES)
-def test_qk_norm_rope_pair_store(gen, cache_dtype):
+@pytest.mark.parametrize("n", [5, 72])
+def test_qk_norm_rope_pair_store(gen, cache_dtype, n):
     """Keys returned in the cache dtype, and stored with the values at their cache rows
-    (dst < 0 rows not stored; every other cache row left as it was)."""
+    (dst < 0 rows not stored; every other cache row left as it was); 72 rows: two heads a
+    program."""
     from muser.ops.triton import qk_norm_rope_pair
 
-    n, heads, kv_heads, head_dim, num_rows = 5, 2, 2, 64, 12
+    heads, kv_heads, head_dim, num_rows = 2, 2, 64, n + 7
     qkv = rand(gen, n, (heads + 2 * kv_heads) * head_dim)
     q = qkv[:, : heads * head_dim].view(n, heads, head_dim)
     k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
     v = qkv[:, (heads + kv_heads) * head_dim:].view(n, kv_heads, head_dim)
     wq, wk = 1 + rand(gen, head_dim, scale=0.1), 1 + rand(gen, head_dim, scale=0.1)
     cos, sin = ref.rope_cos_sin(torch.arange(3, 3 + n).to(q.device), head_dim, 1e4)
-    dst = torch.tensor([7, -1, 0, 11, 4]).to(DEVICE)
+    dst = torch.randperm(num_rows, generator=gen)[:n]
+    dst[1] = -1
+    dst = dst.to(DEVICE)
     k_rows = rand(gen, num_rows, kv_heads, head_dim, dtype=cache_dtype)
     v_rows = rand(gen, num_rows, kv_heads, head_dim, dtype=cache_dtype)
     k_want, v_want = k_rows.cpu().double(), v_rows.cpu().double()

@@ -1,8 +1,10 @@
-"""Per-head RMSNorm then NeoX RoPE (rotate halves), one (row, head) per program. The pair
-kernel can also store each row's keys and values into their cache rows (store-first for a
-prefill chunk written in place, with no launch of its own)."""
+"""Per-head RMSNorm then NeoX RoPE (rotate halves), HEADS heads of one row per program
+(`heads_per_program`). The pair kernel can also store each row's keys and values into their
+cache rows (store-first for a prefill chunk written in place, with no launch of its own)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -14,39 +16,41 @@ from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
-def _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h, stride_xn, stride_xh, stride_c, eps,
-                    HALF: tl.constexpr):
-    """-> the two rotated halves of head h of row n, float32."""
-    d = tl.arange(0, HALF)
-    base = x_ptr + n.to(tl.int64) * stride_xn + h * stride_xh
+def _norm_rope_heads(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h0, stride_xn, stride_xh, stride_c, eps,
+                     HALF: tl.constexpr, HEADS: tl.constexpr):
+    """-> the two rotated halves [HEADS, HALF] of heads h0 .. h0 + HEADS - 1 of row n,
+    float32."""
+    d = tl.arange(0, HALF)[None, :]
+    hh = (h0 + tl.arange(0, HEADS))[:, None]
+    base = x_ptr + n.to(tl.int64) * stride_xn + hh * stride_xh
     x1 = tl.load(base + d).to(tl.float32)
     x2 = tl.load(base + HALF + d).to(tl.float32)
-    inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-    x1 = x1 * inv * tl.load(w_ptr + d)
-    x2 = x2 * inv * tl.load(w_ptr + HALF + d)
+    inv = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+    x1 = x1 * inv[:, None] * tl.load(w_ptr + d)
+    x2 = x2 * inv[:, None] * tl.load(w_ptr + HALF + d)
     c = tl.load(cos_ptr + n * stride_c + d)
     s = tl.load(sin_ptr + n * stride_c + d)
     return x1 * c - x2 * s, x2 * c + x1 * s
 
 
 @triton.jit
-def _store_head(out, y1, y2, HALF: tl.constexpr):
-    d = tl.arange(0, HALF)
-    tl.store(out + d, y1.to(out.dtype.element_ty))
-    tl.store(out + HALF + d, y2.to(out.dtype.element_ty))
+def _store_heads(out, y1, y2, HALF: tl.constexpr, HEADS: tl.constexpr):
+    """y1, y2 [HEADS, HALF] -> out[h, :HALF], out[h, HALF:] for heads h of 2 * HALF values."""
+    at = out + tl.arange(0, HEADS)[:, None] * (2 * HALF) + tl.arange(0, HALF)[None, :]
+    tl.store(at, y1.to(out.dtype.element_ty))
+    tl.store(at + HALF, y2.to(out.dtype.element_ty))
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xn, stride_xh, stride_c, eps,
-    HALF: tl.constexpr, PDL: tl.constexpr,
+    HALF: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr,
 ):
     enter(PDL)
-    pid = tl.program_id(0)
-    n, h = pid // H, pid % H
-    y1, y2 = _norm_rope_head(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h, stride_xn, stride_xh,
-                             stride_c, eps, HALF)
-    _store_head(out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF)
+    n, h = tl.program_id(0), tl.program_id(1) * HEADS
+    y1, y2 = _norm_rope_heads(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h, stride_xn, stride_xh,
+                              stride_c, eps, HALF, HEADS)
+    _store_heads(out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF, HEADS)
 
 
 # NOTE: the store rows' offset in the step's metadata vary from one forward to the next; left
@@ -55,28 +59,43 @@ def _qk_norm_rope_kernel(
 def _qk_pair_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, v_ptr, k_rows, v_rows, dst_ptr,
     H, KVH, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_c, eps,
-    HALF: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
+    HALF: tl.constexpr, HEADS: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
 ):
     enter(PDL)
-    pid = tl.program_id(0)
-    n, h = pid // (H + KVH), pid % (H + KVH)
+    n, h = tl.program_id(0), tl.program_id(1) * HEADS  # heads [0, H) are q's, then k's
     if h < H:
-        y1, y2 = _norm_rope_head(q_ptr, qw_ptr, cos_ptr, sin_ptr, n, h, stride_qn, stride_qh,
-                                 stride_c, eps, HALF)
-        _store_head(q_out + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF)
+        y1, y2 = _norm_rope_heads(q_ptr, qw_ptr, cos_ptr, sin_ptr, n, h, stride_qn, stride_qh,
+                                  stride_c, eps, HALF, HEADS)
+        _store_heads(q_out + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF, HEADS)
     else:
         h -= H
-        y1, y2 = _norm_rope_head(k_ptr, kw_ptr, cos_ptr, sin_ptr, n, h, stride_kn, stride_kh,
-                                 stride_c, eps, HALF)
-        _store_head(k_out + (n.to(tl.int64) * KVH + h) * 2 * HALF, y1, y2, HALF)
+        y1, y2 = _norm_rope_heads(k_ptr, kw_ptr, cos_ptr, sin_ptr, n, h, stride_kn, stride_kh,
+                                  stride_c, eps, HALF, HEADS)
+        _store_heads(k_out + (n.to(tl.int64) * KVH + h) * 2 * HALF, y1, y2, HALF, HEADS)
         if STORE:
             dst = tl.load(dst_ptr + n).to(tl.int64)
             if dst >= 0:  # NOTE: dst < 0: a row this launch does not store
                 at = (dst * KVH + h) * 2 * HALF
-                _store_head(k_rows + at, y1, y2, HALF)
-                d = tl.arange(0, 2 * HALF)
-                v = tl.load(v_ptr + n.to(tl.int64) * stride_vn + h * stride_vh + d)
-                tl.store(v_rows + at + d, v.to(v_rows.dtype.element_ty))
+                _store_heads(k_rows + at, y1, y2, HALF, HEADS)
+                hh = tl.arange(0, HEADS)[:, None]
+                d = tl.arange(0, 2 * HALF)[None, :]
+                v = tl.load(v_ptr + n.to(tl.int64) * stride_vn + (h + hh) * stride_vh + d)
+                tl.store(v_rows + at + hh * (2 * HALF) + d, v.to(v_rows.dtype.element_ty))
+
+
+# NOTE: one head a program keeps a decode step's few rows spread over the SMs; a prefill chunk
+# has rows enough, and one (row, head) a program there (24,576 programs of 128 values for a
+# 27B chunk of 512 rows) spent more on starting programs than on the values
+MAX_HEADS = 8
+
+
+def heads_per_program(rows: int, *head_counts: int) -> int:
+    """Heads of one row per program: 1 up to 64 rows (decode), else the largest power of two
+    <= MAX_HEADS dividing every count (so a program's heads are all q's or all k's)."""
+    if rows <= 64:
+        return 1
+    common = math.gcd(*head_counts)
+    return min(MAX_HEADS, common & -common)
 
 
 def qk_norm_rope(
@@ -91,8 +110,10 @@ def qk_norm_rope(
     assert weight.dtype == torch.float32 and cos.dtype == torch.float32
     out = empty((n, heads, head_dim), torch.float32, x.device)
     if n:
-        launch(_qk_norm_rope_kernel, (n * heads,), x, weight, cos, sin, out, heads,
-               x.stride(0), x.stride(1), cos.stride(0), eps, HALF=half, **options(x.device))
+        per = heads_per_program(n, heads)
+        launch(_qk_norm_rope_kernel, (n, heads // per), x, weight, cos, sin, out, heads,
+               x.stride(0), x.stride(1), cos.stride(0), eps, HALF=half, HEADS=per,
+               **options(x.device))
     return out
 
 
@@ -122,8 +143,9 @@ def qk_norm_rope_pair(
         assert v.shape == k.shape and dst.shape == (n,) and k_rows.shape[1:] == k.shape[1:]
     vs0, vs1, _ = v.stride()
     if n:
-        launch(_qk_pair_kernel, (n * (heads + kv_heads),),
+        per = heads_per_program(n, heads, kv_heads)
+        launch(_qk_pair_kernel, (n, (heads + kv_heads) // per),
                q, k, q_weight, k_weight, cos, sin, q_out, k_out, v, k_rows, v_rows, dst, heads,
                kv_heads, qs0, qs1, ks0, ks1, vs0, vs1, cos.stride(0), eps, HALF=half,
-               STORE=store is not None, **options(dev))
+               HEADS=per, STORE=store is not None, **options(dev))
     return q_out, k_out
