@@ -228,10 +228,13 @@ def upload(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tens
     if not tensors:
         return []
     sizes = [_aligned(t.numel()) for t in tensors]
-    flat = torch.zeros(sum(sizes), dtype=torch.int32)
+    # NOTE: staged in pinned memory: a copy from pageable memory first waits for the stream to
+    # drain, so every prefill chunk would start on an idle GPU behind the host's launches (the
+    # caching host allocator keeps the buffer until the copy has run)
+    flat = torch.zeros(sum(sizes), dtype=torch.int32, pin_memory=True)
     offset = 0
     for t, size in zip(tensors, sizes):
         flat[offset:offset + t.numel()] = t.reshape(-1)
         offset += size
-    flat = flat.to(device)
+    flat = flat.to(device, non_blocking=True)
     return [part[:t.numel()].view(t.shape) for part, t in zip(flat.split(sizes), tensors)]
