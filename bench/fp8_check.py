@@ -7,7 +7,8 @@
   of copy bandwidth (the issue asks >= 0.85), and its error against float64 on the exact
   dequantized weights;
 - quantize: the prefill route's activation quantization at the four K, 512 and 2,048 rows,
-  per launch rule (the current one, the one before it, and neighbours), us and bandwidth;
+  per launch rule (the current one and neighbours; with --base DIR, that checkout's beside
+  it), us and bandwidth;
 - prefill: the same matrices at 2048 rows: `torch._scaled_mm` alone (x already FP8), the
   scaled_mm route (x quantized per token first), the dequant route and bfloat16 `torch.mm`,
   in TFLOP/s, and the route `linear_fp8.tune` picks;
@@ -216,33 +217,46 @@ def accuracy(gen: torch.Generator) -> dict:
     return out
 
 
-def old_rule(k: int) -> tuple[int, int]:
-    """The activation quantization's launch before `quantize_fp8.launch_rule`: the whole row in
-    registers up to 32,768 values (16 warps past 8,192)."""
-    from muser.ops.triton.launch import next_power_of_2
+def _module_at(tree: str, name: str):
+    """muser/ops/triton/<name>.py of another checkout of the package (imports resolve to this
+    one), for a side-by-side timing."""
+    import importlib.util
 
-    block = next_power_of_2(k) if k <= 32768 else 4096
-    return block, 16 if block > 8192 else 8 if block > 2048 else 4
+    spec = importlib.util.spec_from_file_location(f"base_{name}",
+                                                  Path(tree) / "muser/ops/triton" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def quantize(copy_gbps: float, gen: torch.Generator) -> dict:
+def quantize(copy_gbps: float, gen: torch.Generator, base: str | None) -> dict:
     """The scaled_mm route's activation quantization (quantize_rows_fp8) at the 27B's four K
-    and 512 / 2,048 rows, per launch rule: us a call and bytes moved (read + write) per second
-    against copy."""
+    and 512 / 2,048 rows, per launch rule, and the second kernel alone (the block maxima given,
+    as GeGLU gives them); with `base` (another checkout) its quantize_rows_fp8 too ("before"):
+    us a call and bytes moved (read + write) per second against copy."""
+    from muser.ops.triton.launch import cdiv
     from muser.ops.triton.quantize_fp8 import launch_rule, quantize_rows_fp8
 
-    rules = {"old": old_rule, "rule": launch_rule, "1024x4": lambda k: (1024, 4),
-             "4096x4": lambda k: (4096, 4), "2048x8": lambda k: (2048, 8)}
+    runs = {name: (lambda x, r=rule: quantize_rows_fp8(x, r)) for name, rule in (
+        ("rule", launch_rule), ("512x4", lambda k: (512, 4)), ("2048x4", lambda k: (2048, 4)),
+        ("2048x8", lambda k: (2048, 8)))}
+    if base:
+        runs["before"] = _module_at(base, "quantize_fp8").quantize_rows_fp8
     out = {}
     for k in sorted({k for _, k in SHAPES_27B.values()}):
         for rows in (512, 2048):
             x = torch.randn(rows, k, generator=gen, device="cuda").to(BF16)
-            want = quantize_rows_fp8(x, old_rule)
+            want = quantize_fp8(x)
+            block = launch_rule(k)[0]
+            padded = torch.nn.functional.pad(x.float().abs(), (0, cdiv(k, block) * block - k))
+            maxima = padded.view(rows, -1, block).amax(2).contiguous()
             cell = {}
-            for name, rule in rules.items():
-                got = quantize_rows_fp8(x, rule)
+            for name, run in {**runs, "given maxima":
+                              lambda x, m=maxima: quantize_rows_fp8(x, block_amax=m)}.items():
+                got = run(x)
                 assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
-                ms = _ms(lambda r=rule, x=x: quantize_rows_fp8(x, r), reps=50)
+                assert torch.equal(got.scales, want.scales)
+                ms = _ms(lambda r=run, x=x: r(x), reps=50)
                 gbps = rows * k * 3 / ms / 1e6
                 cell[name] = {"us": ms * 1e3, "GBps": gbps, "of_copy": gbps / copy_gbps}
             out[f"K={k} rows={rows}"] = cell
@@ -259,6 +273,8 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/fp8_check.json")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--base", help="another checkout whose activation quantization is timed "
+                                   "beside this one's (quantize)")
     args = ap.parse_args()
     sections = args.sections.split(",")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -275,7 +291,7 @@ def main() -> int:
         elif name == "gemv":
             result["gemv"] = gemv(copy_gbps or copy_bandwidth()["GBps"], gen)
         elif name == "quantize":
-            result["quantize"] = quantize(copy_gbps or copy_bandwidth()["GBps"], gen)
+            result["quantize"] = quantize(copy_gbps or copy_bandwidth()["GBps"], gen, args.base)
         elif name == "prefill":
             result["prefill"] = prefill(gen)
         elif name == "load_27b":

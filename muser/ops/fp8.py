@@ -54,9 +54,26 @@ def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix
     w's device, in float32); `dtype`: the projection's dtype (default w.dtype). A zero row
     gets the smallest normal float32 scale and zero codes."""
     w32 = w.float()
-    scales = (w32.abs().amax(dim=1) / FP8_MAX).clamp_min(SCALE_MIN)
+    amax = w32.abs().amax(dim=1)
+    # NOTE: a divisor tensor, not the Python number: CUDA torch turns division by a scalar into
+    # multiplication by its reciprocal (not correctly rounded); the kernels divide exactly
+    scales = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(SCALE_MIN)
     data = (w32 / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return Fp8Matrix(data, scales, dtype or w.dtype)
+
+
+def attach_rows(x: torch.Tensor, rows: Fp8Matrix) -> None:
+    """Hang on activations x [N, K] their rows quantized per token (a scale per row, the
+    values `quantize_rows_fp8(x)` computes, bit for bit), made by the kernel that wrote x, for
+    the FP8 projection that reads x next (no quantization kernel of its own). They belong to
+    this tensor object: a view, slice or copy of x carries none, and nothing writes x in
+    place."""
+    x.fp8_rows = rows
+
+
+def attached_rows(x: torch.Tensor) -> Fp8Matrix | None:
+    """The quantized rows `attach_rows` hung on x, if any."""
+    return getattr(x, "fp8_rows", None)
 
 
 def cat_rows(parts: list[Fp8Matrix]) -> Fp8Matrix:

@@ -4,7 +4,8 @@ rests on: the e4m3 bytes read by 16-byte vector loads (or 16-byte cp.async copie
 is pipelined) once pointers and sizes are multiples of
 16 (the divisibility the launcher specializes on, given here as attributes), decoded by
 Hopper's conversion instruction, the tensor-core GEMV config on float16 wgmma, and the
-activation quantization's codes written by the packed float32 -> e4m3 convert."""
+activation quantization's codes (its own kernel's, and the norm's that quantizes its output)
+written by the packed float32 -> e4m3 convert."""
 
 from __future__ import annotations
 
@@ -37,9 +38,23 @@ for kind, block_n, block_m, block_k, stages, epilogue in [
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
                         dict(BLOCK_M=32, BLOCK_K=256), sixteen=SIXTEEN)
-out["quantize"] = ptx(quantize_fp8._quantize_fp8_kernel,
-                      {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scales_ptr": "*fp32",
-                       "tiny": "fp32"}, dict(BLOCK_K=1024), sixteen=SIXTEEN)
+out["quantize amax"] = ptx(quantize_fp8._block_amax_kernel,
+                           {"x_ptr": "*bf16", "amax_ptr": "*fp32"}, dict(BLOCK=1024),
+                           sixteen=SIXTEEN)
+out["quantize blocks"] = ptx(quantize_fp8._quantize_blocks_kernel,
+                             {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*fp8e4nv",
+                              "scales_ptr": "*fp32", "tiny": "fp32"},
+                             dict(BLOCK=1024, BLOCKS=32), sixteen=SIXTEEN)
+norm = importlib.import_module("muser.ops.triton.norm")
+out["quantize in the norm"] = ptx(norm._add_rms_norm_kernel, {
+    "res_ptr": "*fp32", "x_ptr": "*bf16", "post_ptr": "*fp32", "next_ptr": "*fp32",
+    "res_out_ptr": "*fp32", "out_ptr": "*bf16", "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32",
+    "eps": "fp32", "tiny": "fp32"}, dict(HAS_RESIDUAL=True, BLOCK_D=8192, QUANTIZE=True,
+                                         PDL=False), num_warps=8)
+geglu = importlib.import_module("muser.ops.triton.geglu")
+out["geglu amax"] = ptx(geglu._geglu_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16",
+                                              "amax_ptr": "*fp32"},
+                        dict(BLOCK=1024, AMAX=True, PDL=False))
 json.dump(out, sys.stdout)
 '''
 
@@ -50,7 +65,7 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 14
+    assert len(ptx) == 17
 
 
 def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
@@ -66,7 +81,7 @@ def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
     for name, code in ptx.items():
-        if name == "quantize":
+        if not name.startswith(("gemv", "dequantize")):  # activations: no e4m3 bytes read
             continue
         # 16 bytes at a time: into registers, or into shared memory by cp.async (pipelined)
         assert ("ld.global.v4.b32" in code or "ld.global.cg.v4.b32" in code
@@ -88,4 +103,9 @@ def test_tensor_core_gemv_on_wgmma_and_pdl_only_when_asked(ptx):
 
 
 def test_activation_codes_converted_in_hardware(ptx):
-    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx["quantize"]
+    """The codes written by the packed float32 -> e4m3 convert (the quantization kernel and
+    the norm that quantizes its output); the two maxima kernels write float32 only."""
+    for name in ("quantize blocks", "quantize in the norm"):
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[name], name
+    for name in ("quantize amax", "geglu amax"):
+        assert "e4m3" not in ptx[name], name

@@ -158,6 +158,57 @@ def test_quantize_rows_rounds_every_tie_and_neighbour():
     assert torch.equal(got.data.view(torch.uint8).cpu(), row.cpu().to(FP8).view(torch.uint8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_norm_quantizes_its_rows_as_quantize_fp8(gen, dtype):
+    """add_rms_norm(fp8_rows=True): the same output, carrying its rows quantized bit for bit
+    as the reference quantizes the output (codes and scales), a zero row included; a view of
+    the output carries none."""
+    from muser.ops.fp8 import attached_rows
+    from muser.ops.triton import add_rms_norm
+
+    n, d = 4, 2500
+    res, x = rand(gen, n, d, scale=3.0), rand(gen, n, d)
+    res[2], x[2] = 0.0, 0.0
+    post, nxt = 1 + rand(gen, d, scale=0.1), 1 + rand(gen, d, scale=0.1)
+    h, y = add_rms_norm(res, x, post, nxt, 1e-6, dtype, fp8_rows=True)
+    h_plain, y_plain = add_rms_norm(res, x, post, nxt, 1e-6, dtype)
+    assert torch.equal(h, h_plain) and torch.equal(y, y_plain)
+    rows, want = attached_rows(y), quantize_fp8(y)
+    assert rows.dtype == dtype and torch.equal(rows.scales, want.scales)
+    assert torch.equal(rows.data.view(torch.uint8), want.data.view(torch.uint8))
+    assert attached_rows(y_plain) is None and attached_rows(y[:2]) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("i", [300, 2500])  # one block of the quantization, three
+def test_geglu_quantizes_its_rows_as_quantize_fp8(gen, dtype, i):
+    """geglu(fp8_rows=True): the same output, carrying its rows quantized bit for bit as the
+    reference quantizes the output, from the block maxima GeGLU stored (a zero row too)."""
+    from muser.ops.fp8 import attached_rows
+    from muser.ops.triton.geglu import geglu
+
+    gate_up = rand(gen, 3, 2 * i, scale=2.0).to(dtype)
+    gate_up[1] = 0.0
+    y = geglu(gate_up, fp8_rows=True)
+    assert torch.equal(y, geglu(gate_up))
+    rows, want = attached_rows(y), quantize_fp8(y)
+    assert torch.equal(rows.scales, want.scales)
+    assert torch.equal(rows.data.view(torch.uint8), want.data.view(torch.uint8))
+
+
+def test_scaled_mm_takes_attached_rows(gen):
+    """scaled_mm multiplies the rows hung on x (here, deliberately, another matrix's) and does
+    not quantize x again."""
+    from muser.ops.fp8 import attach_rows
+    from muser.ops.triton.linear_fp8 import scaled_mm
+
+    dtype = torch.bfloat16
+    x, other = rand(gen, 16, 128).to(dtype), rand(gen, 16, 128).to(dtype)
+    w = _weight(gen, 32, 128, dtype)
+    attach_rows(x, quantize_fp8(other))
+    assert torch.equal(scaled_mm(x, w), scaled_mm(other, w))
+
+
 def test_gemv_fp8_dot_scales_x(gen):
     """The tensor-core loop with x not float16 (float32 here; bfloat16 on the GPU): x enters
     float16 times a power of two per row. Rows far outside float16's range (1e6, 1e-9), a zero

@@ -4,13 +4,13 @@ it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`
 - decode rows (N <= 8): the fastest of the FP8 GEMV configs (`gemv_fp8`; the op fused into
   its epilogue, or as its own kernel) and, for bfloat16 models, `scaled_mm` below, timed in
   CUDA graphs over weight copies that defeat L2;
-- more rows, the faster of
-  `scaled_mm` (bfloat16 models): x quantized per token (row) to e4m3 (one kernel,
-  quantize_fp8.py), then FP8 tensor cores
+- more rows: for bfloat16 models `scaled_mm`: x quantized per token (row) to e4m3
+  (quantize_fp8.py; not again where the kernel that wrote x quantized it too: this route's
+  epilogues, add_rms_norm and GeGLU, hang their output's rows on it), then FP8 tensor cores
   (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in
-  bfloat16; and
-  `dequant`: W dequantized to the model dtype (`dequantize_fp8`), then cuBLAS on x as it is;
-  timed as `linear` times its GEMM candidates (in graph replay up to GRAPH_ROWS rows,
+  bfloat16; for other dtypes `dequant`: W dequantized to the model dtype (`dequantize_fp8`),
+  then cuBLAS on x as it is.
+  Candidates are timed as `linear` times its GEMMs (in graph replay up to GRAPH_ROWS rows,
   eagerly beyond) per power-of-two bucket of rows.
 
 Keys are `linear._key`'s. Picks timed here are written to the tuning cache beside linear.py's
@@ -28,12 +28,14 @@ import math
 
 import torch
 
-from muser.ops.fp8 import Fp8Matrix
+from muser.ops.fp8 import Fp8Matrix, attached_rows
 from muser.ops.triton.dequantize_fp8 import dequantize_fp8
+from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
 from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.linear import GRAPH_ROWS, ROUTES, _after, _key
+from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
 from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
 
@@ -46,7 +48,9 @@ def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
     """x: [N, K] -> [N, M] in weight.dtype on FP8 tensor cores: x's rows quantized like a
     weight's (quantize_fp8: a scale per token), products of e4m3 codes summed in float32, the
     two scales applied to each output by _scaled_mm's rowwise scaling."""
-    xq = quantize_rows_fp8(x)
+    xq = attached_rows(x)
+    if xq is None:
+        xq = quantize_rows_fp8(x)
     return torch._scaled_mm(xq.data, weight.data.t(), scale_a=xq.scales[:, None],
                             scale_b=weight.scales[None, :], out_dtype=weight.dtype)
 
@@ -85,7 +89,12 @@ def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
 def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
          norm: NormEpilogue | None):
     if pick == "scaled_mm":
-        return _after(scaled_mm(x, weight), geglu_out, norm)
+        if norm is not None:  # the norm quantizes its rows for the FP8 projection after it
+            return add_rms_norm(norm.residual, scaled_mm(x, weight), norm.post, norm.next,
+                                norm.eps, norm.dtype, fp8_rows=True)
+        if geglu_out:  # GeGLU quantizes its rows for the down projection
+            return geglu(scaled_mm(x, weight), fp8_rows=True)
+        return scaled_mm(x, weight)
     if pick == "dequant":
         return _after(dequant_mm(x, weight), geglu_out, norm)
     if pick.fused:
@@ -97,7 +106,11 @@ def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
                 norm: NormEpilogue | None) -> list[Pick]:
     n, (m, k) = x.shape[0], weight.shape
     if n > MAX_ROWS:  # cuBLAS's rowwise-scaled FP8 GEMM writes bfloat16 only
-        return ["scaled_mm", "dequant"] if weight.dtype == torch.bfloat16 else ["dequant"]
+        # NOTE: not "dequant" beside it: that route writes the whole weight in bfloat16 on every
+        # call; timed eagerly it won only where the launches' host time decided (the 27B's
+        # o_proj at 512 rows: 17 us of dequantization + a 32 us bfloat16 GEMM a call in the
+        # chunk's kernels, bench/GPU_NOTES.md)
+        return ["scaled_mm"] if weight.dtype == torch.bfloat16 else ["dequant"]
     picks: list[Pick] = ["scaled_mm"] if weight.dtype == torch.bfloat16 else []
     for c in candidates_fp8(n, m, k):
         picks += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]

@@ -1,4 +1,6 @@
-"""RMSNorm, and RMSNorm fused with the residual add: one row per program, one pass."""
+"""RMSNorm, and RMSNorm fused with the residual add: one row per program, one pass. The pair
+can also quantize its output rows to e4m3 for the FP8 projection after it (the values
+`quantize_rows_fp8` computes from the output, bit for bit, with no kernel of their own)."""
 
 from __future__ import annotations
 
@@ -6,15 +8,18 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.ops.fp8 import FP8, FP8_MAX, SCALE_MIN, Fp8Matrix, attach_rows
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
+from muser.ops.triton.quantize_fp8 import round_e4m3
 
 
 @triton.jit
 def _add_rms_norm_kernel(
-    res_ptr, x_ptr, post_ptr, next_ptr, res_out_ptr, out_ptr, D, stride_res, stride_x, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    res_ptr, x_ptr, post_ptr, next_ptr, res_out_ptr, out_ptr, codes_ptr, scales_ptr, D,
+    stride_res, stride_x, eps, tiny, HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANTIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -27,24 +32,35 @@ def _add_rms_norm_kernel(
         x = r + x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * post
         tl.store(res_out_ptr + row * D + d, x, mask=mask)
     w = tl.load(next_ptr + d, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * w
-    tl.store(out_ptr + row * D + d, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * w).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * D + d, y, mask=mask)
+    if QUANTIZE:  # quantize_fp8's arithmetic on the stored values (masked lanes are 0)
+        y = y.to(tl.float32)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), 448.0), tiny)
+        tl.store(scales_ptr + row, scale)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -448.0), 448.0)
+        tl.store(codes_ptr + row * D + d, round_e4m3(q).to(codes_ptr.dtype.element_ty),
+                 mask=mask)
 
 
-def _launch(residual, x, post, nxt, eps, dtype):
+def _launch(residual, x, post, nxt, eps, dtype, fp8_rows=False):
     n, d = x.shape
-    assert x.stride(-1) == 1 and nxt.shape == (d,)
+    assert x.stride(-1) == 1 and nxt.shape == (d,) and FP8_MAX == 448.0
     out = empty((n, d), dtype, x.device)
     res_out = empty(out.shape, torch.float32, out.device) if residual is not None else out
+    codes, scales = (empty((n, d), FP8, x.device), empty((n,), torch.float32, x.device)) if (
+        fp8_rows) else (out, out)
     block = next_power_of_2(d)
     warps = 4 if block <= 2048 else 8
     launch(
         _add_rms_norm_kernel, (n,), residual if residual is not None else x, x,
-        post if post is not None else nxt, nxt, res_out, out, d,
-        residual.stride(0) if residual is not None else 0, x.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=warps,
+        post if post is not None else nxt, nxt, res_out, out, codes, scales, d,
+        residual.stride(0) if residual is not None else 0, x.stride(0), eps, SCALE_MIN,
+        HAS_RESIDUAL=residual is not None, BLOCK_D=block, QUANTIZE=fp8_rows, num_warps=warps,
         **options(x.device),
     )
+    if fp8_rows:
+        attach_rows(out, Fp8Matrix(codes, scales, dtype))
     return res_out, out
 
 
@@ -59,8 +75,9 @@ def rms_norm(
 def add_rms_norm(
     residual: torch.Tensor, x: torch.Tensor, post_weight: torch.Tensor,
     next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
+    fp8_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual [N, D] f32 + rms_norm(x, post) -> (new residual f32, rms_norm(it, next) in
-    `dtype`)."""
+    `dtype`); fp8_rows: the second also carries its rows quantized (`fp8.attach_rows`)."""
     assert residual.stride(-1) == 1 and residual.shape == x.shape
-    return _launch(residual, x, post_weight, next_weight, eps, dtype)
+    return _launch(residual, x, post_weight, next_weight, eps, dtype, fp8_rows)

@@ -6,7 +6,8 @@ Three families of picks, each its module's:
   epilogue, weight dtype, input dtype) written "rows|M|K|epilogue|wdtype|xdtype"; pick
   "cublas", {"gemv": {...}} or {"gemm": {...}};
 - "fp8" (`linear_fp8.py`, Fp8Matrix weights): the same key after "fp8|"; pick "scaled_mm",
-  "dequant" (more than MAX_ROWS rows) or {"gemv": {...}} (FP8 GEMV kinds, up to MAX_ROWS);
+  "dequant" (more than MAX_ROWS rows, weights not bfloat16) or {"gemv": {...}} (FP8 GEMV
+  kinds, up to MAX_ROWS);
 - "blocks" (`block_weights.py`, GGUF blocks): key (rows, M, K, block type, input dtype) written
   "blocks|rows|M|K|Q4_K|xdtype"; pick {"block_gemv": {...}}.
 An entry is {"config": <pick>, "timed_ms": {...}}; one that does not parse into a known config
@@ -140,6 +141,8 @@ def parse_entries(entries: dict[str, Any], origin: Path) -> dict[str, Family]:
         try:
             family, key = parse_key(text)
             pick = parse_config(entry["config"], key[0], family)
+            if family == "fp8" and pick == "dequant" and key[4] == torch.bfloat16:
+                raise ValueError("bfloat16 FP8 chunks run scaled_mm (linear_fp8._candidates)")
             out[family][key] = (pick, dict(entry.get("timed_ms", {})))
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration):
             bad.append(text)

@@ -1,12 +1,15 @@
-"""Activations -> FP8 per token in one kernel: each row of x [N, K] scaled so its largest |x|
-lands on 448 and rounded to e4m3 (`muser.ops.fp8.quantize_fp8`'s values bit for bit: the
-same float32 amax / 448, the same correctly rounded division, the same saturating
-round-to-nearest-even), the input of the FP8 tensor-core prefill route
-(muser/ops/triton/linear_fp8.py). One program per row, four warps: a row of up to BLOCK_K
-values is read once into registers, a longer one twice, BLOCK_K at a time (its largest |x|,
-then the codes; the second read hits L1 or L2). Small programs keep many rows in flight on
-each SM; a whole row in registers (up to 32,768 values, 16 warps) left one row per SM at a time
-and ran a 2,048-row prefill's quantizations at 69 us a call (bench/fp8_check.py, "quantize").
+"""Activations -> FP8 per token: each row of x [N, K] scaled so its largest |x| lands on 448
+and rounded to e4m3 (`muser.ops.fp8.quantize_fp8`'s values bit for bit: the same float32
+amax / 448, the same correctly rounded division, the same saturating round-to-nearest-even),
+the input of the FP8 tensor-core prefill route (muser/ops/triton/linear_fp8.py).
+
+Two kernels over a grid of (row, block of BLOCK values), every block its own program: the
+largest |x| of each block (`_block_amax_kernel`, or the kernel that wrote x: GeGLU emits its
+blocks' maxima as it stores them), then each block's codes from the row's largest of those
+(`_quantize_blocks_kernel`: a row's few partial maxima are read by each of its programs, so no
+program waits for another). A program per row walking the row twice (the kernel before this
+one) left a 512-row chunk's rows of 21,504 values at a quarter of copy bandwidth
+(bench/fp8_check.py, "quantize"): each row's passes ran one after another on one SM.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import triton.language as tl
 
 from muser.ops.fp8 import FP8, FP8_MAX, SCALE_MIN, Fp8Matrix
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.launch import launch, next_power_of_2
+from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 
 
 @triton.jit
@@ -35,46 +38,57 @@ def round_e4m3(v):
 
 
 @triton.jit
-def _quantize_fp8_kernel(x_ptr, data_ptr, scales_ptr, K, stride_xn, tiny,
-                         BLOCK_K: tl.constexpr):
-    row = tl.program_id(0)
-    x_row = x_ptr + row.to(tl.int64) * stride_xn
-    out_row = data_ptr + row.to(tl.int64) * K
-    if K <= BLOCK_K:  # the whole row in registers: one read
-        kk = tl.arange(0, BLOCK_K)
-        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), tiny)
+def _block_amax_kernel(x_ptr, amax_ptr, K, stride_xn, BLOCK: tl.constexpr):
+    """amax[row, block] = max |x| over the block's values."""
+    row, blk = tl.program_id(0), tl.program_id(1)
+    kk = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_xn + kk, mask=kk < K, other=0.0)
+    tl.store(amax_ptr + row * tl.num_programs(1) + blk, tl.max(tl.abs(x.to(tl.float32)), axis=0))
+
+
+@triton.jit
+def _quantize_blocks_kernel(x_ptr, amax_ptr, data_ptr, scales_ptr, K, stride_xn, tiny,
+                            BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
+    """The codes of one block: the row's scale from its blocks' maxima (BLOCKS >= their
+    count, a power of two), then x / scale rounded; the row's first block stores the scale."""
+    row, blk, nblk = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    b = tl.arange(0, BLOCKS)
+    amax = tl.max(tl.load(amax_ptr + row * nblk + b, mask=b < nblk, other=0.0), axis=0)
+    scale = tl.maximum(tl.math.div_rn(amax, 448.0), tiny)
+    if blk == 0:
         tl.store(scales_ptr + row, scale)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
-        tl.store(out_row + kk, round_e4m3(q).to(data_ptr.dtype.element_ty), mask=kk < K)
-    else:
-        amax = tl.zeros((BLOCK_K,), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_row + kk, mask=kk < K, other=0.0)
-            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), tiny)
-        tl.store(scales_ptr + row, scale)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_row + kk, mask=kk < K, other=0.0)
-            q = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
-            tl.store(out_row + kk, round_e4m3(q).to(data_ptr.dtype.element_ty), mask=kk < K)
+    kk = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_xn + kk, mask=kk < K, other=0.0)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
+    tl.store(data_ptr + row.to(tl.int64) * K + kk, round_e4m3(q).to(data_ptr.dtype.element_ty),
+             mask=kk < K)
+
+
+BLOCK = 1024  # values a program (both kernels; GeGLU's blocks too)
 
 
 def launch_rule(k: int) -> tuple[int, int]:
-    """(BLOCK_K, num_warps) for rows of k values."""
-    return min(next_power_of_2(k), 2048), 4
+    """(BLOCK, num_warps) for rows of k values."""
+    return min(next_power_of_2(k), BLOCK), 4
 
 
-def quantize_rows_fp8(x: torch.Tensor, rule=launch_rule) -> Fp8Matrix:
+def quantize_rows_fp8(x: torch.Tensor, rule=launch_rule,
+                      block_amax: torch.Tensor | None = None) -> Fp8Matrix:
     """x: [N, K] float, rows unit-stride -> Fp8Matrix of its rows (a scale per row), equal to
-    quantize_fp8(x); rule: k -> (BLOCK_K, num_warps) (benchmarks compare others)."""
+    quantize_fp8(x); rule: k -> (BLOCK, num_warps) (benchmarks compare others); block_amax:
+    float32 [N, cdiv(K, BLOCK)] the largest |x| of each block of rule(K)'s BLOCK values,
+    given by the kernel that wrote x (else measured here)."""
     assert x.dim() == 2 and x.stride(-1) == 1 and FP8_MAX == 448.0
     n, k = x.shape
+    block, warps = rule(k)
+    blocks = cdiv(k, block)
     data = empty((n, k), FP8, x.device)
     scales = empty((n,), torch.float32, x.device)
-    block, warps = rule(k)
-    launch(_quantize_fp8_kernel, (n,), x, data, scales, k, x.stride(0), SCALE_MIN,
-           BLOCK_K=block, num_warps=warps)
+    if block_amax is None:
+        block_amax = empty((n, blocks), torch.float32, x.device)
+        launch(_block_amax_kernel, (n, blocks), x, block_amax, k, x.stride(0), BLOCK=block,
+               num_warps=warps)
+    assert block_amax.shape == (n, blocks) and block_amax.is_contiguous()
+    launch(_quantize_blocks_kernel, (n, blocks), x, block_amax, data, scales, k, x.stride(0),
+           SCALE_MIN, BLOCK=block, BLOCKS=next_power_of_2(blocks), num_warps=warps)
     return Fp8Matrix(data, scales, x.dtype)
