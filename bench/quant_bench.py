@@ -17,6 +17,9 @@ rows on FP8 tensor cores (torch._scaled_mm on codes already quantized) and in bf
 (torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time), the most
 any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-bench -ngl 99 -fa 1`,
 tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
+--profile-decode STEPS: each cell also gets the kernels of STEPS decode steps after 2,048
+tokens (GPU time per step by kernel, torch.profiler; with programmatic dependent launch a
+kernel's time includes its wait on the one before, MUSER_PDL=0 shows them apart).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from muser import LLM, SamplingParams
 import triton
 from muser.graph.weights import matrix_tensors
 
-name, fmt, source, reps, steps, depth = sys.argv[1:7]
-reps, steps, depth = int(reps), int(steps), int(depth)
+name, fmt, source, reps, steps, depth, profile_steps = sys.argv[1:8]
+reps, steps, depth, profile_steps = int(reps), int(steps), int(depth), int(profile_steps)
 
 
 def cuda_ms(fn, iters=20):
@@ -104,6 +107,31 @@ if fmt == "fp8":
     cell["fp8_gemm_ceiling_tok_s"] = depth / (layers * fp8_ms / 1e3)
     cell["bf16_gemm_ceiling_tok_s"] = depth / (layers * bf16_ms / 1e3)
     cell["prefill_of_fp8_gemm_ceiling"] = cell["prefill_tok_s"] / cell["fp8_gemm_ceiling_tok_s"]
+if profile_steps:  # the kernels of decode steps after `depth` tokens (CUDA graph replays)
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = llm.runner
+    seq = runner.allocate()
+    token = int(runner.forward([seq], [ids])[0].argmax())
+    for _ in range(3):
+        token = int(runner.forward([seq], [[token]])[0].argmax())
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(profile_steps):
+            token = int(runner.forward([seq], [[token]])[0].argmax())
+        torch.cuda.synchronize()
+    per_step = {}
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0:
+            us, count = per_step.get(e.key[:70], (0.0, 0))
+            per_step[e.key[:70]] = (us + e.self_device_time_total / profile_steps,
+                                    count + e.count // profile_steps)
+    runner.free(seq)
+    cell["decode_profile"] = {
+        "steps": profile_steps, "pdl": __import__("os").environ.get("MUSER_PDL", "1") != "0",
+        "kernel_us_per_step": sum(us for us, _ in per_step.values()),
+        "launches_per_step": sum(n for _, n in per_step.values()),
+        "kernels": {k: [round(us, 1), n] for k, (us, n) in
+                    sorted(per_step.items(), key=lambda kv: -kv[1][0])}}
 print("RESULT " + json.dumps(cell))
 """
 
@@ -165,6 +193,8 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
+                    help="also profile STEPS decode steps (kernel time per step, by kernel)")
     args = ap.parse_args()
     receipt = json.loads(args.out.read_text()) if args.out.exists() else {"cells": []}
     receipt["model"] = args.model_config
@@ -172,7 +202,8 @@ def main() -> int:
         tuple(e.split("=", 1)) for e in args.gguf.split(",") if e]
     for fmt, source in runs:
         proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, source,
-                               str(args.reps), str(args.decode_steps), str(args.depth)],
+                               str(args.reps), str(args.decode_steps), str(args.depth),
+                               str(args.profile_decode)],
                               stdout=subprocess.PIPE, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
