@@ -5,8 +5,8 @@ own process, the processes alternating (A B A B ...), so both meet the same host
     python3 bench/ab_versions.py --device cpu --lengths 512,2048 --reps 3 --versions ...
 
 On the GPU: gemma3-1b with seeded random bf16 weights; on the CPU: the embedded Gemma 3 270M
-GGUF in float32 (the CPU default), prompts prefilled in 512-row chunks as `--prefill-chunk`
-does, decode steps after a 32-token prompt.
+GGUF in float32 (the CPU default), prompts prefilled as served (`LLM.generate` of one token:
+the engine's chunks, prefix cache off), decode steps after a 32-token prompt.
 
 Each entry names a directory holding a `muser` package; an earlier commit's, for example, from
 `mkdir -p bench/ab_base && git archive <commit> muser | tar -x -C bench/ab_base` (left
@@ -84,21 +84,20 @@ CPU_CHILD = r"""
 import json, statistics, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
-from muser import LLM
+from muser import LLM, SamplingParams
 
 lengths, reps = [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
-llm = LLM(progress=False, device="cpu", max_num_seqs=1, max_model_len=max(lengths) + 256)
+llm = LLM(progress=False, device="cpu", max_num_seqs=1, max_model_len=max(lengths) + 256,
+          prefix_cache=False)
 runner = llm.runner
 ids = [2] + torch.randint(1000, 200_000, (max(lengths),),
                           generator=torch.Generator().manual_seed(1)).tolist()
+one = SamplingParams(max_tokens=1, ignore_eos=True)
 
 
-def prefill(t):
-    seq = runner.allocate()
+def prefill(t):  # as served: the engine's chunks and the first token
     t0 = time.perf_counter()
-    for start in range(0, t, 512):
-        runner.forward([seq], [ids[start:min(t, start + 512)]])
-    runner.free(seq)
+    llm.generate(ids[:t], one)
     return time.perf_counter() - t0
 
 

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from muser.ops.fp8 import quantize_fp8
+from muser.ops.fp8 import quantize_activations, quantize_fp8
 
 BF16 = torch.bfloat16
 HIDDEN, INTER, Q, KV = 5376, 21504, 32 * 128, 16 * 128
@@ -131,7 +131,7 @@ def _prefill_shape(m: int, k: int, rows: int, gen: torch.Generator) -> dict:
     w = _weight(m, k, gen)
     w_bf16 = w.dequantize(BF16)
     x = torch.randn(rows, k, generator=gen, device="cuda").to(BF16)
-    xq = quantize_fp8(x)
+    xq = quantize_activations(x)
     flops = 2 * rows * m * k
     timings = {
         "scaled_mm_only": lambda: torch._scaled_mm(
@@ -246,7 +246,7 @@ def quantize(copy_gbps: float, gen: torch.Generator, base: str | None) -> dict:
     for k in sorted({k for _, k in SHAPES_27B.values()}):
         for rows in (512, 2048):
             x = torch.randn(rows, k, generator=gen, device="cuda").to(BF16)
-            want = quantize_fp8(x)
+            want = quantize_activations(x)
             block = launch_rule(k)[0]
             padded = torch.nn.functional.pad(x.float().abs(), (0, cdiv(k, block) * block - k))
             maxima = padded.view(rows, -1, block).amax(2).contiguous()

@@ -62,9 +62,34 @@ def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix
     return Fp8Matrix(data, scales, dtype or w.dtype)
 
 
+def activation_scales(amax: torch.Tensor) -> torch.Tensor:
+    """Per-row activation scales from rows' largest |x| (float32 [N]): the smallest power of two
+    p with amax <= 448 p (at least SCALE_MIN), exactly, in integer arithmetic on the bits (amax
+    = m 2^E with m in [1, 2): p = 2^(E - 8), or 2^(E - 7) when m > 1.75 = 448 / 2^8). Dividing
+    by a power of two is exact, so the codes are x's own e4m3 roundings (no division per value
+    to round first; a scale of exactly amax / 448 needs one); the row's largest lands in
+    (224, 448], which costs e4m3's relative precision (3 bits at every normal magnitude)
+    nothing."""
+    bits = amax.float().view(torch.int32)
+    e = (bits >> 23) - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    return (e.clamp(min=1) << 23).view(torch.float32)
+
+
+def quantize_activations(x: torch.Tensor) -> Fp8Matrix:
+    """Activations [N, K] -> Fp8Matrix of their rows with `activation_scales`: each value times
+    the exact 1 / scale, rounded to nearest e4m3 (ties to even). The specification of the FP8
+    prefill route's activation quantization (muser/ops/triton/quantize_fp8.py); weights keep
+    quantize_fp8's scales of exactly amax / 448."""
+    x32 = x.float()
+    scales = activation_scales(x32.abs().amax(dim=1))
+    inverse = ((254 - (scales.view(torch.int32) >> 23)) << 23).view(torch.float32)
+    data = (x32 * inverse[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return Fp8Matrix(data, scales, x.dtype)
+
+
 def attach_rows(x: torch.Tensor, rows: Fp8Matrix) -> None:
-    """Hang on activations x [N, K] their rows quantized per token (a scale per row, the
-    values `quantize_rows_fp8(x)` computes, bit for bit), made by the kernel that wrote x, for
+    """Hang on activations x [N, K] their rows quantized per token (`quantize_activations(x)`
+    bit for bit), made by the kernel that wrote x, for
     the FP8 projection that reads x next (no quantization kernel of its own). They belong to
     this tensor object: a view, slice or copy of x carries none, and nothing writes x in
     place."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from muser.ops import ref
-from muser.ops.fp8 import FP8, Fp8Matrix, quantize_fp8
+from muser.ops.fp8 import FP8, Fp8Matrix, quantize_activations, quantize_fp8
 from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
 from opcheck import DEVICE, DTYPES, check, rand
 
@@ -55,8 +55,8 @@ def _picked_proj(x: torch.Tensor, w: Fp8Matrix, epilogue: str) -> torch.Tensor:
     pick = PICKS.pick[_key(x, w, epilogue)]
     if getattr(pick, "kind", None) == "dot8":
         return _proj(x_hat_dot8(x.to(w.dtype), pick), w)
-    if pick == "scaled_mm":  # x quantized per token, as quantize_fp8 does
-        return _proj(quantize_fp8(x.to(w.dtype)).dequantize(torch.float64), w)
+    if pick == "scaled_mm":  # x quantized per token
+        return _proj(quantize_activations(x.to(w.dtype)).dequantize(torch.float64), w)
     return _proj(x, w)
 
 
@@ -123,19 +123,23 @@ def test_every_gemv_fp8_config(gen, epilogue):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_quantize_rows_equals_quantize_fp8(gen, dtype):
-    """The activation-quantization kernel of the scaled_mm route, bit for bit the reference's
-    codes and scales: rows read in one tile and in several, a zero row, a row of one huge
-    entry, ties."""
+def test_quantize_rows_equals_quantize_activations(gen, dtype):
+    """The activation-quantization kernels of the scaled_mm route, bit for bit the reference's
+    codes and scales: rows read in one block and in several, a zero row, a row of one huge
+    entry, ties, a row whose largest |x| is just above 448 times a power of two (its scale
+    doubles) and one just below."""
     from muser.ops.triton.quantize_fp8 import launch_rule, quantize_rows_fp8
 
     x = rand(gen, 5, 2500)
     x[1] = 0.0
     x[2, 7] = 3e4
     x[3] = torch.arange(2500, device=x.device) / 8 - 150  # many values at ties of e4m3
+    x[4, 11] = 448.0 * 2.0**-5 * (1 + 2.0**-10)
     x = x.to(dtype)
-    want = quantize_fp8(x)
-    # the launch rule's (two passes of 2,048), the whole row in one tile, passes of 256
+    x = torch.cat([x, x[4:] * (1 - 2.0**-9)])
+    want = quantize_activations(x)
+    assert want.scales[4] == 2 * want.scales[5]
+    # the launch rule's blocks (1,024 values), the whole row in one block, blocks of 256
     for rule in (launch_rule, lambda k: (4096, 4), lambda k: (256, 2)):
         got = quantize_rows_fp8(x, rule)
         assert torch.equal(got.scales, want.scales)
@@ -159,7 +163,7 @@ def test_quantize_rows_rounds_every_tie_and_neighbour():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_norm_quantizes_its_rows_as_quantize_fp8(gen, dtype):
+def test_norm_quantizes_its_rows_as_quantize_activations(gen, dtype):
     """add_rms_norm(fp8_rows=True): the same output, carrying its rows quantized bit for bit
     as the reference quantizes the output (codes and scales), a zero row included; a view of
     the output carries none."""
@@ -173,7 +177,7 @@ def test_norm_quantizes_its_rows_as_quantize_fp8(gen, dtype):
     h, y = add_rms_norm(res, x, post, nxt, 1e-6, dtype, fp8_rows=True)
     h_plain, y_plain = add_rms_norm(res, x, post, nxt, 1e-6, dtype)
     assert torch.equal(h, h_plain) and torch.equal(y, y_plain)
-    rows, want = attached_rows(y), quantize_fp8(y)
+    rows, want = attached_rows(y), quantize_activations(y)
     assert rows.dtype == dtype and torch.equal(rows.scales, want.scales)
     assert torch.equal(rows.data.view(torch.uint8), want.data.view(torch.uint8))
     assert attached_rows(y_plain) is None and attached_rows(y[:2]) is None
@@ -181,7 +185,7 @@ def test_norm_quantizes_its_rows_as_quantize_fp8(gen, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("i", [300, 2500])  # one block of the quantization, three
-def test_geglu_quantizes_its_rows_as_quantize_fp8(gen, dtype, i):
+def test_geglu_quantizes_its_rows_as_quantize_activations(gen, dtype, i):
     """geglu(fp8_rows=True): the same output, carrying its rows quantized bit for bit as the
     reference quantizes the output, from the block maxima GeGLU stored (a zero row too)."""
     from muser.ops.fp8 import attached_rows
@@ -191,7 +195,7 @@ def test_geglu_quantizes_its_rows_as_quantize_fp8(gen, dtype, i):
     gate_up[1] = 0.0
     y = geglu(gate_up, fp8_rows=True)
     assert torch.equal(y, geglu(gate_up))
-    rows, want = attached_rows(y), quantize_fp8(y)
+    rows, want = attached_rows(y), quantize_activations(y)
     assert torch.equal(rows.scales, want.scales)
     assert torch.equal(rows.data.view(torch.uint8), want.data.view(torch.uint8))
 
@@ -205,7 +209,7 @@ def test_scaled_mm_takes_attached_rows(gen):
     dtype = torch.bfloat16
     x, other = rand(gen, 16, 128).to(dtype), rand(gen, 16, 128).to(dtype)
     w = _weight(gen, 32, 128, dtype)
-    attach_rows(x, quantize_fp8(other))
+    attach_rows(x, quantize_activations(other))
     assert torch.equal(scaled_mm(x, w), scaled_mm(other, w))
 
 
@@ -296,7 +300,7 @@ def test_scaled_mm_route(gen):
     out = scaled_mm(x, w)
     assert out.dtype == dtype and out.shape == (48, 64)
     _check_quantized_x(out, x, w)
-    xq = quantize_fp8(x)
+    xq = quantize_activations(x)
     on_quantized = xq.dequantize(torch.float64) @ w.dequantize(torch.float64).t()
     check(out, on_quantized, dtype, scale=max(1.0, _magnitude(x, w)))
 

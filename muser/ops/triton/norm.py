@@ -1,6 +1,6 @@
 """RMSNorm, and RMSNorm fused with the residual add: one row per program, one pass. The pair
-can also quantize its output rows to e4m3 for the FP8 projection after it (the values
-`quantize_rows_fp8` computes from the output, bit for bit, with no kernel of their own)."""
+can also quantize its output rows to e4m3 for the FP8 projection after it
+(`fp8.quantize_activations` of the output, bit for bit, with no kernel of its own)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.ops.fp8 import FP8, FP8_MAX, SCALE_MIN, Fp8Matrix, attach_rows
+from muser.ops.fp8 import FP8, Fp8Matrix, attach_rows
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
-from muser.ops.triton.quantize_fp8 import round_e4m3
+from muser.ops.triton.quantize_fp8 import activation_scale, e4m3_codes
 
 
 @triton.jit
 def _add_rms_norm_kernel(
     res_ptr, x_ptr, post_ptr, next_ptr, res_out_ptr, out_ptr, codes_ptr, scales_ptr, D,
-    stride_res, stride_x, eps, tiny, HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
+    stride_res, stride_x, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
     QUANTIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     enter(PDL)
@@ -34,18 +34,17 @@ def _add_rms_norm_kernel(
     w = tl.load(next_ptr + d, mask=mask, other=0.0).to(tl.float32)
     y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * D + d, y, mask=mask)
-    if QUANTIZE:  # quantize_fp8's arithmetic on the stored values (masked lanes are 0)
+    if QUANTIZE:  # quantize_activations of the stored values (masked lanes are 0)
         y = y.to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), axis=0), 448.0), tiny)
+        scale, inverse = activation_scale(tl.max(tl.abs(y), axis=0))
         tl.store(scales_ptr + row, scale)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -448.0), 448.0)
-        tl.store(codes_ptr + row * D + d, round_e4m3(q).to(codes_ptr.dtype.element_ty),
+        tl.store(codes_ptr + row * D + d, e4m3_codes(y, inverse, codes_ptr.dtype.element_ty),
                  mask=mask)
 
 
 def _launch(residual, x, post, nxt, eps, dtype, fp8_rows=False):
     n, d = x.shape
-    assert x.stride(-1) == 1 and nxt.shape == (d,) and FP8_MAX == 448.0
+    assert x.stride(-1) == 1 and nxt.shape == (d,)
     out = empty((n, d), dtype, x.device)
     res_out = empty(out.shape, torch.float32, out.device) if residual is not None else out
     codes, scales = (empty((n, d), FP8, x.device), empty((n,), torch.float32, x.device)) if (
@@ -55,7 +54,7 @@ def _launch(residual, x, post, nxt, eps, dtype, fp8_rows=False):
     launch(
         _add_rms_norm_kernel, (n,), residual if residual is not None else x, x,
         post if post is not None else nxt, nxt, res_out, out, codes, scales, d,
-        residual.stride(0) if residual is not None else 0, x.stride(0), eps, SCALE_MIN,
+        residual.stride(0) if residual is not None else 0, x.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_D=block, QUANTIZE=fp8_rows, num_warps=warps,
         **options(x.device),
     )
