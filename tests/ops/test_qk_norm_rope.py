@@ -51,8 +51,11 @@ def test_rope_cos_sin(gen, head_dim, theta, scaling):
     positions = torch.randint(0, 131072, (37,), generator=gen).to(DEVICE)
     positions[:3] = torch.tensor([0, 1, 131071])
     cos, sin = rope_cos_sin(positions, head_dim, theta, scaling)
-    # float64 cos/sin of the reference's float32 angles (float32 frequencies times positions)
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim)) / scaling
+    # float64 cos/sin of the kernel's float32 angles (its float32 frequencies, computed on its
+    # device: a GPU's pow may differ from the CPU's by an ulp, 5e-4 rad at position 131,071)
+    from muser.ops.triton.rope import inv_freq
+
+    inv = inv_freq(head_dim, theta, scaling, positions.device).cpu()
     angles = (positions.cpu().float()[:, None] * inv[None, :]).double()
     check(cos, angles.cos(), torch.float32)
     check(sin, angles.sin(), torch.float32)
@@ -81,9 +84,10 @@ def test_qk_norm_rope_pair_store(gen, cache_dtype, n):
     k_want, v_want = k_rows.cpu().double(), v_rows.cpu().double()
     got_q, got_k = qk_norm_rope_pair(q, k, wq, wk, cos, sin, 1e-6, cache_dtype,
                                      (k_rows, v_rows, v, dst))
-    want_q, want_k = ref.qk_norm_rope_pair(
-        q.double(), k.double(), wq.double(), wk.double(), cos.double(), sin.double(), 1e-6,
-        torch.float64, (k_want, v_want, v.cpu().double(), dst.cpu()))
+    want_q, want_k = ref.qk_norm_rope_pair(  # on the CPU, where the expected rows are
+        q.cpu().double(), k.cpu().double(), wq.cpu().double(), wk.cpu().double(),
+        cos.cpu().double(), sin.cpu().double(), 1e-6, torch.float64,
+        (k_want, v_want, v.cpu().double(), dst.cpu()))
     assert got_k.dtype == cache_dtype
     check(got_q, want_q, torch.float32, scale=4.0)
     check(got_k, want_k, cache_dtype, scale=4.0)
