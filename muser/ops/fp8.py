@@ -56,7 +56,7 @@ def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix
     w32 = w.float()
     amax = w32.abs().amax(dim=1)
     # NOTE: a divisor tensor, not the Python number: CUDA torch turns division by a scalar into
-    # multiplication by its reciprocal (not correctly rounded); the kernels divide exactly
+    # multiplication by its reciprocal (not correctly rounded: an ulp off the CPU's on some rows)
     scales = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(SCALE_MIN)
     data = (w32 / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return Fp8Matrix(data, scales, dtype or w.dtype)
@@ -89,10 +89,9 @@ def quantize_activations(x: torch.Tensor) -> Fp8Matrix:
 
 def attach_rows(x: torch.Tensor, rows: Fp8Matrix) -> None:
     """Hang on activations x [N, K] their rows quantized per token (`quantize_activations(x)`
-    bit for bit), made by the kernel that wrote x, for
-    the FP8 projection that reads x next (no quantization kernel of its own). They belong to
-    this tensor object: a view, slice or copy of x carries none, and nothing writes x in
-    place."""
+    bit for bit), made by the kernel that wrote x, for the FP8 projection that reads x next
+    (no quantization kernel of its own). They belong to this tensor object: a view, slice or
+    copy of x carries none, and nothing writes x in place."""
     x.fp8_rows = rows
 
 

@@ -45,9 +45,10 @@ choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 
 
 def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
-    """x: [N, K] -> [N, M] in weight.dtype on FP8 tensor cores: x's rows quantized like a
-    weight's (quantize_fp8: a scale per token), products of e4m3 codes summed in float32, the
-    two scales applied to each output by _scaled_mm's rowwise scaling."""
+    """x: [N, K] -> [N, M] in weight.dtype on FP8 tensor cores: x's rows quantized per token
+    (`fp8.quantize_activations`, or the rows the kernel that wrote x hung on it), products of
+    e4m3 codes summed in float32, the two scales applied to each output by _scaled_mm's
+    rowwise scaling."""
     xq = attached_rows(x)
     if xq is None:
         xq = quantize_rows_fp8(x)
@@ -129,14 +130,18 @@ def _compile_candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
 def _fastest(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
              norm: NormEpilogue | None) -> tuple[Pick, dict[str, float]]:
     """Each candidate timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode
-    batches replay CUDA graphs), eagerly beyond (prefill launches eagerly)."""
+    batches replay CUDA graphs), eagerly beyond (prefill launches eagerly); a lone candidate
+    (a chunk's route) is taken untimed."""
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("FP8 projection shape first seen during graph capture: warm up first")
+    candidates = _candidates(x, weight, geglu_out, norm)
+    if len(candidates) == 1:
+        return candidates[0], {}
     copies = rotation(weight, weight.nbytes(),
                       lambda w: Fp8Matrix(w.data.clone(), w.scales.clone(), w.dtype))
     timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
     best, best_ms, timed = None, math.inf, {}
-    for pick in _candidates(x, weight, geglu_out, norm):
+    for pick in candidates:
         try:
             ms = timer(lambda w, p=pick: _run(x, w, p, geglu_out, norm), copies)
         except Exception:  # noqa: BLE001  (a candidate that fails to compile or run is skipped)
