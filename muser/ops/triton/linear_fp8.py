@@ -89,13 +89,12 @@ def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
 
 def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
          norm: NormEpilogue | None):
-    if pick == "scaled_mm":
-        if norm is not None:  # the norm quantizes its rows for the FP8 projection after it
-            return add_rms_norm(norm.residual, scaled_mm(x, weight), norm.post, norm.next,
-                                norm.eps, norm.dtype, fp8_rows=True)
-        if geglu_out:  # GeGLU quantizes its rows for the down projection
-            return geglu(scaled_mm(x, weight), fp8_rows=True)
-        return scaled_mm(x, weight)
+    if pick == "scaled_mm":  # the op after it quantizes its rows for the FP8 projection next
+        y = scaled_mm(x, weight)
+        if norm is not None:
+            return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype,
+                                fp8_rows=True)
+        return geglu(y, fp8_rows=True) if geglu_out else y
     if pick == "dequant":
         return _after(dequant_mm(x, weight), geglu_out, norm)
     if pick.fused:
