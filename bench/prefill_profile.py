@@ -9,6 +9,12 @@ more run under torch.profiler: CUDA kernel time summed per kernel name, grouped 
 categories by name (gemm: cuBLAS / cutlass / scaled_mm / Triton GEMM kernels; attention;
 quantize: activation quantization to e4m3; norm_rope; other), and the host's wall time of the
 same run, so host-bound gaps show as wall - kernel time.
+
+With --at-depth D the prefill profiled is --tokens new tokens appended to a cached prefix of D
+(issue 17's chunk at depth): the prefix is computed once with the prefix cache on, and each run
+appends tokens of its own, so its TTFT is the prefix's restore plus the new tokens' prefill.
+
+    python3 bench/prefill_profile.py --runs bf16:512 --tokens 512 --at-depth 130559 --out ...
 """
 
 from __future__ import annotations
@@ -24,17 +30,23 @@ import json, statistics, sys, time
 import torch
 from muser import LLM, SamplingParams
 name, fmt, chunk, reps, depth = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+at = int(sys.argv[6])
 llm = LLM(None, device="cuda", load_format="dummy", model_config=name, progress=False,
-          quantization="fp8" if fmt == "fp8" else "none", max_num_seqs=1, prefix_cache=False,
-          max_model_len=depth + 64, prefill_chunk=chunk)
-ids = torch.randint(10, llm.model_config.vocab_size - 10, (depth,),
-                    generator=torch.Generator().manual_seed(1)).tolist()
+          quantization="fp8" if fmt == "fp8" else "none", max_num_seqs=1, prefix_cache=at > 0,
+          max_model_len=at + depth + 64, prefill_chunk=chunk)
+vocab = llm.model_config.vocab_size
+prefix = torch.randint(10, vocab - 10, (at,), generator=torch.Generator().manual_seed(2)).tolist()
+def prompt(seed):  # at depth: a tail of its own per run, so no run finds another's cached
+    return prefix + torch.randint(10, vocab - 10, (depth,),
+                                  generator=torch.Generator().manual_seed(seed)).tolist()
 one = SamplingParams(max_tokens=1, ignore_eos=True)
-llm.generate(ids, one)
-ttft = statistics.median(llm.generate(ids, one).ttft_s for _ in range(reps))
+if at:
+    llm.generate(prefix, one)  # leaves its end checkpoint at `at`
+llm.generate(prompt(1), one)
+ttft = statistics.median(llm.generate(prompt(10 + i if at else 1), one).ttft_s for i in range(reps))
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
     t0 = time.perf_counter()
-    llm.generate(ids, one)
+    llm.generate(prompt(99 if at else 1), one)
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
 kernels = {}
@@ -57,7 +69,7 @@ for k, ms in kernels.items():
     cats[category(k)] = cats.get(category(k), 0.0) + ms
 top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
 print("RESULT " + json.dumps({"model": name, "quantization": fmt, "prefill_chunk": chunk,
-      "tokens": depth, "ttft_s": ttft, "prefill_tok_s": depth / ttft, "profiled_wall_ms": wall * 1e3,
+      "tokens": depth, "at_depth": at, "ttft_s": ttft, "prefill_tok_s": depth / ttft, "profiled_wall_ms": wall * 1e3,
       "kernel_ms": sum(kernels.values()), "by_category_ms": cats, "top_kernels_ms": dict(top)}))
 """
 
@@ -69,13 +81,15 @@ def main() -> int:
                     help="format:chunk,... one process each, in this order")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--at-depth", type=int, default=0, metavar="D",
+                    help="append the --tokens to a cached prefix of D tokens")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     receipt = {"model": args.model_config, "cells": []}
     for run in args.runs.split(","):
         fmt, chunk = run.split(":")
         proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, chunk,
-                               str(args.reps), str(args.tokens)], stdout=subprocess.PIPE,
+                               str(args.reps), str(args.tokens), str(args.at_depth)], stdout=subprocess.PIPE,
                               text=True, check=False)  # a failed process: reported below
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:

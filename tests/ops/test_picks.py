@@ -30,6 +30,7 @@ BLOCK = BlockGemvConfig(32, 4, 2, 4)
     ("fp8", (1, 1536, 1152, "", torch.bfloat16, torch.bfloat16), "scaled_mm"),
     ("fp8", (1, 1536, 1152, "geglu", torch.bfloat16, torch.bfloat16), ROW),
     ("fp8", (512, 13824, 1152, "geglu", torch.float32, torch.float32), "dequant"),
+    ("fp8", (512, 1536, 200, "", torch.bfloat16, torch.bfloat16), "dequant"),  # K % 16 != 0
     ("blocks", (2, 6912, 1152, QT.Q4_K, torch.bfloat16), BLOCK),
 ])
 def test_round_trip(family: str, key: tuple, pick) -> None:
@@ -68,6 +69,7 @@ def test_families_do_not_share_keys() -> None:
     ("fp8|4|1536|1152|norm|bfloat16|float32", "cublas"),
     ("fp8|4|1536|1152|norm|bfloat16|float32", "dequant"),  # decode rows: a GEMV or scaled_mm
     ("fp8|512|1536|1152||bfloat16|bfloat16", "dequant"),  # bfloat16 chunks: scaled_mm only
+    ("fp8|512|1536|200||bfloat16|bfloat16", "scaled_mm"),  # K % 16 != 0: cuBLAS refuses
     ("fp8|64|1536|1152||bfloat16|bfloat16", picks.config_json(DOT8)),  # GEMV for a chunk
     ("fp8|2|1536|1152||bfloat16|bfloat16", picks.config_json(ROW)),  # the row loop: 1 row
     ("1|1536|1152||bfloat16|bfloat16", picks.config_json(ROW)),  # an FP8 GEMV kind

@@ -4,12 +4,12 @@ it (GeGLU, or the residual add + RMSNorm pair), routed here by `linear._project`
 - decode rows (N <= 8): the fastest of the FP8 GEMV configs (`gemv_fp8`; the op fused into
   its epilogue, or as its own kernel) and, for bfloat16 models, `scaled_mm` below, timed in
   CUDA graphs over weight copies that defeat L2;
-- more rows: for bfloat16 models `scaled_mm`: x quantized per token (row) to e4m3
-  (quantize_fp8.py; not again where the kernel that wrote x quantized it too: this route's
-  epilogues, add_rms_norm and GeGLU, hang their output's rows on it), then FP8 tensor cores
-  (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in
-  bfloat16; for other dtypes `dequant`: W dequantized to the model dtype (`dequantize_fp8`),
-  then cuBLAS on x as it is.
+- more rows (`fp8.chunk_route`): for bfloat16 models `scaled_mm`: x quantized per token (row)
+  to e4m3 (quantize_fp8.py; not again where the kernel that wrote x quantized it too: this
+  route's epilogues, add_rms_norm and GeGLU, hang their output's rows on it), then FP8 tensor
+  cores (`torch._scaled_mm`, rowwise scales: scale_a [N, 1] of x, scale_b [1, M] of W), out in
+  bfloat16; for other dtypes (or K, M not multiples of 16) `dequant`: W dequantized to the
+  model dtype (`dequantize_fp8`), then cuBLAS on x as it is.
   Candidates are timed as `linear` times its GEMMs (in graph replay up to GRAPH_ROWS rows,
   eagerly beyond) per power-of-two bucket of rows.
 
@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from muser.ops.fp8 import Fp8Matrix, attached_rows
+from muser.ops.fp8 import Fp8Matrix, attached_rows, chunk_route
 from muser.ops.triton.dequantize_fp8 import dequantize_fp8
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
@@ -105,13 +105,13 @@ def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
 def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
                 norm: NormEpilogue | None) -> list[Pick]:
     n, (m, k) = x.shape[0], weight.shape
-    if n > MAX_ROWS:  # cuBLAS's rowwise-scaled FP8 GEMM writes bfloat16 only
-        # NOTE: not "dequant" beside it: that route writes the whole weight in bfloat16 on every
-        # call; timed eagerly it won only where the launches' host time decided (the 27B's
-        # o_proj at 512 rows: 17 us of dequantization + a 32 us bfloat16 GEMM a call in the
-        # chunk's kernels, bench/GPU_NOTES.md)
-        return ["scaled_mm"] if weight.dtype == torch.bfloat16 else ["dequant"]
-    picks: list[Pick] = ["scaled_mm"] if weight.dtype == torch.bfloat16 else []
+    if n > MAX_ROWS:
+        # NOTE: one route, not "dequant" beside scaled_mm: that route writes the whole weight in
+        # bfloat16 on every call; timed eagerly it won only where the launches' host time
+        # decided (the 27B's o_proj at 512 rows: 17 us of dequantization + a 32 us bfloat16
+        # GEMM a call in the chunk's kernels, bench/GPU_NOTES.md)
+        return [chunk_route(weight.dtype, m, k)]
+    picks: list[Pick] = ["scaled_mm"] if chunk_route(weight.dtype, m, k) == "scaled_mm" else []
     for c in candidates_fp8(n, m, k):
         picks += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
     return picks

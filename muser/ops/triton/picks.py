@@ -31,6 +31,7 @@ import torch
 import triton
 from gguf import GGMLQuantizationType
 
+from muser.ops.fp8 import chunk_route
 from muser.ops.triton.gemm import GemmConfig
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig
 from muser.ops.triton.gemv_blocks import BlockGemvConfig
@@ -141,8 +142,8 @@ def parse_entries(entries: dict[str, Any], origin: Path) -> dict[str, Family]:
         try:
             family, key = parse_key(text)
             pick = parse_config(entry["config"], key[0], family)
-            if family == "fp8" and pick == "dequant" and key[4] == torch.bfloat16:
-                raise ValueError("bfloat16 FP8 chunks run scaled_mm (linear_fp8._candidates)")
+            if family == "fp8" and key[0] > MAX_ROWS and pick != chunk_route(key[4], *key[1:3]):
+                raise ValueError("an FP8 chunk runs the route fp8.chunk_route names")
             out[family][key] = (pick, dict(entry.get("timed_ms", {})))
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration):
             bad.append(text)
