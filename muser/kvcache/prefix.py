@@ -22,9 +22,10 @@ cached; the rest of the prompt is prefilled after P.
 from __future__ import annotations
 
 import hashlib
-from array import array
 from collections import OrderedDict
 from typing import NamedTuple
+
+import numpy as np
 
 from muser.kvcache.ring import RingState
 
@@ -33,10 +34,18 @@ ROOT = b""
 
 def chain_keys(token_ids: list[int], page_size: int, parent: bytes = ROOT) -> list[bytes]:
     """The keys of each full page of `token_ids`, chained from `parent` (the key before)."""
+    full = len(token_ids) // page_size
+    if not full:
+        return []
+    # NOTE: the ids converted in one call, then hashed page by page from a view: per-page
+    # conversions and concatenations took 7 ms of a 131k-token prompt's host time, on the
+    # request path before its first kernel (a prefix hit's TTFT)
+    blocks = np.fromiter(token_ids, dtype=np.int64, count=full * page_size).reshape(full, -1)
     keys = []
-    for start in range(0, len(token_ids) - page_size + 1, page_size):
-        block = array("q", token_ids[start:start + page_size]).tobytes()
-        parent = hashlib.blake2b(parent + block, digest_size=16).digest()
+    for block in blocks:
+        h = hashlib.blake2b(parent, digest_size=16)
+        h.update(block)
+        parent = h.digest()
         keys.append(parent)
     return keys
 
