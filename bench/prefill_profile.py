@@ -89,8 +89,8 @@ def main() -> int:
     for run in args.runs.split(","):
         fmt, chunk = run.split(":")
         proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, chunk,
-                               str(args.reps), str(args.tokens), str(args.at_depth)], stdout=subprocess.PIPE,
-                              text=True, check=False)  # a failed process: reported below
+                               str(args.reps), str(args.tokens), str(args.at_depth)],
+                              stdout=subprocess.PIPE, text=True, check=False)  # a failed process: reported below
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             print(f"{run}: the process failed (exit {proc.returncode})", file=sys.stderr)

@@ -62,12 +62,16 @@ def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix
     return Fp8Matrix(data, scales, dtype or w.dtype)
 
 
+def scaled_mm_fits(weight_dtype: torch.dtype, m: int, k: int) -> bool:
+    """Whether cuBLAS's rowwise-scaled FP8 GEMM (`torch._scaled_mm`) takes this weight: it
+    writes bfloat16 only and takes K and M in multiples of 16."""
+    return weight_dtype == torch.bfloat16 and m % 16 == 0 and k % 16 == 0
+
+
 def chunk_route(weight_dtype: torch.dtype, m: int, k: int) -> str:
-    """How an FP8 projection of more than MAX_ROWS rows runs: "scaled_mm" (FP8 tensor cores,
-    bfloat16 out: cuBLAS's rowwise-scaled FP8 GEMM writes bfloat16 only and takes K and M in
-    multiples of 16) or "dequant" (the weight dequantized, then a GEMM in its dtype)."""
-    fits = weight_dtype == torch.bfloat16 and m % 16 == 0 and k % 16 == 0
-    return "scaled_mm" if fits else "dequant"
+    """How an FP8 projection of more than MAX_ROWS rows runs: "scaled_mm" (FP8 tensor cores)
+    where it fits, else "dequant" (the weight dequantized, then a GEMM in its dtype)."""
+    return "scaled_mm" if scaled_mm_fits(weight_dtype, m, k) else "dequant"
 
 
 def activation_scales(amax: torch.Tensor) -> torch.Tensor:

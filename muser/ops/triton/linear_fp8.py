@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from muser.ops.fp8 import Fp8Matrix, attached_rows, chunk_route
+from muser.ops.fp8 import Fp8Matrix, attached_rows, chunk_route, scaled_mm_fits
 from muser.ops.triton.dequantize_fp8 import dequantize_fp8
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
@@ -111,7 +111,7 @@ def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
         # decided (the 27B's o_proj at 512 rows: 17 us of dequantization + a 32 us bfloat16
         # GEMM a call in the chunk's kernels, bench/GPU_NOTES.md)
         return [chunk_route(weight.dtype, m, k)]
-    picks: list[Pick] = ["scaled_mm"] if chunk_route(weight.dtype, m, k) == "scaled_mm" else []
+    picks: list[Pick] = ["scaled_mm"] if scaled_mm_fits(weight.dtype, m, k) else []
     for c in candidates_fp8(n, m, k):
         picks += [c, dataclasses.replace(c, fused=False)] if geglu_out or norm else [c]
     return picks
