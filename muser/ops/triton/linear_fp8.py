@@ -119,11 +119,13 @@ def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
 
 def _compile_candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
                         norm: NormEpilogue | None):
-    """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
+    """Inside compile_only: compile every candidate of a shape -> the output of the last one
+    that ran (the dequant route's if none did)."""
+    out = None
     for pick in _candidates(x, weight, geglu_out, norm):
         with contextlib.suppress(Exception):  # as in tune: a candidate that fails is skipped
-            _run(x, weight, pick, geglu_out, norm)
-    return _run(x, weight, "dequant", geglu_out, norm)
+            out = _run(x, weight, pick, geglu_out, norm)
+    return out if out is not None else _run(x, weight, "dequant", geglu_out, norm)
 
 
 def _fastest(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
