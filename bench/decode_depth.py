@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
