@@ -6,7 +6,8 @@ verifies it before the engine sees it:
 
     the worker's model fingerprint (config + weight checksums) equals ours
     shapes, dtype and ring capacity are what our cache holds for that many tokens
-    every layer's CRC32 (and the logits') matches the header's
+    every layer's checksum (and the logits') matches the header's (snapshot.layer_checksums:
+    computed where the tensors are, so a GPU's KV is checked on the GPU)
 
 Every request ends with one outcome, counted and, unless "remote", logged at warning level
 with its reason: remote | fallback_down (no worker, or it went away mid-transfer) |
