@@ -48,7 +48,8 @@ class Result:
     snapshot: KVSnapshot | None = None
     reason: str = ""
     nbytes: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the round trip: send, the worker's prefill, the KV back, checks
+    receive_s: float = 0.0  # the KV's hand-off: its tensors received, after their header
 
 
 class Histogram:
@@ -92,6 +93,7 @@ class RemotePrefill:
         self.device = device or torch.device("cpu")
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.bytes, self.seconds = Histogram(BYTE_BUCKETS), Histogram(SECOND_BUCKETS)
+        self.receive_s = 0.0  # summed over remote outcomes (benchmarks: the hand-off's rate)
         self._lock = threading.Lock()
         self._done: list[Result] = []
         self._cancelled: set[int] = set()
@@ -132,7 +134,8 @@ class RemotePrefill:
     def stats(self) -> dict:
         with self._lock:
             return {"outcomes": dict(self.outcomes), "bytes": self.bytes.snapshot(),
-                    "seconds": self.seconds.snapshot(), "in_flight": len(self.in_flight),
+                    "seconds": self.seconds.snapshot(), "receive_s": self.receive_s,
+                    "in_flight": len(self.in_flight),
                     "workers": {w.name: w.state for w in self._workers}}
 
     def measure(self, prompt_ids: list[int]) -> float | None:
@@ -153,6 +156,7 @@ class RemotePrefill:
             if result.outcome == "remote":
                 self.bytes.observe(result.nbytes)
                 self.seconds.observe(result.seconds)
+                self.receive_s += result.receive_s
             self.in_flight.discard(result.uid)
             if result.uid in self._cancelled:
                 self._cancelled.discard(result.uid)
@@ -228,8 +232,12 @@ class _Worker:
             if problem:
                 self._reset()
                 return Result(uid, "fallback_checksum", reason=problem)
+            received = time.perf_counter()
             tensors = link.recv_tensors(header["tensors"],
                                         max(0.0, deadline - time.perf_counter()))
+            if tensors and tensors[0].is_cuda:  # NOTE: NCCL's wait orders the stream only
+                torch.cuda.current_stream(tensors[0].device).synchronize()
+            received = time.perf_counter() - received
         except LinkError as exc:
             timed_out = time.perf_counter() >= deadline or "within" in str(exc)
             self._reset()
@@ -246,7 +254,7 @@ class _Worker:
                           reason="the KV received does not match its checksums")
         nbytes = snap.nbytes
         return Result(uid, "remote", snap, nbytes=nbytes,
-                      seconds=time.perf_counter() - start)
+                      seconds=time.perf_counter() - start, receive_s=received)
 
     def _reset(self) -> None:
         self.link = None  # NOTE: the next request opens a new epoch

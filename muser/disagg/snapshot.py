@@ -69,7 +69,7 @@ def layer_checksums(t: torch.Tensor) -> list[int]:
     weights = torch.arange(1, MOD + 1, device=t.device)
     s1 = cols.sum(1) + tail.sum(1)
     s2 = (cols * weights).sum(1) + (tail * weights[:tail.shape[1]]).sum(1)
-    return [a * 2**64 + b for a, b in zip(s1.tolist(), s2.tolist())]
+    return [a * 2**64 + b for a, b in zip(s1.tolist(), s2.tolist(), strict=True)]
 
 
 def export(runner, seq, logits: torch.Tensor) -> KVSnapshot:

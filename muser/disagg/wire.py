@@ -121,12 +121,13 @@ class Link:
 
     def recv_tensors(self, specs: list[tuple[list[int], str]],
                      timeout_s: float | None = None) -> list[torch.Tensor]:
-        """Receive tensors of the given (shape, dtype name) into fresh buffers."""
-        return [self._recv(torch.empty(shape, dtype=getattr(torch, dtype)), timeout_s)
-                for shape, dtype in specs]
+        """Receive tensors of the given (shape, dtype name) into fresh buffers on the link's
+        device (NCCL: the GPU's, written by the transfer itself; no host buffer on the way)."""
+        return [self._recv(torch.empty(shape, dtype=getattr(torch, dtype), device=self.device),
+                           timeout_s) for shape, dtype in specs]
 
     def _recv(self, buf: torch.Tensor, timeout_s: float | None) -> torch.Tensor:
-        buf = buf.to(self.device)
+        buf = buf.to(self.device)  # NOTE: a no-op for recv_tensors' buffers (made there)
         try:
             work = self.group.recv([buf], self.peer, 0)
             if timeout_s is None:
