@@ -26,14 +26,15 @@ class Worker:
             self.proc.wait(30)
 
 
-def start_worker(tmp: Path, model_args: list[str], patch: str = "", port: int | None = None
-                 ) -> Worker:
+def start_worker(tmp: Path, model_args: list[str], patch: str = "", port: int | None = None,
+                 flags: list[str] = WORKER_FLAGS) -> Worker:
     """A prefill worker on a free port; `patch`: Python run first (e.g. replacing a function
-    of muser.disagg.worker) to make it misbehave. Waits until it is ready."""
+    of muser.disagg.worker) to make it misbehave; `flags`: its device and the rest. Waits until
+    it is ready."""
     port = port or _free_port()
     address = f"127.0.0.1:{port}"
     log = tmp / f"worker_{port}_{time.monotonic_ns()}.log"
-    code = (f"{patch}\nfrom muser.cli import main\nraise SystemExit(main({['prefill-worker', '--listen', address, *model_args, *WORKER_FLAGS]!r}))")
+    code = (f"{patch}\nfrom muser.cli import main\nraise SystemExit(main({['prefill-worker', '--listen', address, *model_args, *flags]!r}))")
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ,
@@ -51,8 +52,9 @@ def start_worker(tmp: Path, model_args: list[str], patch: str = "", port: int | 
 def worker_factory(tmp_path: Path):
     started: list[Worker] = []
 
-    def make(model_args: list[str], patch: str = "", port: int | None = None) -> Worker:
-        w = start_worker(tmp_path, model_args, patch, port)
+    def make(model_args: list[str], patch: str = "", port: int | None = None,
+             flags: list[str] = WORKER_FLAGS) -> Worker:
+        w = start_worker(tmp_path, model_args, patch, port, flags)
         started.append(w)
         return w
 
