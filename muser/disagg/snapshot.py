@@ -44,6 +44,7 @@ class KVSnapshot:
 
 
 MOD = 65521  # the largest prime below 2^16 (Adler-32's)
+SLAB = 1 << 27  # words summed a pass (on a GPU their int64 copies: 1 GiB)
 
 
 def layer_checksums(t: torch.Tensor) -> list[int]:
@@ -60,11 +61,14 @@ def layer_checksums(t: torch.Tensor) -> list[int]:
     assert t.element_size() % 2 == 0 and per < 2**31, "16-bit words, fewer than 2^31 a slice"
     words = t.detach().contiguous().view(-1).view(torch.int16).view(n, per)
     rows = per // MOD
-    laid = words[:, :rows * MOD].reshape(n, rows, MOD)
-    if t.device.type == "cpu":  # NOTE: numpy's widening sum is ~10x torch's on the CPU
-        cols = torch.from_numpy(laid.numpy().sum(axis=1, dtype=np.int64))
-    else:
-        cols = laid.sum(1, dtype=torch.int64)
+    cols = torch.zeros((n, MOD), dtype=torch.int64, device=t.device)
+    step = max(1, SLAB // (n * MOD))  # NOTE: torch widens a pass's words to int64 first
+    for r in range(0, rows, step):
+        laid = words[:, r * MOD:min(rows, r + step) * MOD].reshape(n, -1, MOD)
+        if t.device.type == "cpu":  # NOTE: numpy's widening sum is ~10x torch's on the CPU
+            cols += torch.from_numpy(laid.numpy().sum(axis=1, dtype=np.int64))
+        else:
+            cols += laid.sum(1, dtype=torch.int64)
     tail = words[:, rows * MOD:].to(torch.int64)
     weights = torch.arange(1, MOD + 1, device=t.device)
     s1 = cols.sum(1) + tail.sum(1)

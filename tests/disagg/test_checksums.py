@@ -43,3 +43,13 @@ def test_a_changed_or_moved_value_changes_its_slice_only() -> None:
     flat = swapped[1].view(-1)
     flat[[3, 4000]] = flat[[4000, 3]]
     assert layer_checksums(swapped)[1] != want[1]
+
+
+def test_summed_in_passes_the_same(monkeypatch) -> None:
+    """A GPU sums a long slice's words a few rows at a time: the passes add up to one."""
+    import muser.disagg.snapshot as snapshot
+
+    x = torch.randn(3, 5 * MOD + 17, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    whole = layer_checksums(x)
+    monkeypatch.setattr(snapshot, "SLAB", 3 * MOD * 2)  # two rows of MOD words a pass
+    assert layer_checksums(x) == whole == [_by_definition(s) for s in x]
