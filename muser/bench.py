@@ -75,11 +75,7 @@ class MuserSide:
 
     def prefill(self, ids: list[int]) -> None:
         seq = self.runner.allocate()
-        chunk = self.llm.config.prefill_chunk
-        for start in range(0, len(ids), chunk):  # logits of the last chunk only, as served
-            last = start + chunk >= len(ids)
-            self.runner.forward([seq], [ids[start:start + chunk]],
-                                logit_rows=None if last else [])
+        self.runner.prefill(seq, ids)
         self.runner.free(seq)
 
     def decode(self, ids: list[int], steps: int) -> Callable[[], None]:

@@ -185,6 +185,16 @@ class Runner:
         """Pages `free(seq)` gives back (free or cached): those no other sequence holds."""
         return self.pages.num_freed_by(seq.page_ids)
 
+    def prefill(self, seq: SeqState, token_ids: list[int]) -> torch.Tensor:
+        """Append a prompt to `seq` in chunks of prefill_chunk rows, as the engine serves one
+        (no LM head on the chunks before the last) -> the logits of its last row [1, vocab]."""
+        chunk = self.engine.prefill_chunk
+        for start in range(0, len(token_ids), chunk):
+            last = start + chunk >= len(token_ids)
+            logits = self.forward([seq], [token_ids[start:start + chunk]],
+                                  logit_rows=None if last else [])
+        return logits
+
     @torch.inference_mode()
     def forward(
         self, seqs: list[SeqState], token_ids: list[list[int]], all_logits: bool = False,

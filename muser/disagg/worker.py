@@ -26,14 +26,10 @@ POLL_S = 0.002
 def prefill(llm, prompt_ids: list[int]) -> KVSnapshot:
     """Prefill `prompt_ids` on a fresh sequence of `llm`'s runner -> its snapshot (the
     sequence is freed)."""
-    runner, chunk = llm.runner, llm.config.prefill_chunk
+    runner = llm.runner
     seq = runner.allocate()
     try:
-        for start in range(0, len(prompt_ids), chunk):  # the last chunk's logits only
-            last = start + chunk >= len(prompt_ids)
-            logits = runner.forward([seq], [prompt_ids[start:start + chunk]],
-                                    logit_rows=None if last else [])
-        return export(runner, seq, logits[-1])
+        return export(runner, seq, runner.prefill(seq, prompt_ids)[-1])
     finally:
         runner.free(seq)
 
