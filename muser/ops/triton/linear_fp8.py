@@ -89,12 +89,15 @@ def tune(key: tuple, x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
 
 def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
          norm: NormEpilogue | None):
-    if pick == "scaled_mm":  # the op after it quantizes its rows for the FP8 projection next
+    if pick == "scaled_mm":
         y = scaled_mm(x, weight)
+        # NOTE: a chunk's op after it quantizes its rows for the chunk's next FP8 projection
+        # (scaled_mm too); decode rows go to GEMVs, which read them unquantized
+        rows = x.shape[0] > MAX_ROWS
         if norm is not None:
             return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype,
-                                fp8_rows=True)
-        return geglu(y, fp8_rows=True) if geglu_out else y
+                                fp8_rows=rows)
+        return geglu(y, fp8_rows=rows) if geglu_out else y
     if pick == "dequant":
         return _after(dequant_mm(x, weight), geglu_out, norm)
     if pick.fused:
