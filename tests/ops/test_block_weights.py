@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from opcheck import DEVICE, UNIT_ROUNDOFF, rand
-from test_blocks import _random_blocks
+from test_blocks import _random_blocks, x_hat
 from test_layer_graph import GRAPH_ATOL, GRAPH_RTOL
 
 import muser.ops.triton as triton_ops
@@ -26,6 +26,7 @@ from muser.ops.triton import (
     linear_geglu,
 )
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
+from muser.ops.triton.gemv_blocks import INT8_TYPES, MAX_ROWS
 from muser.runner import Runner
 from tests.error_bounds import gamma
 from tests.tiny_gguf import tiny_gguf
@@ -56,16 +57,26 @@ MIXED = ((QT.Q5_0, 16), (QT.Q8_0, 8), (QT.Q4_K, 13), (QT.Q6_K, 8))  # like a Q4_
 SINGLE = ((QT.Q4_K, 37),)
 
 
-def _bound(x: torch.Tensor, wd: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def _bound(x: torch.Tensor, w, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """(exact x W^T in float64, its error bound). The weights are exact float32 values (the
     block readers and the dequantization are gguf's, bit for bit; a float32 workspace holds
-    them exactly) and x is read exactly, so the only roundings are the K float32 products and
-    the K-term sum, in any order: gamma_K * sum |x w| (plus the float64 reference's own K 2^-53
-    of it), then one rounding of the output to `dtype`: u * |y|."""
-    exact = x.double() @ wd.double().t()
-    mags = x.double().abs() @ wd.double().abs().t()
+    them exactly), so the roundings are the K float32 products and the K-term sum, in any
+    order: gamma_K * sum |x w| (plus the float64 reference's own K 2^-53 of it), then one
+    rounding of the output to `dtype`: u * |y|. Decode rows (<= 8) through K-quant segments
+    multiply x^, int8_rows' values (test_blocks.py): sum |x - x^| |w| more, and the sums
+    run over |x^| <= |x| + |x - x^|."""
+    wd = _values(w).double()
+    exact = x.double() @ wd.t()
+    mags = x.double().abs() @ wd.abs().t()
+    quant = torch.zeros_like(mags)
+    if x.shape[0] <= MAX_ROWS:
+        quantized = torch.cat([torch.full((p.shape[0],), p.qtype in INT8_TYPES)
+                               for _, p in segments(w)])
+        err = (x_hat(x.float().cpu()) - x.double().cpu()).abs().to(wd.device)
+        quant = err @ (wd.abs() * quantized[:, None].to(wd.device)).t()
     u = UNIT_ROUNDOFF[dtype]
-    return exact, (gamma(K) + K * 2.0**-53) * mags * (1 + u) + u * exact.abs()
+    g = gamma(K) + K * 2.0**-53
+    return exact, (g * (mags + quant) + quant) * (1 + u) + u * exact.abs()
 
 
 @pytest.mark.parametrize("parts", [SINGLE, MIXED], ids=["single", "mixed"])
@@ -78,7 +89,7 @@ def test_linear_over_blocks(gen, parts, n, dtype):
     assert isinstance(w, BlockRows if len(parts) > 1 else BlockMatrix)
     x = rand(gen, n, K, dtype=dtype)
     y = linear(x, w)
-    exact, bound = _bound(x, _values(w), dtype)
+    exact, bound = _bound(x, w, dtype)
     assert y.shape == (n, w.shape[0]) and y.dtype == dtype
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
 
@@ -117,7 +128,7 @@ def test_head_in_workspace_tiles(gen, monkeypatch):
     workspace = block_weights.reserve(torch.device(DEVICE), dtype, 16 * K)  # tiles of 16 rows
     x = rand(gen, 11, K)
     y = linear(x, w)
-    exact, bound = _bound(x, _values(w), dtype)
+    exact, bound = _bound(x, w, dtype)
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
     assert block_weights._WORKSPACE[(torch.device(DEVICE), dtype)] is workspace
     assert workspace.numel() == 16 * K
@@ -181,6 +192,6 @@ def test_a_stored_block_pick_is_the_one_that_runs(gen):
     assert block_weights.remember({key: (stored, {"stored": 0.01})}, "cache") == 1
     assert block_weights.gemv_config(x, w, torch.empty(1, 24, device=DEVICE)) == stored
     y = linear(x, w)
-    exact, bound = _bound(x, _values(w), torch.float32)
+    exact, bound = _bound(x, w, torch.float32)
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
     assert key not in block_weights.measured()

@@ -1,6 +1,7 @@
 """GGUF blocks read inside Triton kernels (Q5_0, Q8_0, Q4_K, Q6_K) on random blocks: the dequantization
-kernel equals `gguf.quants.dequantize` bit for bit, and the decode GEMV over the blocks is
-within the error bound of its per-sub-block float32 sums of the float64 product."""
+kernel equals `gguf.quants.dequantize` bit for bit; the decode GEMV over the blocks is within
+the error bound of its per-sub-block float32 sums of the float64 product, the K-quants' of x
+as two int8 levels (int8_rows, equal to its reference bit for bit, within its own bound)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from muser.ops import ref
 from muser.ops.blocks import BlockMatrix
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv_blocks import (
+    INT8_TYPES,
     BlockGemvConfig,
     candidates_blocks,
     default_config,
     linear_blocks,
 )
+from muser.ops.triton.int8_rows import int8_rows
 from muser.ops.triton.launch import cdiv
 from tests.error_bounds import gamma
 
@@ -69,9 +72,10 @@ def test_dequantize_gguf_quantized_q8_0(gen):
 # for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 6 of 256: 4 per iteration)
 GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 1536), QT.Q6_K: (37, 768)}
 CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192)}  # code bytes
-# The kernels' sums (gemv_blocks.py), per type: B values per sub-block; T additions into an
-# accumulator element per iteration; E accumulator elements per output and block
-SUMS = {QT.Q5_0: (32, 1, 8), QT.Q8_0: (32, 1, 16), QT.Q4_K: (32, 4, 4), QT.Q6_K: (16, 4, 32)}
+# The kernels' sums (gemv_blocks.py), per type: B values per sub-block (0: the K-quants' integer
+# sums, exact); T additions into an accumulator element per iteration; E accumulator elements
+# per output and block
+SUMS = {QT.Q5_0: (32, 1, 8), QT.Q8_0: (32, 1, 16), QT.Q4_K: (0, 2, 4), QT.Q6_K: (0, 4, 4)}
 
 
 def _depth(qtype: QT, k: int, c: BlockGemvConfig) -> int:
@@ -94,6 +98,38 @@ def _offsets(raw: np.ndarray, qtype: QT, k: int) -> torch.Tensor:
     return torch.from_numpy(o).double()
 
 
+def x_hat(x: torch.Tensor) -> torch.Tensor:
+    """[N, K] float64: the values int8_rows(x) stands for, s (128 h + l) (ref.int8_rows)."""
+    hi, lo, scale, _, _ = ref.int8_rows(x)
+    n, k = x.shape
+    h, low = (v.view(torch.int8).reshape(n, k).double() for v in (hi, lo))
+    return (128 * h + low) * scale.double().repeat_interleave(32, dim=1)
+
+
+def test_int8_rows(gen):
+    """int8_rows equals its reference bit for bit on rows of mixed magnitudes (a zero group, a
+    subnormal one, huge and tiny values side by side); x^ is within s / 2 of x, every bfloat16
+    value within 2^5 of its group's largest is kept exactly, and the sums are x^'s."""
+    n, k = 3, 1024
+    x = torch.randn(n, k, generator=gen) * torch.exp2(torch.randint(-30, 30, (n, k),
+                                                                     generator=gen).float())
+    x[0, :32] = 0.0
+    x[1, 32:64] = torch.randn(32, generator=gen) * 1e-40  # subnormal
+    x[2, 64:96] = (2 * torch.rand(32, generator=gen) - 1) * 3e38  # into the top binade
+    x = x.to(torch.bfloat16).float()
+    got, want = int8_rows(x.to(DEVICE)), ref.int8_rows(x)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w)
+    xq, scale = x_hat(x), got.scale.cpu().double().repeat_interleave(32, dim=1)
+    assert ((xq - x.double()).abs() <= scale / 2).all()
+    top = x.abs().reshape(n, -1, 32).amax(-1).repeat_interleave(32, dim=1)
+    near = (x.abs() >= top / 32) & (top >= 2.0**-114)  # above the floor of the scale exponent
+    assert torch.equal(xq[near], x.double()[near])
+    halves = (xq / scale).reshape(n, k // 256, 8, 2, 16).sum(-1)
+    assert torch.equal(got.sums.cpu().double(), halves.sum(-1).reshape(n, -1))
+    assert torch.equal(got.half_sums.cpu().double(), halves.transpose(2, 3).reshape(n, -1))
+
+
 @pytest.mark.parametrize("qtype", list(GEMV_SHAPES), ids=lambda q: q.name)
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_gemv_over_blocks(gen, qtype, n):
@@ -103,19 +139,22 @@ def test_gemv_over_blocks(gen, qtype, n):
     (|s_j q_k| + |t_j|) (Higham: a sum by any tree is within gamma of its depth).
     The magnitudes come from gguf's w = fl(s q - t) and o = -t (exact): a = w - o is within
     u |s q - t| of s q, and the float64 reference of gguf's w is off by the same (one more
-    rounding each: gamma_(D + 2)), plus its own K 2^-53."""
+    rounding each: gamma_(D + 2)), plus its own K 2^-53. The K-quants multiply x^, the values
+    of int8_rows(x) (exact: x^ - x is int8_rows' error, bounded in test_int8_rows), and their
+    integer sums are exact (B = 0)."""
     m, k = GEMV_SHAPES[qtype]
     raw = _random_blocks(gen, qtype, m, k)
     w = _matrix(raw, qtype, k)
     x = rand(gen, n, k)
-    exact = ref.linear_blocks(x.double(), w)
+    xq = x_hat(x.cpu()) if qtype in INT8_TYPES else x.double().cpu()
+    exact = xq @ w.dequantize().double().cpu().t()
     o = _offsets(raw, qtype, k)
-    wd = w.dequantize().double()
-    mag = x.double().abs() @ ((wd - o).abs() + o.abs()).t()
+    wd = w.dequantize().double().cpu()
+    mag = xq.abs() @ ((wd - o).abs() + o.abs()).t()
     configs = candidates_blocks(n, m, k, qtype)
     assert any(c.split_k > 1 for c in configs) and any(m % c.block_m for c in configs)
     for config in [default_config(n, m, k, qtype), *configs]:
         bound = (gamma(_depth(qtype, k, config) + 2) + k * 2.0**-53) * mag
         y = linear_blocks(x, w, config)
         assert y.shape == (n, m) and y.dtype == torch.float32 and not y.isnan().any()
-        assert ((y.double() - exact).abs() <= bound).all(), config
+        assert ((y.double().cpu() - exact).abs() <= bound).all(), config

@@ -2,8 +2,9 @@
 embedding lookup and the prefill workspace. Weights stay the file's bytes on the device.
 
 - decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads each single-type row segment in
-  place into its columns of one output in the engine's dtype; GeGLU, or the residual add +
-  RMSNorm, then runs as its own kernel (not fused into the block GEMV);
+  place into its columns of one output in the engine's dtype (x quantized once, int8_rows.py,
+  for the segments of K-quants); GeGLU, or the residual add + RMSNorm, then runs as its own
+  kernel (not fused into the block GEMV);
 - more rows (prefill chunks, decode batches of more than 8): the matrix is dequantized into
   one reused workspace in the engine's dtype (dequantize_blocks.py, gguf's values rounded
   once), then the dense projection runs on it (linear.py: its tuned GEMM or cuBLAS, epilogue
@@ -39,12 +40,14 @@ from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import NormEpilogue
 from muser.ops.triton.gemv_blocks import (
+    INT8_TYPES,
     MAX_ROWS,
     BlockGemvConfig,
     candidates_blocks,
     default_config,
     linear_blocks,
 )
+from muser.ops.triton.int8_rows import Int8Rows, int8_rows
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation
@@ -95,9 +98,12 @@ def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue
     n, (m, k) = x.shape[0], weight.shape
     if n <= MAX_ROWS:
         y = empty((n, m), weight.dtype, x.device)
-        for row, part in segments(weight):
+        parts = segments(weight)
+        # x quantized once for every segment that reads it so
+        rows = int8_rows(x) if any(p.qtype in INT8_TYPES for _, p in parts) else None
+        for row, part in parts:
             out = y[:, row:row + part.shape[0]]
-            linear_blocks(x, part, gemv_config(x, part, out), out=out)
+            linear_blocks(x, part, gemv_config(x, part, out, rows), out=out, rows=rows)
         if geglu_out:
             return geglu(y)
         if norm is not None:
@@ -126,7 +132,8 @@ def _dequantize(weight: Blocks, start: int, stop: int, workspace: torch.Tensor) 
     return dense
 
 
-def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockGemvConfig:
+def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor,
+                rows: Int8Rows | None = None) -> BlockGemvConfig:
     """The block GEMV config of this shape: chosen once (see the module docstring). Inside
     compile_only, a shape without a pick compiles every candidate and runs the default."""
     n, (m, k) = x.shape[0], part.shape
@@ -140,7 +147,7 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockG
         return pick
     if compile_only.get():
         for c in candidates_blocks(n, m, k, part.qtype):
-            linear_blocks(x, part, c, out=out)
+            linear_blocks(x, part, c, out=out, rows=rows)
         return default_config(n, m, k, part.qtype)
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("block GEMV shape first seen during graph capture: warm up first")
@@ -153,7 +160,7 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor) -> BlockG
     best, best_ms, timed = default_config(n, m, k, part.qtype), math.inf, {}
     for c in candidates_blocks(n, m, k, part.qtype):
         try:
-            ms = graph_ms(lambda w, c=c: linear_blocks(x, w, c, out=out), copies)
+            ms = graph_ms(lambda w, c=c: linear_blocks(x, w, c, out=out, rows=rows), copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile or run is skipped)
             continue
         timed[str(c)] = round(ms, 5)

@@ -58,14 +58,13 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import counters
 from muser.ops.triton.block_values import Q4_K, Q5_0, Q6_K, Q8_0
 from muser.ops.triton.gemv import finish
+from muser.ops.triton.int8_rows import Int8Rows, int8_rows
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
-# NOTE: the float 2^23's bits passed as an argument: in a register, ptxas fuses a code's mask
-# and its OR into one LOP3 (with two immediates it issues two)
-MAGIC = 0x4B000000
 QT = GGMLQuantizationType
+INT8_TYPES = (QT.Q4_K, QT.Q6_K)  # the types that read x as Int8Rows
 
 
 @triton.jit
@@ -109,76 +108,136 @@ def _x_sums(xrow, start, xmask, B: tl.constexpr):
 
 
 @triton.jit
-def _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr):
-    # group g: 8 code words (two 16-byte loads), sub-blocks 2g (low nibbles), 2g + 1 (high)
-    g, i = _ax(4, 2), _ax(4, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
-    for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 1)
-        blk = wrow + b * 36
-        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
-        head = tl.load(blk, mask=mask, other=0)
-        s0 = tl.load(blk + 1, mask=mask, other=0)
-        s1 = tl.load(blk + 2, mask=mask, other=0)
-        s2 = tl.load(blk + 3, mask=mask, other=0)
-        first = tl.load(blk + 4 + 8 * g + i, mask=mask, other=0)  # [1, NB, 4, BM, 4]
-        second = tl.load(blk + 8 + 8 * g + i, mask=mask, other=0)
-        for hi in tl.static_range(2):  # sub-block j = 2g + hi
-            j = 2 * g + hi
-            p = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.float32)
-            for t in tl.static_range(4):  # nibble 2t + hi of word 4 half + i: value 16 half + 4i + t
-                nib = 2 * t + hi
-                sh = 4 * nib if nib < 5 else 4 * nib - 20  # in place (nibbles 0-4), or >> 20
-                # the float 2^(23 - sh) with the code at bit sh of its mantissa: 2^(23 - sh) + q
-                bits = magic - (sh << 23)
-                for half in tl.static_range(2):
-                    words = first if half == 0 else second
-                    x = tl.load(xrow + 256 * b + 32 * j + 16 * half + 4 * i + t, mask=xm,
-                                other=0.0).to(tl.float32)
-                    q = ((words if nib < 5 else words >> 20) & (0xF << sh)) | bits
-                    p += x * (q.to(tl.float32, bitcast=True) - (1 << (23 - sh)))
-            # the scale and min of sub-block j: byte 2 (g % 2) + hi of s0, s1, s2
-            at = 8 * (2 * (g % 2) + hi)
-            a, c, e = (s0 >> at) & 0xFF, (s1 >> at) & 0xFF, (s2 >> at) & 0xFF
-            sc = tl.where(g < 2, a & 63, (e & 0xF) | ((a >> 2) & 0x30))
-            m = tl.where(g < 2, c & 63, (e >> 4) | ((c >> 2) & 0x30))
-            s = _f16(head) * _f32(sc)
-            acc += (s * tl.sum(p, axis=4, keep_dims=True)
-                    - (_f16(head >> 16) * _f32(m)) * _x_sums(xrow, 256 * b + 32 * j, xm, 32))
-    return _total(acc)
+def _dp4a(a, b, c, ASM: tl.constexpr, UNSIGNED: tl.constexpr = False):
+    """c + the dot product of the four bytes of a (signed, or unsigned if UNSIGNED) and the four
+    signed bytes of b (int32): PTX's dp4a, or its arithmetic where there is no PTX (the
+    interpreter)."""
+    if ASM:
+        if UNSIGNED:
+            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                             [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                             [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for k in tl.static_range(4):
+            if UNSIGNED:
+                byte = (a >> 8 * k) & 0xFF
+            else:
+                byte = (a << (24 - 8 * k)) >> 24
+            c += byte * ((b << (24 - 8 * k)) >> 24)
+        return c
 
 
 @triton.jit
-def _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCKS: tl.constexpr):
-    # group g = 2h + v: half h of the block (128 values), v: 16-value half of each 32 there
-    g, i = _ax(4, 2), _ax(8, 4)
-    h, v = g // 2, g % 2
-    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 8), tl.float32)
-    off = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 1), tl.float32)
+def _word(ptr, like):
+    """The int32 of the two int16 words at ptr, ptr + 1 (blocks aligned to 2 bytes only)."""
+    lo = _like(ptr, like).to(tl.int32)
+    return (lo & 0xFFFF) | (_like(ptr + 1, like).to(tl.int32) << 16)
+
+
+@triton.jit
+def _like(ptr, like):
+    """Load at `ptr` (any shape that broadcasts to `like`'s) as `like`'s shape, each thread what
+    its own elements need. NOTE: so every load of the loop takes the code words' layout, and
+    its sums over the words' axis the same slice of it; a load of another shape ([.., 1] per
+    sub-block, [.., 1, ..] for x) takes a layout of its own, and each use of it then converts
+    through shared memory, with barriers. No masks: a masked load zeroes its registers first."""
+    return tl.load(tl.broadcast_to(ptr, like.shape))
+
+
+@triton.jit
+def _pick(v, i, k: tl.constexpr):
+    """Element k of the words' axis: [..., 4] -> [...] (a register of the same thread)."""
+    return tl.sum(tl.where(i == k, v, 0), axis=4)
+
+
+@triton.jit
+def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    # group g: code words 4 + 8g + 4u + i (two 16-byte loads, u) hold the codes of values
+    # 32j + 16u + 4i + byte of sub-blocks j = 2g (low nibbles) and 2g + 1 (high, read in
+    # place as 16 q: a multiple of 16 in every sum, shifted out exactly)
+    g, i = _ax(4, 2), _ax(4, 4)
+    zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
+    gg = tl.sum(g, axis=4)  # g along the sums' axes
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 1)
+        # NOTE: blocks past the range read the last one (in bounds, finite) and their x scale
+        # reads as 0, so they add 0: no load needs a mask (the ones of x rows past N neither)
+        valid = b0 + _ax(BLOCKS, 1) < b_hi
+        b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
+        blk = wrow + b * 36
+        h0, l0, h1, l1 = zero, zero, zero, zero  # sum q h, q l of sub-blocks 2g, 2g + 1
+        for u in tl.static_range(2):
+            words = _like(blk + 4 + 8 * g + 4 * u + i, zero)
+            at = 64 * b + 16 * g + 4 * u + i  # x words of sub-block 2g; 2g + 1: 8 further
+            low, high = words & 0x0F0F0F0F, words & ~0x0F0F0F0F
+            h0 = _dp4a(low, _like(xh + at, zero), h0, ASM)
+            l0 = _dp4a(low, _like(xl + at, zero), l0, ASM)
+            h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM, True)
+            l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM, True)
+        # words 0-3 of the block: d | dmin, then the 12 bytes of 6-bit scales and mins: bytes
+        # j, j + 4 for j < 4; for j >= 4, low nibbles of byte j + 4 and the top bits of j - 4, j
+        # (ggml's get_scale_min_k4, four sub-blocks a word); x sums and scales of sub-blocks
+        # 2g + i // 2
+        head = _like(blk + i, zero)
+        w0, w1, w2 = _pick(head, i, 1), _pick(head, i, 2), _pick(head, i, 3)
+        sc4 = tl.where(gg < 2, w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030))
+        m4 = tl.where(gg < 2, w1 & 0x3F3F3F3F,
+                      ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030))
+        sums = _like(xsum + 8 * b + 2 * g + i // 2, zero)
+        scales = tl.where(valid, _like(xs + 8 * b + 2 * g + i // 2, zero), 0.0)
+        d, dmin = _f16(_pick(head, i, 0)), _f16(_pick(head, i, 0) >> 16)
+        for hi in tl.static_range(2):  # sub-block j = 2g + hi: byte 2 (g % 2) + hi
+            if hi == 0:
+                t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
+            else:
+                t = tl.sum(128 * h1 + l1, axis=4) >> 4
+            at = 8 * (2 * (gg % 2) + hi)
+            sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
+            x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
+            acc += _pick(scales, i, 2 * hi) * ((d * sc) * t.to(tl.float32) - (dmin * m) * x_sum)
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
+
+
+@triton.jit
+def _q6_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    # group g = 2h + u: half h of the block, u: which 16 of each 32 values there. Words (int16
+    # pairs) i of low nibbles A, B and 2-bit highs Q give the codes of values
+    # 128h + 32a + 16u + 4i + byte: a = 0, 2 the low, high nibbles of A; 1, 3 of B
+    g, i = _ax(4, 2), _ax(4, 4)
+    h, u = g // 2, g % 2
+    zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        valid = b0 + _ax(BLOCKS, 1) < b_hi  # past the range: as Q4_K's
+        b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
         blk = wrow + b * 105
-        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
-        d = _f16(tl.load(blk + 104, mask=mask, other=0))
-        low0 = tl.load(blk + 32 * h + 8 * v + i, mask=mask, other=0).to(tl.int32)
-        low1 = tl.load(blk + 32 * h + 16 + 8 * v + i, mask=mask, other=0).to(tl.int32)
-        high = tl.load(blk + 64 + 8 * g + i, mask=mask, other=0).to(tl.int32)
-        for a in tl.static_range(4):  # values 128h + 32a + 16v + 2i + e: sub-block 8h + 2a + v
-            sw = tl.load(blk + 96 + 4 * h + a, mask=mask, other=0).to(tl.int32)
-            s = d * ((sw << (24 - 8 * v)) >> 24).to(tl.float32)  # its int8 scale: byte v
-            low = low0 if a % 2 == 0 else low1
-            p = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 8), tl.float32)
-            for e in tl.static_range(2):
-                q = (((low >> (8 * e + 4 * (a // 2))) & 0xF)
-                     | (((high >> (8 * e + 2 * a)) & 3) << 4))
-                x = tl.load(xrow + 256 * b + 128 * h + 32 * a + 16 * v + 2 * i + e, mask=xm,
-                            other=0.0).to(tl.float32)
-                p += x * _f32(q)
-            acc += s * p
-            off += (32.0 * s) * _x_sums(xrow, 256 * b + 128 * h + 32 * a + 16 * v, xm, 16)
-    return _total(acc) - _total(off)
+        word_a = _word(blk + 2 * (16 * h + 4 * u + i), zero)
+        word_b = _word(blk + 2 * (16 * h + 8 + 4 * u + i), zero)
+        word_q = _word(blk + 2 * (32 + 8 * h + 4 * u + i), zero)
+        # along the words' axis, a = i: the int8 scales of sub-blocks 8h + 2a + u (byte u of
+        # int16 word 96 + 4h + a), x sums of those 16 values, x scales of their 32
+        scales = _like(blk + 96 + 4 * h + i, zero).to(tl.int32)
+        sc = ((scales << (24 - 8 * u)) >> 24).to(tl.float32) * _f16(
+            _like(blk + 104, zero))  # d times the int8 scale: exact
+        sums = _like(xsum + 16 * b + 8 * u + 4 * h + i, zero)  # Int8Rows.half_sums' order
+        xscale = tl.where(valid, _like(xs + 8 * b + 4 * h + i, zero), 0.0)
+        for a in tl.static_range(4):  # sub-block v = 8h + 2a + u of 16 values
+            low = ((word_a if a % 2 == 0 else word_b) >> (4 * (a // 2))) & 0x0F0F0F0F
+            if a < 2:  # bits 2a, 2a + 1 of each byte of Q to bits 4, 5
+                high = (word_q << (4 - 2 * a)) & 0x30303030
+            else:
+                high = (word_q >> (2 * a - 4)) & 0x30303030
+            codes = low | high
+            at = 64 * b + 32 * h + 8 * a + 4 * u + i
+            hs = _dp4a(codes, _like(xh + at, zero), zero, ASM)
+            ls = _dp4a(codes, _like(xl + at, zero), zero, ASM)
+            t = tl.sum(128 * hs + ls, axis=4) - 32 * _pick(sums, i, a)  # sum (q - 32)(128 h + l)
+            acc += _pick(sc, i, a) * (_pick(xscale, i, a) * t.to(tl.float32))
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
 @triton.jit
@@ -228,10 +287,11 @@ def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
-def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_words, stride_xn,
-                        stride_on, blocks, blocks_per_split, magic, QTYPE: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr,
-                        SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr,
+                        N, M, row_words, stride_xn, stride_on, blocks, blocks_per_split,
+                        QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCKS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
+                        PDL: tl.constexpr):
     rn = tl.arange(0, BLOCK_N)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     b_lo = tl.program_id(1) * blocks_per_split
@@ -241,12 +301,17 @@ def _gemv_blocks_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, N, M, row_word
     xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
     wmask = m5 < M
     enter(PDL)
-    if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
-        wrow = w_ptr + m5.to(tl.int64) * (row_words // 4 * 4)
-        acc = _q4_k(wrow, wmask, xrow, xmask, b_lo, b_hi, magic, BLOCK_N, BLOCK_M, BLOCKS)
-    elif QTYPE == Q6_K:
-        wrow = w_ptr + m5.to(tl.int64) * row_words
-        acc = _q6_k(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    if QTYPE == Q4_K or QTYPE == Q6_K:  # x as Int8Rows: per row 64 words, 8 scales, 16 sums a block
+        # rows past N and M read the last ones (not stored): no load needs a mask
+        xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
+        xh, xl = xh_ptr + xn * (64 * blocks), xl_ptr + xn * (64 * blocks)
+        xs = xs_ptr + xn * (8 * blocks)
+        if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
+            acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
+                        xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
+        else:
+            acc = _q6_k(w_ptr + row * row_words, xh, xl, xs, xhalf_ptr + xn * (16 * blocks),
+                        b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
     elif QTYPE == Q8_0:
         wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
@@ -318,10 +383,11 @@ def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
 
 
 def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig | None = None,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, rows: Int8Rows | None = None) -> torch.Tensor:
     """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
     Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
-    any float dtype, rows of any stride: e.g. a column slice of a wider output)."""
+    any float dtype, rows of any stride: e.g. a column slice of a wider output). The K-quants
+    read x as `rows` (int8_rows(x), made here when not given: one per x serves every matrix)."""
     n, (m, k), qtype = x.shape[0], weight.shape, weight.qtype
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
     assert qtype in KERNEL_TYPES and weight.data.is_contiguous()
@@ -330,14 +396,20 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig 
     if out is None:
         out = empty((n, m), torch.float32, dev)
     assert out.shape == (n, m) and out.stride(-1) == 1
+    if qtype in INT8_TYPES:
+        rows = rows if rows is not None else int8_rows(x)
+        assert rows.hi.shape == (n, k // 4)
+    else:
+        rows = (x, x, x, x, x)  # unread
     words = _words(weight.data, qtype)
     blocks = k // GGML_QUANT_SIZES[qtype][0]
     per_split = cdiv(cdiv(blocks, c.split_k), c.blocks) * c.blocks
     splits, row_blocks = cdiv(blocks, per_split), cdiv(m, c.block_m)
     cnt = counters(dev, row_blocks) if splits > 1 else out
     part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
-    launch(_gemv_blocks_kernel, (row_blocks, splits), x, words, out, part, cnt, n, m,
-           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, MAGIC, QTYPE=int(qtype),
+    launch(_gemv_blocks_kernel, (row_blocks, splits), x, *rows, words, out, part, cnt, n, m,
+           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, QTYPE=int(qtype),
            BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=c.block_m, BLOCKS=c.blocks,
-           SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
+           SPLIT_K=splits, ASM=x.is_cuda, num_warps=c.num_warps, num_stages=c.num_stages,
+           **options(dev))
     return out
