@@ -9,6 +9,7 @@ from itertools import groupby
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+Q6_K_BODY = 208  # a Q6_K block's bytes before its fp16 d
 # The block types the Triton kernels read; the others stay CPU-only (or dequantized) for now.
 KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
                 GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
@@ -16,12 +17,15 @@ KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
 
 @dataclass(slots=True)
 class BlockMatrix:
-    """An [M, K] matrix as the file's bytes: row m is K // block_size consecutive blocks."""
+    """An [M, K] matrix as the file's bytes: row m is K // block_size consecutive blocks. Q6_K
+    keeps each block's fp16 d apart, in `d` (its other 208 bytes stay in `data`, rows of
+    16-byte multiples: the kernels' loads are aligned, the 210-byte blocks are not)."""
 
-    data: torch.Tensor  # uint8 [M, K // block_size * type_size]
+    data: torch.Tensor  # uint8 [M, K // block_size * type_size] (Q6_K: * 208)
     qtype: GGMLQuantizationType
     cols: int  # K
     dtype: torch.dtype = torch.float32  # the projection's input and output dtype (the engine's)
+    d: torch.Tensor | None = None  # Q6_K: float16 [M, K // 256]
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, qtype: GGMLQuantizationType,
@@ -32,7 +36,11 @@ class BlockMatrix:
         if k % block_size or raw.numel() != m * k // block_size * type_size:
             raise ValueError(f"{qtype.name} blocks of {raw.numel()} bytes cannot hold a "
                              f"{m} x {k} matrix")
-        return cls(raw.reshape(m, -1), qtype, k, dtype)
+        if qtype != GGMLQuantizationType.Q6_K:
+            return cls(raw.reshape(m, -1), qtype, k, dtype)
+        blocks = raw.reshape(m, k // block_size, type_size)
+        return cls(blocks[..., :Q6_K_BODY].reshape(m, -1).contiguous(), qtype, k, dtype,
+                   blocks[..., Q6_K_BODY:].contiguous().view(torch.float16).reshape(m, -1))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -44,7 +52,24 @@ class BlockMatrix:
 
     def rows(self, start: int, stop: int) -> BlockMatrix:
         """Rows start .. stop - 1 (a view: rows are independent runs of blocks)."""
-        return BlockMatrix(self.data[start:stop], self.qtype, self.cols, self.dtype)
+        return self.take(slice(start, stop))
+
+    def take(self, index) -> BlockMatrix:
+        """The rows `index` selects (a slice, or row ids: a gather)."""
+        return BlockMatrix(self.data[index], self.qtype, self.cols, self.dtype,
+                           None if self.d is None else self.d[index])
+
+    def clone(self) -> BlockMatrix:
+        return BlockMatrix(self.data.clone(), self.qtype, self.cols, self.dtype,
+                           None if self.d is None else self.d.clone())
+
+    def file_bytes(self) -> torch.Tensor:
+        """uint8 [M, row bytes]: the blocks as the file stores them."""
+        if self.d is None:
+            return self.data
+        m = self.data.shape[0]
+        return torch.cat([self.data.reshape(m, -1, Q6_K_BODY),
+                          self.d.reshape(m, -1, 1).view(torch.uint8)], dim=2).reshape(m, -1)
 
     def dequantize(self) -> torch.Tensor:
         """[M, K] float32: gguf's dequantization, bit for bit (muser.loading.quants)."""
@@ -52,7 +77,7 @@ class BlockMatrix:
         # imports this module
         from muser.loading.quants import dequantize
 
-        return dequantize(self.data, self.qtype, self.shape)
+        return dequantize(self.file_bytes(), self.qtype, self.shape)
 
 
 @dataclass(slots=True)
@@ -100,10 +125,12 @@ def cat_blocks(parts: list[BlockMatrix]) -> Blocks:
         raise ValueError("fused rows need one width and one dtype")
     runs = [list(run) for _, run in groupby(parts, key=lambda p: p.qtype)]
     merged = [BlockMatrix(torch.cat([p.data for p in run]), run[0].qtype, run[0].cols,
-                          run[0].dtype) for run in runs]
+                          run[0].dtype, None if run[0].d is None else torch.cat([p.d for p in run]))
+              for run in runs]
     return merged[0] if len(merged) == 1 else BlockRows(tuple(merged))
 
 
 def block_tensors(weight: Blocks) -> list[torch.Tensor]:
     """The tensors that hold `weight`'s bytes."""
-    return [p.data for p in (weight.parts if isinstance(weight, BlockRows) else (weight,))]
+    parts = weight.parts if isinstance(weight, BlockRows) else (weight,)
+    return [t for p in parts for t in (p.data, p.d) if t is not None]

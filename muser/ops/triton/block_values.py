@@ -6,7 +6,8 @@ significant bits times codes of at most 6 + 5 bits), Q4_K's final subtraction ro
 times its 6-bit code rounds once, as gguf's float32 product does.
 
 `base`: [BLOCK_M, 1] pointers to the first byte of each weight row; `kk`: [1, BLOCK_K] column
-indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0).
+indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0). Q6_K's fp16 d is
+kept apart from its block (muser.ops.blocks.BlockMatrix).
 """
 
 from __future__ import annotations
@@ -53,19 +54,20 @@ def q5_0_values(base, kk, mask):
 
 
 @triton.jit
-def q6_k_values(base, kk, mask):
-    """Q6_K: 256 values in 210 bytes (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
-    scales of 16 values each, fp16 d). In half h = j // 128, value l = j % 128 takes the low
-    (l < 64) or high nibble of byte 64h + l % 64 and bits 2 (l // 32) of byte 128 + 32h + l % 32;
+def q6_k_values(base, kk, mask, d_base):
+    """Q6_K: 256 values in 208 bytes (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
+    scales of 16 values each) and an fp16 d kept apart (BlockMatrix.d; `d_base`: [BLOCK_M, 1]
+    pointers to each row's). In half h = j // 128, value l = j % 128 takes the low (l < 64) or
+    high nibble of byte 64h + l % 64 and bits 2 (l // 32) of byte 128 + 32h + l % 32;
     x = (d * scale) * (q - 32)."""
-    block = base + (kk // 256) * 210
+    block = base + (kk // 256) * 208
     j = kk % 256
     h, l = j // 128, j % 128
     low = (_byte(block + 64 * h + l % 64, mask) >> (4 * (l // 64))) & 0xF
     high = (_byte(block + 128 + 32 * h + l % 32, mask) >> (2 * (l // 32))) & 3
     scale = tl.load(block + 192 + j // 16, mask=mask, other=0).to(tl.int8, bitcast=True)
-    d1 = _f16(block + 208, mask) * scale.to(tl.float32)
-    return d1 * ((low | (high << 4)) - 32).to(tl.float32)
+    d = tl.load(d_base + kk // 256, mask=mask, other=0.0).to(tl.float32)
+    return (d * scale.to(tl.float32)) * ((low | (high << 4)) - 32).to(tl.float32)
 
 
 @triton.jit
@@ -89,8 +91,9 @@ def q4_k_values(base, kk, mask):
 
 
 @triton.jit
-def block_values(base, kk, mask, QTYPE: tl.constexpr):
-    """W[rows, kk] float32 of blocks of type QTYPE (Q5_0, Q8_0, Q4_K or Q6_K)."""
+def block_values(base, kk, mask, d_base, QTYPE: tl.constexpr):
+    """W[rows, kk] float32 of blocks of type QTYPE (Q5_0, Q8_0, Q4_K or Q6_K; `d_base`: Q6_K's
+    d pointers, unread otherwise)."""
     if QTYPE == Q8_0:
         return q8_0_values(base, kk, mask)
     elif QTYPE == Q5_0:
@@ -99,4 +102,4 @@ def block_values(base, kk, mask, QTYPE: tl.constexpr):
         return q4_k_values(base, kk, mask)
     else:
         tl.static_assert(QTYPE == Q6_K, "block_values reads Q5_0, Q8_0, Q4_K and Q6_K")
-        return q6_k_values(base, kk, mask)
+        return q6_k_values(base, kk, mask, d_base)

@@ -2,7 +2,7 @@
 embedding lookup and the prefill workspace. Weights stay the file's bytes on the device.
 
 - decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads each single-type row segment in
-  place into its columns of one output in the engine's dtype (x quantized once, int8_rows.py,
+  place into its columns of one output in the engine's dtype (x quantized once, int16_rows.py,
   for the segments of K-quants); GeGLU, or the residual add + RMSNorm, then runs as its own
   kernel (not fused into the block GEMV);
 - more rows (prefill chunks, decode batches of more than 8): the matrix is dequantized into
@@ -40,14 +40,14 @@ from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import NormEpilogue
 from muser.ops.triton.gemv_blocks import (
-    INT8_TYPES,
+    INT16_TYPES,
     MAX_ROWS,
     BlockGemvConfig,
     candidates_blocks,
     default_config,
     linear_blocks,
 )
-from muser.ops.triton.int8_rows import Int8Rows, int8_rows
+from muser.ops.triton.int16_rows import Int16Rows, int16_rows
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation
@@ -87,8 +87,7 @@ def embed(table: torch.Tensor | Blocks, ids: torch.Tensor) -> torch.Tensor:
     dequantized)."""
     if not isinstance(table, BlockMatrix):
         return ref.embed(table, ids)
-    rows = BlockMatrix(table.data[ids], table.qtype, table.cols, table.dtype)
-    return dequantize_blocks(rows, torch.float32)
+    return dequantize_blocks(table.take(ids), torch.float32)
 
 
 def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue | None,
@@ -100,7 +99,7 @@ def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue
         y = empty((n, m), weight.dtype, x.device)
         parts = segments(weight)
         # x quantized once for every segment that reads it so
-        rows = int8_rows(x) if any(p.qtype in INT8_TYPES for _, p in parts) else None
+        rows = int16_rows(x) if any(p.qtype in INT16_TYPES for _, p in parts) else None
         for row, part in parts:
             out = y[:, row:row + part.shape[0]]
             linear_blocks(x, part, gemv_config(x, part, out, rows), out=out, rows=rows)
@@ -133,7 +132,7 @@ def _dequantize(weight: Blocks, start: int, stop: int, workspace: torch.Tensor) 
 
 
 def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor,
-                rows: Int8Rows | None = None) -> BlockGemvConfig:
+                rows: Int16Rows | None = None) -> BlockGemvConfig:
     """The block GEMV config of this shape: chosen once (see the module docstring). Inside
     compile_only, a shape without a pick compiles every candidate and runs the default."""
     n, (m, k) = x.shape[0], part.shape
@@ -155,8 +154,7 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor,
     if STATS.serving:
         logging.getLogger("muser.tuning").warning(
             "block GEMV %s tuned after the warm-up, on the request path", key)
-    copies = rotation(part, part.data.nbytes,
-                      lambda w: BlockMatrix(w.data.clone(), w.qtype, w.cols, w.dtype))
+    copies = rotation(part, part.data.nbytes, BlockMatrix.clone)
     best, best_ms, timed = default_config(n, m, k, part.qtype), math.inf, {}
     for c in candidates_blocks(n, m, k, part.qtype):
         try:

@@ -1,43 +1,43 @@
 """Decode GEMV over GGUF blocks: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), W read
 once as the file's bytes, so a step reads the file's size of weights, not its bf16 expansion.
 
-Blocks are loaded as words (the widest load each type's alignment allows: Q4_K's 144-byte
-blocks as 36 int32, 16 bytes at a time; Q6_K's 210, Q8_0's 34 and Q5_0's 22 bytes as int16),
-codes are cut out of the words with shifts and masks, and x is gathered in the codes' order (no
-permuting of the weights). Every block type is a scale times an integer code plus an offset per
-sub-block j of B values, w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
+Every block type is a scale times an integer code plus an offset per sub-block j of B values,
+w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
-    y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k),
+    y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k).
 
-and the per-weight work is: cut the code out, make it a float, one multiply-add per x row.
-The x sums X_j are loaded and summed once per program and block, for all its rows. Codes
-become floats exactly by a magic number: (q << sh) | bits(2^(23 - sh)) is the float
-2^(23 - sh) + q (for q << sh < 2^23), so Q4_K masks nibbles 0-4 of a word in place and 5-7
-after one shift by 20: a mask-and-OR, a subtraction and the multiply-add per weight.
+The K-quants (Q4_K, Q6_K) take x as 14-bit fixed point per group of 32 values (int16_rows.py,
+made once per x for every matrix that reads it: x^ = s_g p with p an int16), so both inner sums
+are exact int32 sums, of codes times p in PTX dp2a (two a instruction, codes as unsigned bytes
+cut out of 32-bit words with one mask: Q4_K's high nibbles are read in place as 16 q, Q6_K's
+2-bit highs shifted onto its low nibbles), and of p (int16_rows' sums). Per sub-block and row
+the float work is a few multiplies. Q8_0 and Q5_0 multiply x in float32 by codes made floats
+by shifts and masks (int16 loads: their blocks are 2-byte aligned).
 
-    type  B   words (bytes)                          s_j, t_j
-    Q4_K  32  0: d|dmin, 1-3: 12 scale bytes,         d sc_j, dmin m_j (6-bit sc, m)
+    type  B   words                                  s_j, t_j
+    Q4_K  32  int32 0: d|dmin, 1-3: 12 scale bytes,   d sc_j, dmin m_j (6-bit sc, m)
               4 + 8g + i: codes of sub-blocks 2g (low nibbles) and 2g + 1 (high)
-    Q6_K  16  0-63: low nibbles, 64-95: 2-bit highs,  d sc_j, 32 d sc_j (int8 sc)
-              96-103: 16 int8 scales, 104: d
-    Q8_0  32  0: d, 1-16: 32 int8 codes                d, 0
-    Q5_0  32  0: d, 1-2: 32 high bits, 3-10: nibbles  d, 16 d
+    Q6_K  16  int32 0-31: low nibbles, 32-47: 2-bit   d sc_j, 32 d sc_j (int8 sc)
+              highs, 48-51: 16 int8 scales (d apart: BlockMatrix)
+    Q8_0  32  int16 0: d, 1-16: 32 int8 codes          d, 0
+    Q5_0  32  int16 0: d, 1-2: 32 high bits, 3-10     d, 16 d
 
-Tiles are 5-d, [n, block, group, m, word]: Triton lays the words' axis out across threads
-first and the rows last, so a thread holds the same words of several rows and the x it loads
-serves them all. Q4_K: a thread holds a group's 8 words (two 16-byte loads), so a sub-block's
-32 codes are summed in it; the 16-bit types: one word per thread and row, whose 2 or 4 codes'
-sum is scaled and accumulated per thread (no cross-thread sum in the loop), the offsets t_j X_j
-in accumulators of their own. sm_90 code at N = 1, the loop's instructions per weight at the
-first tile: Q4_K ~6, Q8_0 ~9, Q5_0 and Q6_K ~12 (16-bit loads: per-word overheads, open).
+Tiles are 5-d, [n, block, group, m, word]: the words' axis (4) is in each thread, so a
+sub-block's sums are summed in it. Every load of the loop is made in the code words' shape
+(`_like`), x's too: a load of another shape takes a layout of its own, whose every use converts
+through shared memory. Nothing is masked: blocks past a program's range and rows past M and N
+read the last ones in range and add 0 (their x scale reads as 0) or are not stored. sm_90 code
+at N = 1, the loop's instructions per weight at the first tile: Q4_K ~1.6, Q6_K ~2.6 (2.9 and
+3.1 per byte).
 
-Error (x exact in float32; s_j, t_j are exact: an fp16 times a code of at most 8 bits; no
-underflow): a product x q rounds once, a partial sum of at most B codes (or B x values for X_j)
-adds B - 1 roundings, the scale multiply and offset subtraction one each, then the
-accumulators (T additions per element and iteration), their final sum (at most BLOCKS E
-elements per output), the split's partials and acc - off: any tree, each product reaching y
-through at most D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so
-|y - exact| <= gamma_D * sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
+Error: y is the product with x^ (the K-quants: |x - x^| <= s_g / 2, int16_rows.py) or x. Its
+scales are exact (an fp16 times a code of at most 8 bits), so a product x q rounds once, a
+float partial sum of at most B codes (or B x values for X_j; 0 for the K-quants' integer sums)
+adds B - 1 roundings, the scale multiply and offset subtraction one each, then the accumulators
+(T additions per element and iteration), their final sum (at most BLOCKS E elements per
+output), the split's partials and acc - off: any tree, each product reaching y through at most
+D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so |y - exact| <= gamma_D *
+sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
 
 A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
 blocks per iteration; split over K, the float32 partials are summed in a fixed order by the last
@@ -58,13 +58,13 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import counters
 from muser.ops.triton.block_values import Q4_K, Q5_0, Q6_K, Q8_0
 from muser.ops.triton.gemv import finish
-from muser.ops.triton.int8_rows import Int8Rows, int8_rows
+from muser.ops.triton.int16_rows import Int16Rows, int16_rows
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 QT = GGMLQuantizationType
-INT8_TYPES = (QT.Q4_K, QT.Q6_K)  # the types that read x as Int8Rows
+INT16_TYPES = (QT.Q4_K, QT.Q6_K)  # the types that read x as Int16Rows
 
 
 @triton.jit
@@ -108,32 +108,21 @@ def _x_sums(xrow, start, xmask, B: tl.constexpr):
 
 
 @triton.jit
-def _dp4a(a, b, c, ASM: tl.constexpr, UNSIGNED: tl.constexpr = False):
-    """c + the dot product of the four bytes of a (signed, or unsigned if UNSIGNED) and the four
-    signed bytes of b (int32): PTX's dp4a, or its arithmetic where there is no PTX (the
+def _dot4(x, w, c, ASM: tl.constexpr):
+    """c + sum_k x_k w_k over four values: x four int16 in an int64, w four unsigned bytes in an
+    int32 (int32 sums): two PTX dp2a, or their arithmetic where there is no PTX (the
     interpreter)."""
+    lo, hi = x.to(tl.int32), (x >> 32).to(tl.int32)  # x_0 | x_1 << 16, x_2 | x_3 << 16
     if ASM:
-        if UNSIGNED:
-            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
-                                             [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
-                                             [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+        c = tl.inline_asm_elementwise("dp2a.lo.s32.u32 $0, $1, $2, $3;", "=r,r,r,r",
+                                      [lo, w, c], dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("dp2a.hi.s32.u32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [hi, w, c], dtype=tl.int32, is_pure=True, pack=1)
     else:
         for k in tl.static_range(4):
-            if UNSIGNED:
-                byte = (a >> 8 * k) & 0xFF
-            else:
-                byte = (a << (24 - 8 * k)) >> 24
-            c += byte * ((b << (24 - 8 * k)) >> 24)
+            xk = ((lo if k < 2 else hi) << (16 - 16 * (k % 2))) >> 16
+            c += xk * ((w >> 8 * k) & 0xFF)
         return c
-
-
-@triton.jit
-def _word(ptr, like):
-    """The int32 of the two int16 words at ptr, ptr + 1 (blocks aligned to 2 bytes only)."""
-    lo = _like(ptr, like).to(tl.int32)
-    return (lo & 0xFFFF) | (_like(ptr + 1, like).to(tl.int32) << 16)
 
 
 @triton.jit
@@ -153,11 +142,11 @@ def _pick(v, i, k: tl.constexpr):
 
 
 @triton.jit
-def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+def _q4_k(wrow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
     # group g: code words 4 + 8g + 4u + i (two 16-byte loads, u) hold the codes of values
     # 32j + 16u + 4i + byte of sub-blocks j = 2g (low nibbles) and 2g + 1 (high, read in
-    # place as 16 q: a multiple of 16 in every sum, shifted out exactly)
+    # place as 16 times the code: a multiple of 16 in every sum, shifted out exactly)
     g, i = _ax(4, 2), _ax(4, 4)
     zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
     acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
@@ -168,15 +157,12 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         valid = b0 + _ax(BLOCKS, 1) < b_hi
         b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
         blk = wrow + b * 36
-        h0, l0, h1, l1 = zero, zero, zero, zero  # sum q h, q l of sub-blocks 2g, 2g + 1
+        t0, t1 = zero, zero  # sum of codes times x q, sub-blocks 2g, 2g + 1 (16 times)
         for u in tl.static_range(2):
             words = _like(blk + 4 + 8 * g + 4 * u + i, zero)
             at = 64 * b + 16 * g + 4 * u + i  # x words of sub-block 2g; 2g + 1: 8 further
-            low, high = words & 0x0F0F0F0F, words & ~0x0F0F0F0F
-            h0 = _dp4a(low, _like(xh + at, zero), h0, ASM)
-            l0 = _dp4a(low, _like(xl + at, zero), l0, ASM)
-            h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM, True)
-            l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM, True)
+            t0 = _dot4(_like(xq + at, zero), words & 0x0F0F0F0F, t0, ASM)
+            t1 = _dot4(_like(xq + at + 8, zero), words & ~0x0F0F0F0F, t1, ASM)
         # words 0-3 of the block: d | dmin, then the 12 bytes of 6-bit scales and mins: bytes
         # j, j + 4 for j < 4; for j >= 4, low nibbles of byte j + 4 and the top bits of j - 4, j
         # (ggml's get_scale_min_k4, four sub-blocks a word); x sums and scales of sub-blocks
@@ -191,9 +177,9 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         d, dmin = _f16(_pick(head, i, 0)), _f16(_pick(head, i, 0) >> 16)
         for hi in tl.static_range(2):  # sub-block j = 2g + hi: byte 2 (g % 2) + hi
             if hi == 0:
-                t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
+                t = tl.sum(t0, axis=4)  # exact
             else:
-                t = tl.sum(128 * h1 + l1, axis=4) >> 4
+                t = tl.sum(t1, axis=4) >> 4
             at = 8 * (2 * (gg % 2) + hi)
             sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
             x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
@@ -202,11 +188,12 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _q6_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+def _q6_k(wrow, drow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
-    # group g = 2h + u: half h of the block, u: which 16 of each 32 values there. Words (int16
-    # pairs) i of low nibbles A, B and 2-bit highs Q give the codes of values
-    # 128h + 32a + 16u + 4i + byte: a = 0, 2 the low, high nibbles of A; 1, 3 of B
+    # group g = 2h + u: half h of the block, u: which 16 of each 32 values there. Words i of
+    # low nibbles A, B and 2-bit highs Q (16-byte loads: the blocks' 208 bytes without d,
+    # BlockMatrix) give the codes of values 128h + 32a + 16u + 4i + byte: a = 0, 2 the low,
+    # high nibbles of A; 1, 3 of B
     g, i = _ax(4, 2), _ax(4, 4)
     h, u = g // 2, g % 2
     zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
@@ -214,16 +201,16 @@ def _q6_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
     for b0 in range(b_lo, b_hi, BLOCKS):
         valid = b0 + _ax(BLOCKS, 1) < b_hi  # past the range: as Q4_K's
         b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
-        blk = wrow + b * 105
-        word_a = _word(blk + 2 * (16 * h + 4 * u + i), zero)
-        word_b = _word(blk + 2 * (16 * h + 8 + 4 * u + i), zero)
-        word_q = _word(blk + 2 * (32 + 8 * h + 4 * u + i), zero)
+        blk = wrow + b * 52
+        word_a = _like(blk + 16 * h + 4 * u + i, zero)
+        word_b = _like(blk + 16 * h + 8 + 4 * u + i, zero)
+        word_q = _like(blk + 32 + 8 * h + 4 * u + i, zero)
         # along the words' axis, a = i: the int8 scales of sub-blocks 8h + 2a + u (byte u of
         # int16 word 96 + 4h + a), x sums of those 16 values, x scales of their 32
-        scales = _like(blk + 96 + 4 * h + i, zero).to(tl.int32)
-        sc = ((scales << (24 - 8 * u)) >> 24).to(tl.float32) * _f16(
-            _like(blk + 104, zero))  # d times the int8 scale: exact
-        sums = _like(xsum + 16 * b + 8 * u + 4 * h + i, zero)  # Int8Rows.half_sums' order
+        scales = _like(blk.to(tl.pointer_type(tl.int16)) + 96 + 4 * h + i, zero).to(tl.int32)
+        sc = ((scales << (24 - 8 * u)) >> 24).to(tl.float32) * _like(
+            drow + b, zero).to(tl.float32)  # d times the int8 scale: exact
+        sums = _like(xsum + 16 * b + 8 * u + 4 * h + i, zero)  # Int16Rows.half_sums' order
         xscale = tl.where(valid, _like(xs + 8 * b + 4 * h + i, zero), 0.0)
         for a in tl.static_range(4):  # sub-block v = 8h + 2a + u of 16 values
             low = ((word_a if a % 2 == 0 else word_b) >> (4 * (a // 2))) & 0x0F0F0F0F
@@ -233,9 +220,8 @@ def _q6_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
                 high = (word_q >> (2 * a - 4)) & 0x30303030
             codes = low | high
             at = 64 * b + 32 * h + 8 * a + 4 * u + i
-            hs = _dp4a(codes, _like(xh + at, zero), zero, ASM)
-            ls = _dp4a(codes, _like(xl + at, zero), zero, ASM)
-            t = tl.sum(128 * hs + ls, axis=4) - 32 * _pick(sums, i, a)  # sum (q - 32)(128 h + l)
+            t = (tl.sum(_dot4(_like(xq + at, zero), codes, zero, ASM), axis=4)
+                 - 32 * _pick(sums, i, a))  # sum of (code - 32) times x q: exact
             acc += _pick(sc, i, a) * (_pick(xscale, i, a) * t.to(tl.float32))
     return tl.sum(tl.sum(acc, axis=2), axis=1)
 
@@ -287,7 +273,7 @@ def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
-def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr,
+def _gemv_blocks_kernel(x_ptr, xq_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_ptr, out_ptr, part_ptr, cnt_ptr,
                         N, M, row_words, stride_xn, stride_on, blocks, blocks_per_split,
                         QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCKS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
@@ -301,17 +287,18 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
     xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
     wmask = m5 < M
     enter(PDL)
-    if QTYPE == Q4_K or QTYPE == Q6_K:  # x as Int8Rows: per row 64 words, 8 scales, 16 sums a block
-        # rows past N and M read the last ones (not stored): no load needs a mask
+    if QTYPE == Q4_K or QTYPE == Q6_K:  # x as Int16Rows: per row and block 64 words of 4 q,
+        # 8 scales, 8 sums, 16 half sums; rows past N and M read the last ones (not stored):
+        # no load needs a mask
         xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
-        xh, xl = xh_ptr + xn * (64 * blocks), xl_ptr + xn * (64 * blocks)
-        xs = xs_ptr + xn * (8 * blocks)
+        xq, xs = xq_ptr + xn * (64 * blocks), xs_ptr + xn * (8 * blocks)
         if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
-            acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
-                        xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
-        else:
-            acc = _q6_k(w_ptr + row * row_words, xh, xl, xs, xhalf_ptr + xn * (16 * blocks),
+            acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xq, xs, xsum_ptr + xn * (8 * blocks),
                         b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
+        else:
+            acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xq, xs,
+                        xhalf_ptr + xn * (16 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS,
+                        ASM)
     elif QTYPE == Q8_0:
         wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
@@ -332,10 +319,11 @@ class BlockGemvConfig:
     num_stages: int = 3
 
 
-# (block_m, blocks, num_warps) worth timing per type, best first by the sm_90 code's count of
-# the loop's instructions per weight at N = 1 (Q4_K ~6, Q8_0 ~9, Q5_0 ~12, Q6_K ~12)
-_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 4, 8), (64, 1, 8)],
-          QT.Q6_K: [(64, 1, 4), (32, 1, 4), (128, 1, 8), (64, 1, 8)],
+# (block_m, blocks, num_warps) worth timing per type, best first: the K-quants' by H200 times
+# at the gemma3-27b shapes (bench/blocks_gemv.py --explore), the others' by the sm_90 code's
+# count of the loop's instructions per weight at N = 1 (Q8_0 ~9, Q5_0 ~12)
+_TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],
+          QT.Q6_K: [(32, 4, 4), (16, 4, 2), (32, 2, 4), (64, 1, 4)],
           QT.Q8_0: [(64, 4, 4), (128, 4, 8), (64, 2, 4), (32, 8, 4)],
           QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}
 _CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
@@ -375,19 +363,20 @@ def candidates_blocks(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig
 
 
 def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
-    """The blocks' bytes as the words the kernel loads: int32 for Q4_K, int16 otherwise."""
-    dtype = torch.int32 if qtype == QT.Q4_K else torch.int16
+    """The blocks' bytes as the words the kernel loads: int32 for the K-quants (Q6_K's rows of
+    208-byte blocks without d), int16 otherwise."""
+    dtype = torch.int32 if qtype in INT16_TYPES else torch.int16
     size = dtype.itemsize
     assert data.data_ptr() % size == 0 and data.shape[1] % size == 0, "blocks not word aligned"
     return data.view(dtype)
 
 
 def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig | None = None,
-                  out: torch.Tensor | None = None, rows: Int8Rows | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, rows: Int16Rows | None = None) -> torch.Tensor:
     """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
     Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
     any float dtype, rows of any stride: e.g. a column slice of a wider output). The K-quants
-    read x as `rows` (int8_rows(x), made here when not given: one per x serves every matrix)."""
+    read x as `rows` (int16_rows(x), made here when not given: one per x serves every matrix)."""
     n, (m, k), qtype = x.shape[0], weight.shape, weight.qtype
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
     assert qtype in KERNEL_TYPES and weight.data.is_contiguous()
@@ -396,18 +385,20 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig 
     if out is None:
         out = empty((n, m), torch.float32, dev)
     assert out.shape == (n, m) and out.stride(-1) == 1
-    if qtype in INT8_TYPES:
-        rows = rows if rows is not None else int8_rows(x)
-        assert rows.hi.shape == (n, k // 4)
+    if qtype in INT16_TYPES:
+        rows = rows if rows is not None else int16_rows(x)
+        assert rows.q.shape == (n, k)
+        rows = (rows.q.view(torch.int64), *rows[1:])
     else:
-        rows = (x, x, x, x, x)  # unread
+        rows = (x, x, x, x)  # unread
     words = _words(weight.data, qtype)
     blocks = k // GGML_QUANT_SIZES[qtype][0]
     per_split = cdiv(cdiv(blocks, c.split_k), c.blocks) * c.blocks
     splits, row_blocks = cdiv(blocks, per_split), cdiv(m, c.block_m)
     cnt = counters(dev, row_blocks) if splits > 1 else out
     part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
-    launch(_gemv_blocks_kernel, (row_blocks, splits), x, *rows, words, out, part, cnt, n, m,
+    d = weight.d if weight.d is not None else words  # Q6_K's d (unread otherwise)
+    launch(_gemv_blocks_kernel, (row_blocks, splits), x, *rows, words, d, out, part, cnt, n, m,
            words.shape[1], x.stride(0), out.stride(0), blocks, per_split, QTYPE=int(qtype),
            BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=c.block_m, BLOCKS=c.blocks,
            SPLIT_K=splits, ASM=x.is_cuda, num_warps=c.num_warps, num_stages=c.num_stages,
