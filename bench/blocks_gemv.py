@@ -3,7 +3,7 @@ for each block type and gemma3-27b decode shape at N = 1 and 8, every candidate 
 (CUDA graphs over copies of the blocks that defeat L2, as the warm-up times them), the best
 one's bytes read per second next to a 1 GiB device-to-device copy's (read + write) measured in
 the same run, and the dense bf16 GEMV of the same shape (muser.ops.triton.gemv, its default
-config). The K-quants read x as int8 rows, made once per x (timed apart: `int16_rows_us`).
+config). The K-quants read x as int8 rows, made once per x (timed apart: `int8_rows_us`).
 `--baseline FILE` times an earlier version of gemv_blocks.py the same way, side by side
 (`baseline_us`, `speedup`); `--explore` times a grid of tiles beyond the candidates. Outputs
 are checked against the blocks dequantized to float32 and multiplied by torch in float32.
@@ -28,13 +28,13 @@ from muser.ops.blocks import BlockMatrix
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv import gemv
 from muser.ops.triton.gemv_blocks import (
-    INT16_TYPES,
+    INT8_TYPES,
     BlockGemvConfig,
     candidates_blocks,
     default_config,
     linear_blocks,
 )
-from muser.ops.triton.int16_rows import int16_rows
+from muser.ops.triton.int8_rows import int8_rows
 from muser.ops.triton.launch import cdiv, next_power_of_2
 from muser.ops.triton.timing import graph_ms, rotation
 
@@ -110,7 +110,7 @@ def time_configs(fn, configs, copies, expect, scale) -> list[dict]:
 
 
 def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
-                gen: torch.Generator, every: bool, base, wide: bool) -> dict:
+                gen: torch.Generator, every: bool, base, wide: bool, base_layout: str) -> dict:
     """One shape: every candidate config (or only the default one, `every` False), EXPLORE's
     tiles too (`wide`), and the baseline module's candidates (`base`)."""
     w = random_blocks(qtype, m, k, gen)
@@ -118,10 +118,10 @@ def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
     x = torch.randn(n, k, generator=gen, device=DEVICE).to(torch.bfloat16)
     expect = x.float() @ dequantize_blocks(w, torch.float32).t()
     scale = expect.abs().max().item()
-    rows_x = int16_rows(x) if qtype in INT16_TYPES else None
+    rows_x = int8_rows(x) if qtype in INT8_TYPES else None
     nbytes = w.data.numel() + x.numel() * x.element_size()
     configs = candidates_blocks(n, m, k, qtype) if every else [default_config(n, m, k, qtype)]
-    if wide and qtype in INT16_TYPES:
+    if wide and qtype in INT8_TYPES:
         configs += explore(n, m, k, qtype)
     rows = time_configs(lambda b, c, o: linear_blocks(x, b, c, out=o, rows=rows_x), configs,
                         copies, expect, scale)
@@ -135,11 +135,12 @@ def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
            "default": default_config(n, m, k, qtype).__dict__, "configs": rows,
            "dense_bf16_us": dense, "dense_bf16_bytes": m * k * 2 + x.numel() * 2}
     if rows_x is not None:
-        res["int16_rows_us"] = graph_ms(lambda _: int16_rows(x), [x]) * 1e3
+        res["int8_rows_us"] = graph_ms(lambda _: int8_rows(x), [x]) * 1e3
     if dense_err:
         res["dense_error"] = dense_err
-    if base is not None:  # reading the blocks as the file has them
-        files = [BlockMatrix(c.file_bytes(), c.qtype, c.cols, c.dtype) for c in copies]
+    if base is not None:  # reading the blocks as the file has them, or as BlockMatrix does
+        files = copies if base_layout == "current" else [
+            BlockMatrix(c.file_bytes(), c.qtype, c.cols, c.dtype) for c in copies]
         old = time_configs(lambda b, c, o: base.linear_blocks(x, b, base.BlockGemvConfig(
             **c.__dict__), out=o), base.candidates_blocks(n, m, k, qtype), files, expect, scale)
         res["baseline_configs"] = old
@@ -154,7 +155,7 @@ def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
             res["speedup"] = res["baseline_us"] / best["us"]
         log(f"{qtype.name:5} {name:8} n={n}  {best['us']:8.1f} us  {gbps:7.0f} GB/s "
             f"({gbps / copy:.2f} of copy)  err {best['rel_err']:.1e}  baseline "
-            f"{res.get('baseline_us', float('nan')):.1f} us  x8 {res.get('int16_rows_us', 0):.1f}"
+            f"{res.get('baseline_us', float('nan')):.1f} us  x8 {res.get('int8_rows_us', 0):.1f}"
             f" us  dense bf16 {dense if dense is None else round(dense, 1)} us  best "
             f"{best['config']}")
     else:
@@ -172,6 +173,8 @@ def main() -> None:
                     help="seconds after which only the default config is timed (compiles "
                          "dominate: each candidate is its own kernel)")
     ap.add_argument("--baseline", help="an earlier gemv_blocks.py to time side by side")
+    ap.add_argument("--baseline-layout", choices=["file", "current"], default="file",
+                    help="the blocks the baseline reads: the file's bytes, or BlockMatrix's")
     ap.add_argument("--explore", action="store_true", help="time EXPLORE's tiles too")
     args = ap.parse_args()
     base = None
@@ -192,7 +195,7 @@ def main() -> None:
                 try:
                     every = time.time() - start < args.budget
                     results.append(bench_shape(qtype, name, m, k, n, copy, gen, every, base,
-                                               args.explore and every))
+                                               args.explore and every, args.baseline_layout))
                 except Exception as exc:  # noqa: BLE001
                     log(f"{qtype.name} {name} n={n} failed: {exc!r}")
                     results.append({"qtype": qtype.name, "shape": name, "n": n,
@@ -202,7 +205,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "copy_gbps": copy,
-                       "baseline": args.baseline, "results": results}, f, indent=1)
+                       "baseline": args.baseline, "command": " ".join(sys.argv),
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -61,15 +61,19 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix) -> torch.Tensor:
     return _up(F.linear(x, weight.dequantize().to(x.dtype)))
 
 
-def int16_rows(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """x: [N, K] float -> (q, scale, sums, half_sums): x as 14-bit fixed point per group of 32
-    values, the block GEMV's input on the GPU (muser/ops/triton/int16_rows.py defines it)."""
+def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x: [N, K] float -> (hi, lo, scale, sums, half_sums): x as two int8 levels per group of
+    32 values, the block GEMV's input on the GPU (muser/ops/triton/int8_rows.py defines it)."""
     n, k = x.shape
     g = x.float().reshape(n, k // 32, 32)
-    e = ((g.abs().amax(-1).view(torch.int32) >> 23) & 0xFF).clamp(min=13) - 12
-    q = torch.round(g / (e << 23).view(torch.float32)[..., None])  # half to even, as rint
-    halves = q.reshape(n, k // 256, 8, 2, 16).sum(-1).to(torch.int32)
-    return (q.to(torch.int16).reshape(n, k), (e << 23).view(torch.float32),
+    a = g.abs().amax(-1)
+    e = ((a.view(torch.int32) >> 23) & 0xFF).clamp(min=13) - 5
+    t = g / (e << 23).view(torch.float32)[..., None]
+    h = torch.round(t)  # half to even, as the kernel's rint
+    low = torch.round((t - h) * 128)
+    words = [v.to(torch.int8).reshape(n, k).view(torch.int32) for v in (h, low)]
+    halves = (128 * h + low).reshape(n, k // 256, 8, 2, 16).sum(-1).to(torch.int32)
+    return (words[0], words[1], ((e - 7) << 23).view(torch.float32),
             halves.sum(-1, dtype=torch.int32).reshape(n, -1),
             halves.transpose(2, 3).reshape(n, k // 16))
 

@@ -26,7 +26,7 @@ from muser.ops.triton import (
     linear_geglu,
 )
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
-from muser.ops.triton.gemv_blocks import INT16_TYPES, MAX_ROWS
+from muser.ops.triton.gemv_blocks import INT8_TYPES, MAX_ROWS
 from muser.runner import Runner
 from tests.error_bounds import gamma
 from tests.tiny_gguf import tiny_gguf
@@ -63,14 +63,14 @@ def _bound(x: torch.Tensor, w, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     them exactly), so the roundings are the K float32 products and the K-term sum, in any
     order: gamma_K * sum |x w| (plus the float64 reference's own K 2^-53 of it), then one
     rounding of the output to `dtype`: u * |y|. Decode rows (<= 8) through K-quant segments
-    multiply x^, int16_rows' values (test_blocks.py): sum |x - x^| |w| more, and the sums
+    multiply x^, int8_rows' values (test_blocks.py): sum |x - x^| |w| more, and the sums
     run over |x^| <= |x| + |x - x^|."""
     wd = _values(w).double()
     exact = x.double() @ wd.t()
     mags = x.double().abs() @ wd.abs().t()
     quant = torch.zeros_like(mags)
     if x.shape[0] <= MAX_ROWS:
-        quantized = torch.cat([torch.full((p.shape[0],), p.qtype in INT16_TYPES)
+        quantized = torch.cat([torch.full((p.shape[0],), p.qtype in INT8_TYPES)
                                for _, p in segments(w)])
         err = (x_hat(x.float().cpu()) - x.double().cpu()).abs().to(wd.device)
         quant = err @ (wd.abs() * quantized[:, None].to(wd.device)).t()
@@ -94,15 +94,20 @@ def test_linear_over_blocks(gen, parts, n, dtype):
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
 
 
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "single"])
 @pytest.mark.parametrize("n", [2, 17])
-def test_epilogues_follow_the_projection(gen, n):
-    """GeGLU and the residual add + RMSNorm after a block projection: decode rows run them as
-    their own kernels after the block GEMV, so the result is those ops on linear()'s output, bit
-    for bit; a prefill chunk runs the dense projection on the dequantized matrix, so the result
-    is the dense route's on it, bit for bit."""
+def test_epilogues_follow_the_projection(gen, n, mixed):
+    """GeGLU and the residual add + RMSNorm after a block projection: decode rows run them in
+    the block GEMV's epilogue (one block type) or as their own kernels after it (row segments
+    of several), the result in both those ops on linear()'s output, bit for bit; a prefill
+    chunk runs the dense projection on the dequantized matrix, so the result is the dense
+    route's on it, bit for bit."""
     dtype = torch.float32
-    gate_up = _blocks(gen, dtype, (QT.Q4_K, 24), (QT.Q6_K, 24))  # gate Q4_K, up Q6_K
-    down = _blocks(gen, dtype, *MIXED)
+    if mixed:
+        gate_up = _blocks(gen, dtype, (QT.Q4_K, 24), (QT.Q6_K, 24))  # gate Q4_K, up Q6_K
+        down = _blocks(gen, dtype, *MIXED)
+    else:
+        gate_up, down = _blocks(gen, dtype, (QT.Q4_K, 48)), _blocks(gen, dtype, (QT.Q6_K, 40))
     x = rand(gen, n, K, scale=1e-3)  # GeGLU's exp in range
     m = down.shape[0]
     res, post, nxt = rand(gen, n, m), rand(gen, m), rand(gen, m)
@@ -190,7 +195,7 @@ def test_a_stored_block_pick_is_the_one_that_runs(gen):
     stored = next(c for c in candidates_blocks(1, 24, K, QT.Q8_0)
                   if c != default_config(1, 24, K, QT.Q8_0))
     assert block_weights.remember({key: (stored, {"stored": 0.01})}, "cache") == 1
-    assert block_weights.gemv_config(x, w, torch.empty(1, 24, device=DEVICE)) == stored
+    assert block_weights.gemv_config(x, w, None) == stored  # chosen without running
     y = linear(x, w)
     exact, bound = _bound(x, w, torch.float32)
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()

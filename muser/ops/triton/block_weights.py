@@ -1,10 +1,11 @@
 """GGUF block matrices (muser.ops.blocks) as the Triton backend reads them: projections, the
 embedding lookup and the prefill workspace. Weights stay the file's bytes on the device.
 
-- decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads each single-type row segment in
-  place into its columns of one output in the engine's dtype (x quantized once, int16_rows.py,
-  for the segments of K-quants); GeGLU, or the residual add + RMSNorm, then runs as its own
-  kernel (not fused into the block GEMV);
+- decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads a matrix of one block type in
+  place, GeGLU or the residual add + RMSNorm in its epilogue (gemv.py's); a matrix of row
+  segments of several types (a Q4_K_M QKV) reads each into its columns of one output in the
+  engine's dtype (x quantized once, int8_rows.py, for the K-quants' segments), and an epilogue
+  then runs as its own kernel;
 - more rows (prefill chunks, decode batches of more than 8): the matrix is dequantized into
   one reused workspace in the engine's dtype (dequantize_blocks.py, gguf's values rounded
   once), then the dense projection runs on it (linear.py: its tuned GEMM or cuBLAS, epilogue
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -40,14 +42,14 @@ from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import NormEpilogue
 from muser.ops.triton.gemv_blocks import (
-    INT16_TYPES,
+    INT8_TYPES,
     MAX_ROWS,
     BlockGemvConfig,
     candidates_blocks,
     default_config,
     linear_blocks,
 )
-from muser.ops.triton.int16_rows import Int16Rows, int16_rows
+from muser.ops.triton.int8_rows import Int8Rows, int8_rows
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation
@@ -95,14 +97,18 @@ def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue
     """linear.py's projection (with GeGLU or the add + norm pair after it) of a block matrix;
     `dense(x, w, geglu_out, norm)` projects by a dense matrix (linear.py's tuned path)."""
     n, (m, k) = x.shape[0], weight.shape
+    if n <= MAX_ROWS and isinstance(weight, BlockMatrix):  # the epilogue in the GEMV
+        out = None if geglu_out or norm is not None else empty((n, m), weight.dtype, x.device)
+        run = partial(linear_blocks, x, out=out, geglu=geglu_out, norm=norm)
+        return run(weight, gemv_config(x, weight, run))
     if n <= MAX_ROWS:
         y = empty((n, m), weight.dtype, x.device)
         parts = segments(weight)
         # x quantized once for every segment that reads it so
-        rows = int16_rows(x) if any(p.qtype in INT16_TYPES for _, p in parts) else None
+        rows = int8_rows(x) if any(p.qtype in INT8_TYPES for _, p in parts) else None
         for row, part in parts:
-            out = y[:, row:row + part.shape[0]]
-            linear_blocks(x, part, gemv_config(x, part, out, rows), out=out, rows=rows)
+            run = partial(linear_blocks, x, out=y[:, row:row + part.shape[0]], rows=rows)
+            run(part, gemv_config(x, part, run))
         if geglu_out:
             return geglu(y)
         if norm is not None:
@@ -131,10 +137,10 @@ def _dequantize(weight: Blocks, start: int, stop: int, workspace: torch.Tensor) 
     return dense
 
 
-def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor,
-                rows: Int16Rows | None = None) -> BlockGemvConfig:
-    """The block GEMV config of this shape: chosen once (see the module docstring). Inside
-    compile_only, a shape without a pick compiles every candidate and runs the default."""
+def gemv_config(x: torch.Tensor, part: BlockMatrix, run: Callable) -> BlockGemvConfig:
+    """The block GEMV config of this shape: chosen once (see the module docstring), timing
+    `run(weight, config)` (the launch as the caller makes it). Inside compile_only, a shape
+    without a pick compiles every candidate and runs the default."""
     n, (m, k) = x.shape[0], part.shape
     key = (n, m, k, part.qtype, x.dtype)
     pick = PICKS.pick.get(key)
@@ -146,7 +152,7 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor,
         return pick
     if compile_only.get():
         for c in candidates_blocks(n, m, k, part.qtype):
-            linear_blocks(x, part, c, out=out, rows=rows)
+            run(part, c)
         return default_config(n, m, k, part.qtype)
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("block GEMV shape first seen during graph capture: warm up first")
@@ -158,7 +164,7 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, out: torch.Tensor,
     best, best_ms, timed = default_config(n, m, k, part.qtype), math.inf, {}
     for c in candidates_blocks(n, m, k, part.qtype):
         try:
-            ms = graph_ms(lambda w, c=c: linear_blocks(x, w, c, out=out, rows=rows), copies)
+            ms = graph_ms(lambda w, c=c: run(w, c), copies)
         except Exception:  # noqa: BLE001  (a config that fails to compile or run is skipped)
             continue
         timed[str(c)] = round(ms, 5)

@@ -6,12 +6,13 @@ w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
     y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k).
 
-The K-quants (Q4_K, Q6_K) take x as 14-bit fixed point per group of 32 values (int16_rows.py,
-made once per x for every matrix that reads it: x^ = s_g p with p an int16), so both inner sums
-are exact int32 sums, of codes times p in PTX dp2a (two a instruction, codes as unsigned bytes
-cut out of 32-bit words with one mask: Q4_K's high nibbles are read in place as 16 q, Q6_K's
-2-bit highs shifted onto its low nibbles), and of p (int16_rows' sums). Per sub-block and row
-the float work is a few multiplies. Q8_0 and Q5_0 multiply x in float32 by codes made floats
+The K-quants (Q4_K, Q6_K) take x as two int8 levels per group of 32 values (int8_rows.py, made
+once per x for every matrix that reads it: x^ = s_g (128 h + l)), so both inner sums are exact
+int32 sums: of codes times h and times l in PTX dp4a (four a instruction, codes as bytes cut
+out of 32-bit words: Q4_K's high nibbles read in place as 16 q, unsigned; Q6_K's 2-bit highs
+shifted onto its low nibbles), and of 128 h + l (int8_rows' sums). Per sub-block and row the
+float work is a few multiplies. (x as one int16 in dp2a, two codes a instruction, measured
+slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q8_0 and Q5_0 multiply x in float32 by codes made floats
 by shifts and masks (int16 loads: their blocks are 2-byte aligned).
 
     type  B   words                                  s_j, t_j
@@ -30,7 +31,7 @@ read the last ones in range and add 0 (their x scale reads as 0) or are not stor
 at N = 1, the loop's instructions per weight at the first tile: Q4_K ~1.6, Q6_K ~2.6 (2.9 and
 3.1 per byte).
 
-Error: y is the product with x^ (the K-quants: |x - x^| <= s_g / 2, int16_rows.py) or x. Its
+Error: y is the product with x^ (the K-quants: |x - x^| <= s_g / 2, int8_rows.py) or x. Its
 scales are exact (an fp16 times a code of at most 8 bits), so a product x q rounds once, a
 float partial sum of at most B codes (or B x values for X_j; 0 for the K-quants' integer sums)
 adds B - 1 roundings, the scale multiply and offset subtraction one each, then the accumulators
@@ -57,14 +58,14 @@ from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import counters
 from muser.ops.triton.block_values import Q4_K, Q5_0, Q6_K, Q8_0
-from muser.ops.triton.gemv import finish
-from muser.ops.triton.int16_rows import Int16Rows, int16_rows
+from muser.ops.triton.gemv import NormEpilogue, finish, outputs, weight_rows
+from muser.ops.triton.int8_rows import Int8Rows, int8_rows
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 QT = GGMLQuantizationType
-INT16_TYPES = (QT.Q4_K, QT.Q6_K)  # the types that read x as Int16Rows
+INT8_TYPES = (QT.Q4_K, QT.Q6_K)  # the types that read x as Int8Rows
 
 
 @triton.jit
@@ -108,20 +109,24 @@ def _x_sums(xrow, start, xmask, B: tl.constexpr):
 
 
 @triton.jit
-def _dot4(x, w, c, ASM: tl.constexpr):
-    """c + sum_k x_k w_k over four values: x four int16 in an int64, w four unsigned bytes in an
-    int32 (int32 sums): two PTX dp2a, or their arithmetic where there is no PTX (the
+def _dp4a(a, b, c, ASM: tl.constexpr, UNSIGNED: tl.constexpr = False):
+    """c + the dot product of the four bytes of a (signed, or unsigned if UNSIGNED) and the four
+    signed bytes of b (int32): PTX's dp4a, or its arithmetic where there is no PTX (the
     interpreter)."""
-    lo, hi = x.to(tl.int32), (x >> 32).to(tl.int32)  # x_0 | x_1 << 16, x_2 | x_3 << 16
     if ASM:
-        c = tl.inline_asm_elementwise("dp2a.lo.s32.u32 $0, $1, $2, $3;", "=r,r,r,r",
-                                      [lo, w, c], dtype=tl.int32, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise("dp2a.hi.s32.u32 $0, $1, $2, $3;", "=r,r,r,r",
-                                         [hi, w, c], dtype=tl.int32, is_pure=True, pack=1)
+        if UNSIGNED:
+            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                             [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                             [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
     else:
         for k in tl.static_range(4):
-            xk = ((lo if k < 2 else hi) << (16 - 16 * (k % 2))) >> 16
-            c += xk * ((w >> 8 * k) & 0xFF)
+            if UNSIGNED:
+                byte = (a >> 8 * k) & 0xFF
+            else:
+                byte = (a << (24 - 8 * k)) >> 24
+            c += byte * ((b << (24 - 8 * k)) >> 24)
         return c
 
 
@@ -142,11 +147,11 @@ def _pick(v, i, k: tl.constexpr):
 
 
 @triton.jit
-def _q4_k(wrow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
     # group g: code words 4 + 8g + 4u + i (two 16-byte loads, u) hold the codes of values
     # 32j + 16u + 4i + byte of sub-blocks j = 2g (low nibbles) and 2g + 1 (high, read in
-    # place as 16 times the code: a multiple of 16 in every sum, shifted out exactly)
+    # place as 16 q: a multiple of 16 in every sum, shifted out exactly)
     g, i = _ax(4, 2), _ax(4, 4)
     zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
     acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
@@ -157,12 +162,15 @@ def _q4_k(wrow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         valid = b0 + _ax(BLOCKS, 1) < b_hi
         b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
         blk = wrow + b * 36
-        t0, t1 = zero, zero  # sum of codes times x q, sub-blocks 2g, 2g + 1 (16 times)
+        h0, l0, h1, l1 = zero, zero, zero, zero  # sum q h, q l of sub-blocks 2g, 2g + 1
         for u in tl.static_range(2):
             words = _like(blk + 4 + 8 * g + 4 * u + i, zero)
             at = 64 * b + 16 * g + 4 * u + i  # x words of sub-block 2g; 2g + 1: 8 further
-            t0 = _dot4(_like(xq + at, zero), words & 0x0F0F0F0F, t0, ASM)
-            t1 = _dot4(_like(xq + at + 8, zero), words & ~0x0F0F0F0F, t1, ASM)
+            low, high = words & 0x0F0F0F0F, words & ~0x0F0F0F0F
+            h0 = _dp4a(low, _like(xh + at, zero), h0, ASM)
+            l0 = _dp4a(low, _like(xl + at, zero), l0, ASM)
+            h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM, True)
+            l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM, True)
         # words 0-3 of the block: d | dmin, then the 12 bytes of 6-bit scales and mins: bytes
         # j, j + 4 for j < 4; for j >= 4, low nibbles of byte j + 4 and the top bits of j - 4, j
         # (ggml's get_scale_min_k4, four sub-blocks a word); x sums and scales of sub-blocks
@@ -177,9 +185,9 @@ def _q4_k(wrow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         d, dmin = _f16(_pick(head, i, 0)), _f16(_pick(head, i, 0) >> 16)
         for hi in tl.static_range(2):  # sub-block j = 2g + hi: byte 2 (g % 2) + hi
             if hi == 0:
-                t = tl.sum(t0, axis=4)  # exact
+                t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
             else:
-                t = tl.sum(t1, axis=4) >> 4
+                t = tl.sum(128 * h1 + l1, axis=4) >> 4
             at = 8 * (2 * (gg % 2) + hi)
             sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
             x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
@@ -188,7 +196,7 @@ def _q4_k(wrow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _q6_k(wrow, drow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+def _q6_k(wrow, drow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
     # group g = 2h + u: half h of the block, u: which 16 of each 32 values there. Words i of
     # low nibbles A, B and 2-bit highs Q (16-byte loads: the blocks' 208 bytes without d,
@@ -210,7 +218,7 @@ def _q6_k(wrow, drow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         scales = _like(blk.to(tl.pointer_type(tl.int16)) + 96 + 4 * h + i, zero).to(tl.int32)
         sc = ((scales << (24 - 8 * u)) >> 24).to(tl.float32) * _like(
             drow + b, zero).to(tl.float32)  # d times the int8 scale: exact
-        sums = _like(xsum + 16 * b + 8 * u + 4 * h + i, zero)  # Int16Rows.half_sums' order
+        sums = _like(xsum + 16 * b + 8 * u + 4 * h + i, zero)  # Int8Rows.half_sums' order
         xscale = tl.where(valid, _like(xs + 8 * b + 4 * h + i, zero), 0.0)
         for a in tl.static_range(4):  # sub-block v = 8h + 2a + u of 16 values
             low = ((word_a if a % 2 == 0 else word_b) >> (4 * (a // 2))) & 0x0F0F0F0F
@@ -220,8 +228,10 @@ def _q6_k(wrow, drow, xq, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
                 high = (word_q >> (2 * a - 4)) & 0x30303030
             codes = low | high
             at = 64 * b + 32 * h + 8 * a + 4 * u + i
-            t = (tl.sum(_dot4(_like(xq + at, zero), codes, zero, ASM), axis=4)
-                 - 32 * _pick(sums, i, a))  # sum of (code - 32) times x q: exact
+            hs = _dp4a(codes, _like(xh + at, zero), zero, ASM)
+            ls = _dp4a(codes, _like(xl + at, zero), zero, ASM)
+            # sum (code - 32)(128 h + l): exact
+            t = tl.sum(128 * hs + ls, axis=4) - 32 * _pick(sums, i, a)
             acc += _pick(sc, i, a) * (_pick(xscale, i, a) * t.to(tl.float32))
     return tl.sum(tl.sum(acc, axis=2), axis=1)
 
@@ -273,30 +283,33 @@ def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
-def _gemv_blocks_kernel(x_ptr, xq_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_ptr, out_ptr, part_ptr, cnt_ptr,
-                        N, M, row_words, stride_xn, stride_on, blocks, blocks_per_split,
-                        QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCKS: tl.constexpr, SPLIT_K: tl.constexpr, ASM: tl.constexpr,
-                        PDL: tl.constexpr):
+def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_ptr,
+                        like_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+                        res_out_ptr, N, M, row_words, stride_xn, stride_on, stride_rn, blocks,
+                        blocks_per_split, eps, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, SPLIT_K: tl.constexpr,
+                        GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                        ASM: tl.constexpr, PDL: tl.constexpr):
     rn = tl.arange(0, BLOCK_N)
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm, valid = weight_rows(M, BLOCK_M, GEGLU)
     b_lo = tl.program_id(1) * blocks_per_split
     b_hi = tl.minimum(b_lo + blocks_per_split, blocks)
     n5 = rn[:, None, None, None, None]
     m5 = rm[None, None, None, :, None]
     xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
-    wmask = m5 < M
+    wmask = valid[None, None, None, :, None]
     enter(PDL)
-    if QTYPE == Q4_K or QTYPE == Q6_K:  # x as Int16Rows: per row and block 64 words of 4 q,
-        # 8 scales, 8 sums, 16 half sums; rows past N and M read the last ones (not stored):
-        # no load needs a mask
+    if QTYPE == Q4_K or QTYPE == Q6_K:  # x as Int8Rows: per row and block 64 words of h and
+        # of l, 8 scales, 8 sums, 16 half sums; rows past N and M read the last ones (not
+        # stored): no load needs a mask
         xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
-        xq, xs = xq_ptr + xn * (64 * blocks), xs_ptr + xn * (8 * blocks)
+        xh, xl = xh_ptr + xn * (64 * blocks), xl_ptr + xn * (64 * blocks)
+        xs = xs_ptr + xn * (8 * blocks)
         if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
-            acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xq, xs, xsum_ptr + xn * (8 * blocks),
-                        b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
+            acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
+                        xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
         else:
-            acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xq, xs,
+            acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xh, xl, xs,
                         xhalf_ptr + xn * (16 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS,
                         ASM)
     elif QTYPE == Q8_0:
@@ -306,8 +319,10 @@ def _gemv_blocks_kernel(x_ptr, xq_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_pt
         tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
         wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
-    finish(acc, rn, out_ptr, part_ptr, cnt_ptr, out_ptr, out_ptr, out_ptr, out_ptr, N, M,
-           stride_on, 0, 0.0, tl.float32, False, False, 1, BLOCK_N, BLOCK_M, SPLIT_K)
+    # y rounded to like_ptr's dtype (the projection's) before an epilogue, as the ops apart
+    finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+           stride_on, stride_rn, eps, like_ptr.dtype.element_ty, GEGLU, NORM, NORM_BLOCK,
+           BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 @dataclass(frozen=True)
@@ -365,42 +380,56 @@ def candidates_blocks(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig
 def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
     """The blocks' bytes as the words the kernel loads: int32 for the K-quants (Q6_K's rows of
     208-byte blocks without d), int16 otherwise."""
-    dtype = torch.int32 if qtype in INT16_TYPES else torch.int16
+    dtype = torch.int32 if qtype in INT8_TYPES else torch.int16
     size = dtype.itemsize
     assert data.data_ptr() % size == 0 and data.shape[1] % size == 0, "blocks not word aligned"
     return data.view(dtype)
 
 
 def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig | None = None,
-                  out: torch.Tensor | None = None, rows: Int16Rows | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, rows: Int8Rows | None = None,
+                  geglu: bool = False, norm: NormEpilogue | None = None):
     """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
     Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
     any float dtype, rows of any stride: e.g. a column slice of a wider output). The K-quants
-    read x as `rows` (int16_rows(x), made here when not given: one per x serves every matrix)."""
+    read x as `rows` (int8_rows(x), made here when not given: one per x serves every matrix).
+    With `geglu` or `norm`, gemv.gemv's epilogues on y in weight.dtype, and its results."""
     n, (m, k), qtype = x.shape[0], weight.shape, weight.qtype
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
     assert qtype in KERNEL_TYPES and weight.data.is_contiguous()
+    assert not (geglu and norm) and (not geglu or m % 2 == 0) and (out is None or not (
+        geglu or norm))
     c = config or default_config(n, m, k, qtype)
     dev = x.device
-    if out is None:
-        out = empty((n, m), torch.float32, dev)
-    assert out.shape == (n, m) and out.stride(-1) == 1
-    if qtype in INT16_TYPES:
-        rows = rows if rows is not None else int16_rows(x)
-        assert rows.q.shape == (n, k)
-        rows = (rows.q.view(torch.int64), *rows[1:])
+    if qtype in INT8_TYPES:
+        rows = rows if rows is not None else int8_rows(x)
+        assert rows.hi.shape == (n, k // 4)
     else:
-        rows = (x, x, x, x)  # unread
+        rows = (x, x, x, x, x)  # unread
     words = _words(weight.data, qtype)
     blocks = k // GGML_QUANT_SIZES[qtype][0]
+    block_m = max(c.block_m, 2) if geglu else c.block_m  # a gate and an up row at least
     per_split = cdiv(cdiv(blocks, c.split_k), c.blocks) * c.blocks
-    splits, row_blocks = cdiv(blocks, per_split), cdiv(m, c.block_m)
-    cnt = counters(dev, row_blocks) if splits > 1 else out
-    part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+    splits, row_blocks = cdiv(blocks, per_split), cdiv(m, block_m)
+    if geglu or norm is not None:
+        o = outputs(n, m, weight.dtype, splits, row_blocks, geglu, norm, dev)
+        args, result = o.args, o.result
+        # NOTE: only its dtype is read (the projection's, to round y to before the epilogue)
+        like = args[0] if norm is None else args[6].view(weight.dtype)
+    else:
+        if out is None:
+            out = empty((n, m), torch.float32, dev)
+        assert out.shape == (n, m) and out.stride(-1) == 1
+        cnt = counters(dev, row_blocks) if splits > 1 else out
+        part = empty((splits, n, m), torch.float32, dev) if splits > 1 else out
+        args, result, like = (out, part, cnt, out, out, out, out), out, out
+        o = None
     d = weight.d if weight.d is not None else words  # Q6_K's d (unread otherwise)
-    launch(_gemv_blocks_kernel, (row_blocks, splits), x, *rows, words, d, out, part, cnt, n, m,
-           words.shape[1], x.stride(0), out.stride(0), blocks, per_split, QTYPE=int(qtype),
-           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=c.block_m, BLOCKS=c.blocks,
-           SPLIT_K=splits, ASM=x.is_cuda, num_warps=c.num_warps, num_stages=c.num_stages,
-           **options(dev))
-    return out
+    launch(_gemv_blocks_kernel, (row_blocks, splits), x, *rows, words, d, like, *args, n, m,
+           words.shape[1], x.stride(0), args[0].stride(0), 0 if o is None else o.stride_rn,
+           blocks, per_split, 0.0 if o is None else o.eps, QTYPE=int(qtype),
+           BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCKS=c.blocks,
+           SPLIT_K=splits, GEGLU=geglu, NORM=norm is not None,
+           NORM_BLOCK=min(next_power_of_2(m), 4096), ASM=x.is_cuda, num_warps=c.num_warps,
+           num_stages=c.num_stages, **options(dev))
+    return result
