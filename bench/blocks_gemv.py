@@ -8,8 +8,8 @@ config). The K-quants read x as int8 rows, made once per x (timed apart: `int8_r
 (`baseline_us`, `speedup`); `--explore` times a grid of tiles beyond the candidates. Outputs
 are checked against the blocks dequantized to float32 and multiplied by torch in float32.
 
-    git show REV:muser/ops/triton/gemv_blocks.py > /tmp/gemv_blocks_base.py
-    python3 bench/blocks_gemv.py --baseline /tmp/gemv_blocks_base.py --out $OUT/blocks_gemv_h200.json
+    git show REV:muser/ops/triton/gemv_blocks.py > /tmp/base.py
+    python3 bench/blocks_gemv.py --baseline /tmp/base.py --out $OUT/blocks_gemv_h200.json
 """
 
 from __future__ import annotations

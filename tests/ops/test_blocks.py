@@ -1,7 +1,8 @@
-"""GGUF blocks read inside Triton kernels (Q5_0, Q8_0, Q4_K, Q6_K) on random blocks: the dequantization
-kernel equals `gguf.quants.dequantize` bit for bit; the decode GEMV over the blocks is within
-the error bound of its per-sub-block float32 sums of the float64 product, the K-quants' of x
-as two int8 levels (int8_rows, equal to its reference bit for bit, within its own bound)."""
+"""GGUF blocks read inside Triton kernels (Q5_0, Q8_0, Q4_K, Q6_K) on random blocks: the
+dequantization kernel equals `gguf.quants.dequantize` bit for bit; the decode GEMV over them
+is within the error bound of its per-sub-block float32 sums of the float64 product, the
+K-quants' of x as two int8 levels (int8_rows, equal to its reference bit for bit, within its
+own bound)."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ from muser.ops.triton.gemv_blocks import (
     default_config,
     linear_blocks,
 )
-from muser.ops.triton.int8_rows import Int8Rows, int8_rows
+from muser.ops.triton.int8_rows import int8_rows
 from muser.ops.triton.launch import compile_only
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation

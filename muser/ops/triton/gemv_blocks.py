@@ -8,12 +8,12 @@ w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
 The K-quants (Q4_K, Q6_K) take x as two int8 levels per group of 32 values (int8_rows.py, made
 once per x for every matrix that reads it: x^ = s_g (128 h + l)), so both inner sums are exact
-int32 sums: of codes times h and times l in PTX dp4a (four a instruction, codes as bytes cut
+int32 sums: of codes times h and times l in PTX dp4a (four an instruction, codes as bytes cut
 out of 32-bit words: Q4_K's high nibbles read in place as 16 q, unsigned; Q6_K's 2-bit highs
 shifted onto its low nibbles), and of 128 h + l (int8_rows' sums). Per sub-block and row the
-float work is a few multiplies. (x as one int16 in dp2a, two codes a instruction, measured
-slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q8_0 and Q5_0 multiply x in float32 by codes made floats
-by shifts and masks (int16 loads: their blocks are 2-byte aligned).
+float work is a few multiplies. (x as one int16 in dp2a, two codes an instruction, measured
+slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q8_0 and Q5_0 multiply x in float32 by codes
+made floats by shifts and masks (int16 loads: their blocks are 2-byte aligned).
 
     type  B   words                                  s_j, t_j
     Q4_K  32  int32 0: d|dmin, 1-3: 12 scale bytes,   d sc_j, dmin m_j (6-bit sc, m)
@@ -28,8 +28,8 @@ sub-block's sums are summed in it. Every load of the loop is made in the code wo
 (`_like`), x's too: a load of another shape takes a layout of its own, whose every use converts
 through shared memory. Nothing is masked: blocks past a program's range and rows past M and N
 read the last ones in range and add 0 (their x scale reads as 0) or are not stored. sm_90 code
-at N = 1, the loop's instructions per weight at the first tile: Q4_K ~1.6, Q6_K ~2.6 (2.9 and
-3.1 per byte).
+at N = 1, the loop's instructions per weight at the first tile: Q4_K ~1.7, Q6_K ~2.7 (3.1 and
+3.3 per byte).
 
 Error: y is the product with x^ (the K-quants: |x - x^| <= s_g / 2, int8_rows.py) or x. Its
 scales are exact (an fp16 times a code of at most 8 bits), so a product x q rounds once, a
