@@ -18,7 +18,8 @@
   (the same draws; LLM's warm-up included): top-1 agreement and KL(bf16 || fp8) of the
   next-token distributions at the DESIGN boundary positions (1, 31, 32, 33, W-1, W, W+1,
   2W-1, 2W, 2W+1; W = 512), prefilled in one chunk (the prefill route) and token by token
-  (the decode GEMV).
+  (the decode GEMV); for FP8 as it runs, with a bfloat16 head, and with scaled_mm's float32
+  accumulation.
 
     python3 bench/fp8_check.py --out $OUT/fp8_check.json
 """
@@ -173,14 +174,14 @@ def load_27b() -> dict:
 
 
 def _logits(quantization: str, ids: list[int], positions: list[int], model: str = "gemma3-1b",
-            device: str = "cuda") -> dict[str, torch.Tensor]:
-    """Float64 CPU logits at `positions` of dummy `model` served with `quantization`: the
-    prompt in one chunk, and token by token."""
+            device: str = "cuda", **engine) -> dict[str, torch.Tensor]:
+    """Float64 CPU logits at `positions` of dummy `model` served with `quantization` (and
+    `engine`'s other EngineConfig fields): the prompt in one chunk, and token by token."""
     from muser.llm import LLM
 
     llm = LLM(None, progress=False, load_format="dummy", model_config=model, device=device,
               quantization=quantization, max_num_seqs=1, max_model_len=4096,
-              gpu_memory_utilization=0.3)
+              gpu_memory_utilization=0.3, **engine)
     runner = llm.runner
     out = {}
     for label, chunk in (("one_chunk", len(ids)), ("token_by_token", 1)):
@@ -199,21 +200,32 @@ def _logits(quantization: str, ids: list[int], positions: list[int], model: str 
 
 
 def accuracy(gen: torch.Generator) -> dict:
+    """bfloat16 against --quantization fp8 as it runs (FP8 head, scaled_mm's fast
+    accumulation), with a bfloat16 head (--no-fp8-head), and with scaled_mm accumulating in
+    float32 (linear_fp8.FAST_ACCUM off): each one's top-1 agreement and KL(bf16 || it)."""
+    from muser.ops.triton import linear_fp8
+
     window = 512  # gemma3-1b
     positions = [1, 31, 32, 33, window - 1, window, window + 1, 2 * window - 1, 2 * window,
                  2 * window + 1]
     ids = torch.randint(0, 262_144, (2 * window + 2,), generator=gen, device="cuda").tolist()
-    bf16, fp8 = _logits("none", ids, positions), _logits("fp8", ids, positions)
+    bf16 = _logits("none", ids, positions)
+    variants = {"fp8": {}, "fp8_bf16_head": {"fp8_head": False}, "fp8_float32_accum": {}}
     out: dict = {"model": "gemma3-1b dummy (seed 0)", "positions": positions}
-    for label in bf16:
-        p_log, q_log = bf16[label].log_softmax(-1), fp8[label].log_softmax(-1)
-        kl = (p_log.exp() * (p_log - q_log)).sum(-1)
-        top1 = bf16[label].argmax(-1) == fp8[label].argmax(-1)
-        out[label] = {"top1_agreement": top1.double().mean().item(),
-                      "top1_per_position": top1.tolist(), "kl_per_position": kl.tolist(),
-                      "kl_mean": kl.mean().item(), "kl_max": kl.max().item()}
-        say(f"accuracy {label}: top-1 agreement {out[label]['top1_agreement']:.2f}, KL mean "
-            f"{out[label]['kl_mean']:.2e} max {out[label]['kl_max']:.2e}")
+    for name, engine in variants.items():
+        linear_fp8.FAST_ACCUM = name != "fp8_float32_accum"  # read by every scaled_mm call
+        fp8 = _logits("fp8", ids, positions, **engine)
+        cell = out[name] = {}
+        for label in bf16:
+            p_log, q_log = bf16[label].log_softmax(-1), fp8[label].log_softmax(-1)
+            kl = (p_log.exp() * (p_log - q_log)).sum(-1)
+            top1 = bf16[label].argmax(-1) == fp8[label].argmax(-1)
+            cell[label] = {"top1_agreement": top1.double().mean().item(),
+                           "top1_per_position": top1.tolist(), "kl_per_position": kl.tolist(),
+                           "kl_mean": kl.mean().item(), "kl_max": kl.max().item()}
+            say(f"accuracy {name} {label}: top-1 agreement {cell[label]['top1_agreement']:.2f}, "
+                f"KL mean {cell[label]['kl_mean']:.2e} max {cell[label]['kl_max']:.2e}")
+    linear_fp8.FAST_ACCUM = True
     return out
 
 

@@ -13,7 +13,8 @@ TTFT, decode_ms = median TPOT. fraction_of_floor = (the bytes a decode step read
 projection's weights and the head once, the embedding row, the K/V rows of 2,048 tokens on full
 layers and of the window on sliding ones) / the 1 GiB device copy's bandwidth measured in that
 process (read + write) / decode_ms. The FP8 process also times the GEMMs of one layer at 2,048
-rows on FP8 tensor cores (torch._scaled_mm on codes already quantized) and in bf16
+rows on FP8 tensor cores (torch._scaled_mm on codes already quantized, accumulated as the route
+accumulates, linear_fp8.FAST_ACCUM; gemm_shapes holds both ways) and in bf16
 (torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time), the most
 any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-bench -ngl 99 -fa 1`,
 tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
@@ -36,6 +37,7 @@ import torch
 from muser import LLM, SamplingParams
 import triton
 from muser.graph.weights import matrix_tensors
+from muser.ops.triton import linear_fp8
 
 name, fmt, source, reps, steps, depth, profile_steps = sys.argv[1:8]
 reps, steps, depth, profile_steps = int(reps), int(steps), int(depth), int(profile_steps)
@@ -91,13 +93,15 @@ if fmt == "fp8":
         m, k = mat.shape
         xq = torch.randn(depth, k, device="cuda").to(torch.float8_e4m3fn)
         sa = torch.ones(depth, 1, device="cuda")
-        f = cuda_ms(lambda: torch._scaled_mm(xq, mat.data.t(), scale_a=sa,
-                                             scale_b=mat.scales[None, :],
-                                             out_dtype=torch.bfloat16))
+        mms = {fast: cuda_ms(lambda fast=fast: torch._scaled_mm(
+            xq, mat.data.t(), scale_a=sa, scale_b=mat.scales[None, :], out_dtype=torch.bfloat16,
+            use_fast_accum=fast)) for fast in (True, False)}
+        f = mms[linear_fp8.FAST_ACCUM]  # as the route runs it
         xb, wb = torch.randn(depth, k, device="cuda", dtype=torch.bfloat16), \
             torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = cuda_ms(lambda: torch.mm(xb, wb.t()))
-        shapes.append({"m": m, "k": k, "fp8_ms": f, "bf16_ms": b,
+        shapes.append({"m": m, "k": k, "fp8_ms": f, "fp8_fast_accum_ms": mms[True],
+                       "fp8_float32_accum_ms": mms[False], "bf16_ms": b,
                        "fp8_tflops": 2 * depth * m * k / f / 1e9,
                        "bf16_tflops": 2 * depth * m * k / b / 1e9})
         fp8_ms, bf16_ms = fp8_ms + f, bf16_ms + b

@@ -55,10 +55,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["none", "fp8"], default="none",
                    help="fp8: the projections (QKV, O, gate/up, down) as FP8 e4m3 weights with "
                    "one float32 scale per output row, quantized at load, or as stored in an FP8 "
-                   "Hugging Face checkpoint (compressed-tensors, fbgemm_fp8); the embedding and "
-                   "tied LM head stay in --dtype. Needs a CUDA GPU of compute capability >= 8.9 "
+                   "Hugging Face checkpoint (compressed-tensors, fbgemm_fp8); the LM head too "
+                   "unless --no-fp8-head. Needs a CUDA GPU of compute capability >= 8.9 "
                    "(Ada, Hopper); refused on the CPU. Without it an FP8 checkpoint loads "
                    "dequantized to --dtype (default: %(default)s)")
+    p.add_argument("--fp8-head", action=argparse.BooleanOptionalAction,
+                   help="with --quantization fp8: the LM head (Gemma's tied embedding, whose "
+                   "lookup then reads the same codes) as FP8 with a scale per vocabulary row: "
+                   "half the bytes a decode step reads for it; --no-fp8-head keeps it in "
+                   "--dtype (default: on with --quantization fp8)")
     p.add_argument("--prefill-chunk", type=_positive_int, default=512,
                    help="rows per prefill chunk (default: %(default)s)")
     p.add_argument("--max-model-len", type=_positive_int, default=32768,
@@ -86,10 +91,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
+    if args.fp8_head is not None and args.quantization != "fp8":
+        raise MuserError("--fp8-head / --no-fp8-head apply with --quantization fp8 only")
     kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
                   gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads,
                   prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb,
-                  quantization=args.quantization, gguf_weights=args.gguf_weights)
+                  quantization=args.quantization, fp8_head=args.fp8_head,
+                  gguf_weights=args.gguf_weights)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

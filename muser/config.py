@@ -97,6 +97,8 @@ class EngineConfig:
     dtype: str = "bfloat16"  # weights and activations fed to projections; see default_dtypes
     kv_dtype: str = "bfloat16"
     quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
+    fp8_head: bool | None = None  # with "fp8": the LM head (the tied embedding) FP8 too
+    # (None: on with "fp8"; set without it: an error)
     prefill_chunk: int = 512  # most rows of one sequence per step
     decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
     # (GPU, None: measured at startup)
@@ -126,6 +128,10 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
                              f"{self.quantization!r}")
+        if self.fp8_head is not None and self.quantization != "fp8":
+            raise ValueError("fp8_head applies to quantization 'fp8' only")
+        if self.fp8_head is None:
+            object.__setattr__(self, "fp8_head", self.quantization == "fp8")
         if self.gguf_weights not in ("blocks", "dequantize"):
             raise ValueError(f"gguf_weights must be 'blocks' or 'dequantize', got "
                              f"{self.gguf_weights!r}")

@@ -15,6 +15,7 @@ import torch
 from muser.config import EngineConfig, default_dtypes
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine
+from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
 from muser.ops.fp8 import require_fp8_device
 from muser.runner import Runner
@@ -98,10 +99,11 @@ class LLM:
             else:
                 loaded = load_model(model, dtype, config.device, progress, _keeps_codes(config),
                                     fp8=fp8, blocks=_keeps_blocks(config))
+            weights = with_fp8_head(loaded.weights) if config.fp8_head else loaded.weights
         limit = loaded.config.max_position_embeddings
         self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
-        self.runner = Runner(self.model_config, self.config, loaded.weights, self.startup)
+        self.runner = Runner(self.model_config, self.config, weights, self.startup)
         self.config = c = self.runner.engine  # NOTE: with what the runner measured
         scheduler = Scheduler(c.max_num_seqs, c.prefill_chunk, c.decode_waiting_chunk,
                               max_batched_tokens=c.max_batched_tokens, page_size=c.page_size)

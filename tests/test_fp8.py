@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -77,3 +79,49 @@ def test_cat_rows_keeps_each_part():
 def test_cpu_refused():
     with pytest.raises(MuserError, match="CPU backend has no FP8 kernels"):
         require_fp8_device("cpu")
+
+
+def test_fp8_head_is_the_whole_head_quantized(monkeypatch):
+    """with_fp8_head: the head quantized in slices equals it quantized whole (rows are
+    independent); a tied head becomes the embedding, whose lookup then reads the rows'
+    dequantized codes; an untied head leaves the embedding as it was."""
+    from muser.config import ModelConfig, gemma3_layer_kinds
+    from muser.graph import weights as weights_module
+    from muser.graph.weights import random_weights, with_fp8_head
+    from muser.ops import ref
+
+    cfg = ModelConfig(architecture="gemma3", vocab_size=100, hidden_size=32,
+                      intermediate_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=16, layer_kinds=gemma3_layer_kinds(2, pattern=2),
+                      sliding_window=8, rope_theta=1e6, rope_local_theta=1e4,
+                      query_pre_attn_scalar=16.0)
+    tied = random_weights(cfg, torch.bfloat16, "cpu", seed=1, fp8=True)
+    monkeypatch.setattr(weights_module, "HEAD_SLICE_ROWS", 7)  # 100 rows: 15 slices
+    got = with_fp8_head(tied)
+    whole = quantize_fp8(tied.embed)
+    assert got.lm_head is None and got.head is got.embed and got.embed.dtype == torch.bfloat16
+    assert torch.equal(got.embed.data.view(torch.uint8), whole.data.view(torch.uint8))
+    assert torch.equal(got.embed.scales, whole.scales)
+    ids = torch.tensor([0, 99, 5, 5])
+    assert torch.equal(ref.embed(got.embed, ids), whole.dequantize()[ids])
+    assert with_fp8_head(got) is got  # already FP8
+    untied = dataclasses.replace(tied, lm_head=tied.embed.clone())
+    got = with_fp8_head(untied)
+    assert got.embed is untied.embed and isinstance(got.lm_head, Fp8Matrix)
+    assert torch.equal(got.lm_head.scales, whole.scales)
+
+
+def test_fp8_head_only_with_fp8():
+    from muser.cli import build_parser, engine_kwargs
+    from muser.config import EngineConfig
+
+    assert EngineConfig(quantization="fp8").fp8_head is True
+    assert EngineConfig(quantization="fp8", fp8_head=False).fp8_head is False
+    assert EngineConfig().fp8_head is False
+    with pytest.raises(ValueError, match="fp8_head applies to quantization 'fp8' only"):
+        EngineConfig(fp8_head=True)
+    args = build_parser().parse_args(["generate", "hi", "--quantization", "fp8",
+                                      "--no-fp8-head"])
+    assert engine_kwargs(args)["fp8_head"] is False
+    with pytest.raises(MuserError, match="apply with --quantization fp8 only"):
+        engine_kwargs(build_parser().parse_args(["generate", "hi", "--fp8-head"]))

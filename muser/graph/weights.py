@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from muser.config import ModelConfig
 from muser.ops.blocks import Blocks, block_tensors
-from muser.ops.fp8 import Fp8Matrix, quantize_fp8
+from muser.ops.fp8 import Fp8Matrix, cat_rows, quantize_fp8
 from muser.ops.packed import PackedMatrix
 
 Matrix = torch.Tensor | PackedMatrix | Fp8Matrix | Blocks  # packed: CPU float32 weights that
@@ -65,6 +66,25 @@ def matrix_tensors(m: Matrix) -> list[torch.Tensor]:
              [m.data, m.scales] if isinstance(m, Fp8Matrix) else
              block_tensors(m) if isinstance(m, Blocks) else [m])
     return [t for t in parts if t is not None]
+
+
+HEAD_SLICE_ROWS = 16384  # head rows quantized at a time (bounds quantize_fp8's float32 copy)
+
+
+def with_fp8_head(weights: ModelWeights) -> ModelWeights:
+    """The weights with the LM head as FP8 (`quantize_fp8`: one scale per vocabulary row). A
+    tied head is the embedding, so the lookup reads the same codes (`ops.embed`). Rows are
+    quantized independently, so slices of HEAD_SLICE_ROWS quantize exactly as the whole."""
+    head = weights.head
+    if isinstance(head, Fp8Matrix):
+        return weights
+    if not isinstance(head, torch.Tensor):
+        raise TypeError(f"an FP8 head is made from a dense head, not {type(head).__name__}")
+    fp8 = cat_rows([quantize_fp8(head[r:r + HEAD_SLICE_ROWS])
+                    for r in range(0, head.shape[0], HEAD_SLICE_ROWS)])
+    if weights.lm_head is None:
+        return dataclasses.replace(weights, embed=fp8)
+    return dataclasses.replace(weights, lm_head=fp8)
 
 
 def random_weights(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from muser.ops.fp8 import Fp8Matrix
 from muser.ops.packed import PackedMatrix, dense
 
 if TYPE_CHECKING:
@@ -28,11 +29,13 @@ def prepare_weights(weights: ModelWeights) -> ModelWeights:
     return weights
 
 
-def embed(table: torch.Tensor | PackedMatrix, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of the embedding table -> [N, D] float32 (a packed table dequantizes only
-    those rows)."""
+def embed(table: torch.Tensor | PackedMatrix | Fp8Matrix, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the embedding table -> [N, D] float32 (a packed or FP8 table dequantizes
+    only those rows)."""
     if isinstance(table, PackedMatrix):
         return table.dequantize(ids)
+    if isinstance(table, Fp8Matrix):  # a tied FP8 head: the rows' codes times their scales
+        return table.data[ids].float() * table.scales[ids, None]
     return table[ids].float()
 
 

@@ -79,6 +79,18 @@ def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
         assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
 
 
+def test_row_loop_loads_its_first_weight_tile_before_the_wait(ptx):
+    """With programmatic launch, the row loop's first tile of codes is loaded (16 bytes a
+    load) before griddepcontrol.wait, while the kernel before it finishes; nothing else is
+    read before the wait (x is an earlier kernel's output)."""
+    for name, code in ptx.items():
+        if " row " not in name or "pdl=True" not in name:
+            continue
+        before = code[:code.index("griddepcontrol.wait")]
+        loads = re.findall(r"ld\.global[.\w]*", before)
+        assert loads and all(".v4." in op for op in loads), (name, loads)
+
+
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
     for name, code in ptx.items():
         if not name.startswith(("gemv", "dequantize")):  # activations: no e4m3 bytes read

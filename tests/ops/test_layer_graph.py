@@ -9,7 +9,7 @@ import torch
 import muser.ops.triton as triton_ops
 from muser.ops import ref
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
-from muser.graph.weights import LayerWeights, ModelWeights, random_weights
+from muser.graph.weights import LayerWeights, ModelWeights, random_weights, with_fp8_head
 from muser.ops.fp8 import Fp8Matrix
 from muser.runner import Runner
 from opcheck import DEVICE, TOL
@@ -37,22 +37,24 @@ def _to(weights: ModelWeights, device: str) -> ModelWeights:
 
 
 def _dequantized(weights: ModelWeights) -> ModelWeights:
-    """FP8 projections as their float32 values (data * scales)."""
+    """FP8 projections (and an FP8 tied head) as their float32 values (data * scales)."""
     def dense(m):
         return m.dequantize() if isinstance(m, Fp8Matrix) else m
 
     layers = [LayerWeights(**{f: dense(getattr(w, f)) for f in LayerWeights.__slots__})
               for w in weights.layers]
-    return ModelWeights(weights.embed, weights.final_norm, layers)
+    return ModelWeights(dense(weights.embed), weights.final_norm, layers)
 
 
 def _run(ops_module, chunks: list[int], decode_steps: int, device: str,
-         fp8: bool = False, page_size: int = 16) -> torch.Tensor:
-    """`fp8`: the projections quantized (random_weights(fp8=True)); the Triton ops read them
-    as FP8, the reference (and the CPU backend the runner starts with) their float32 values."""
+         fp8: bool = False, page_size: int = 16, fp8_head: bool = False) -> torch.Tensor:
+    """`fp8`: the projections quantized (random_weights(fp8=True)), `fp8_head` the tied head
+    too (with_fp8_head); the Triton ops read them as FP8, the reference (and the CPU backend
+    the runner starts with) their float32 values."""
     engine = EngineConfig(device=device, dtype="float32", kv_dtype="float32", max_num_seqs=2,
                           max_model_len=64, page_size=page_size, enforce_eager=True)
-    weights = _to(random_weights(CFG, torch.float32, "cpu", seed=3, fp8=fp8), device)
+    weights = random_weights(CFG, torch.float32, "cpu", seed=3, fp8=fp8)
+    weights = _to(with_fp8_head(weights) if fp8_head else weights, device)
     runner = Runner(CFG, engine, _dequantized(weights))
     if ops_module is not None:  # the weights as this backend reads them
         runner.model.ops = ops_module
@@ -80,11 +82,13 @@ def test_graph_triton_equals_reference(chunks, page_size):
     torch.testing.assert_close(got.cpu(), expect.cpu(), atol=GRAPH_ATOL, rtol=GRAPH_RTOL)
 
 
-def test_graph_fp8_equals_reference_on_its_values():
+@pytest.mark.parametrize("fp8_head", [False, True])
+def test_graph_fp8_equals_reference_on_its_values(fp8_head):
     """FP8 projections through the Triton graph (the FP8 GEMV for decode rows and chunks of
     up to 8, the dequant route for wider chunks: float32 models run no scaled_mm) equal the
-    reference graph on the same weights' float32 values."""
-    expect = _run(ref, [5, 9, 2], 3, "cpu", fp8=True)
-    got = _run(triton_ops, [5, 9, 2], 3, DEVICE, fp8=True)
+    reference graph on the same weights' float32 values; with an FP8 head, its embedding
+    lookup and LM head read the same codes."""
+    expect = _run(ref, [5, 9, 2], 3, "cpu", fp8=True, fp8_head=fp8_head)
+    got = _run(triton_ops, [5, 9, 2], 3, DEVICE, fp8=True, fp8_head=fp8_head)
     assert got.shape == expect.shape
     torch.testing.assert_close(got.cpu(), expect.cpu(), atol=GRAPH_ATOL, rtol=GRAPH_RTOL)

@@ -15,7 +15,8 @@ Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linea
   convert per two codes, no layout conversion of the weights); num_stages 1 loads each tile
   into registers when the loop reaches it, more stages load tiles ahead into shared memory by
   cp.async (Triton's pipeliner, asked for by `tl.range`: it does not pipeline loads that feed
-  no dot on its own);
+  no dot on its own). The first tile is loaded before the programmatic-launch wait (pdl.py):
+  weights are no earlier kernel's output, so the load runs while the kernel before finishes;
 - "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
   convert per two codes. x enters float16 multiplied by a power of two per row
   (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums
@@ -112,6 +113,8 @@ def _gemv_fp8_kernel(
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_dtype = x_ptr.dtype.element_ty
+    if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load a tile before the wait
+        w_first = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
         up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
@@ -136,8 +139,9 @@ def _gemv_fp8_kernel(
         if SCALE_X:
             y = y * down[:, None]
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
-        acc2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=ROW_STAGES):
+        x = tl.load(x_ptr + k_lo + rk, mask=k_lo + rk < k_hi, other=0.0)
+        acc2 = w_first.to(tl.float32) * x.to(tl.float32)[None, :]
+        for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             kk = k0 + rk
             w = _weight_tile(w_ptr, rows, valid, kk, k_hi, K)
             x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
