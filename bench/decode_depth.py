@@ -111,7 +111,7 @@ def main() -> None:
                                                num_warps=warps, num_stages=stages)
                 cell = {"model": shape, "keys": depth, "splits": splits or default[0],
                         "block_n": block_n or default[1], "num_warps": warps or default[2],
-                        "num_stages": stages,
+                        "num_stages": stages or default[3],
                         "default": splits is None, "bytes": nbytes}
                 try:
                     out = run()

@@ -98,7 +98,7 @@ class EngineConfig:
     kv_dtype: str = "bfloat16"
     quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
     fp8_head: bool | None = None  # with "fp8": the LM head (the tied embedding) FP8 too
-    # (None: on with "fp8"; set without it: an error)
+    # (None: on with "fp8", off without; True without "fp8": an error)
     prefill_chunk: int = 512  # most rows of one sequence per step
     decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
     # (GPU, None: measured at startup)
@@ -128,7 +128,7 @@ class EngineConfig:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
                              f"{self.quantization!r}")
-        if self.fp8_head is not None and self.quantization != "fp8":
+        if self.fp8_head and self.quantization != "fp8":
             raise ValueError("fp8_head applies to quantization 'fp8' only")
         if self.fp8_head is None:
             object.__setattr__(self, "fp8_head", self.quantization == "fp8")

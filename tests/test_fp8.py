@@ -118,6 +118,8 @@ def test_fp8_head_only_with_fp8():
     assert EngineConfig(quantization="fp8").fp8_head is True
     assert EngineConfig(quantization="fp8", fp8_head=False).fp8_head is False
     assert EngineConfig().fp8_head is False
+    assert dataclasses.replace(EngineConfig(), max_model_len=64).fp8_head is False
+    assert dataclasses.replace(EngineConfig(quantization="fp8"), max_model_len=64).fp8_head
     with pytest.raises(ValueError, match="fp8_head applies to quantization 'fp8' only"):
         EngineConfig(fp8_head=True)
     args = build_parser().parse_args(["generate", "hi", "--quantization", "fp8",

@@ -147,23 +147,27 @@ LONG_KEYS = 4096  # key ranges at least this long take the long-range launch con
 
 
 def launch_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int
-                  ) -> tuple[int, int, int]:
-    """(splits, keys per iteration, warps) for a step whose sequences hold up to `max_keys`
-    keys. Short ranges (rings, short contexts): 32 keys per iteration, ~2 programs per SM of
-    132, at least 16 keys per split, at most 64 splits; measured on the H200 at batch 1
-    (gemma3-1b, one KV head): a 512-key ring takes 7.2 us in 32 splits, 8.9 us in 8. Long
-    ranges (`bench/decode_depth.py`, bench/results/decode_depth_h200.json): 64 keys per
-    iteration and ~4 programs per SM, up to 128 splits; at 131,072 keys of gemma3-27b's full
-    layers (16 KV heads) 32 splits of 64 keys read K and V at 1.03 of the copy bandwidth
-    (247 us, with the step's new row, from a CUDA graph), where 16 splits of 32 keys reached
-    0.56 of it (eager, before the loops lost their masks)."""
+                  ) -> tuple[int, int, int, int | None]:
+    """(splits, keys per iteration, warps, pipeline stages or None for Triton's default) for a
+    step whose sequences hold up to `max_keys` keys. Short ranges (rings, short contexts): 32
+    keys per iteration in two stages, ~4 programs per SM of 132, at least 16 keys per split, at
+    most 64 splits; measured on the H200 at batch 1 with the step's new row, split and merge
+    together from a CUDA graph (bench/decode_depth.py, gemma3-27b's 16 KV heads): 1,024 keys
+    7.5 us in 32 splits of two stages, 8.6 us in the 16 splits of three stages this rule gave
+    before; 2,048 keys 9.2 against 11.3 us; two stages beat three at every split count tried
+    (8 to 64); gemma3-1b (one KV head): a 512-key ring 7.2 us in 32 splits, 8.9 us in 8. Long
+    ranges (bench/results/decode_depth_h200.json): 64 keys per iteration and ~4 programs per
+    SM, up to 128 splits; at 131,072 keys of gemma3-27b's full layers 32 splits of 64 keys read
+    K and V at 1.03 of the copy bandwidth (247 us, with the step's new row, from a CUDA
+    graph), where 16 splits of 32 keys reached 0.56 of it (eager, before the loops lost their
+    masks)."""
     if max_keys < LONG_KEYS:
-        want = max(1, 256 // max(1, batch * num_kv_heads))
+        want = max(1, 512 // max(1, batch * num_kv_heads))
         by_keys = next_power_of_2(-(-max_keys // 16))
-        return max(1, min(next_power_of_2(want), by_keys, 64)), 32, 4
+        return max(1, min(next_power_of_2(want), by_keys, 64)), 32, 4, 2
     want = max(1, 512 // max(1, batch * num_kv_heads))
     by_keys = next_power_of_2(-(-max_keys // 64))
-    return max(1, min(next_power_of_2(want), by_keys, 128)), 64, 8 if head_dim >= 256 else 4
+    return max(1, min(next_power_of_2(want), by_keys, 128)), 64, 8 if head_dim >= 256 else 4, None
 
 
 def decode_attention(
@@ -190,6 +194,7 @@ def decode_attention(
         k_new, v_new, src, dst = q, q, lens, lens  # unused
     picked = launch_config(batch, kv_heads, head_dim, block_table.shape[1] * block_size)
     splits, block_n, num_warps = splits or picked[0], block_n or picked[1], num_warps or picked[2]
+    num_stages = num_stages or picked[3]
     mid_o = empty((batch, heads, splits, head_dim), torch.float32, q.device)
     mid_ml = empty((batch, heads, splits, 2), torch.float32, q.device)
     out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
