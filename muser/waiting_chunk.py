@@ -49,12 +49,13 @@ def measure(runner, reps: int = 5) -> tuple[int, dict]:
     # NOTE: up to 32 decoding sequences (the default batch), a few slots left for the chunks
     reserve = max(1, min(4, e.max_num_seqs // 8))
     batch = min(32, e.max_num_seqs - reserve)
-    caps = candidates(e.max_batched_tokens, batch, reserve * e.prefill_chunk) if batch else []
+    room = e.max_model_len - 1
+    chunk = min(e.prefill_chunk, room)  # NOTE: a context shorter than a chunk holds less
+    caps = candidates(e.max_batched_tokens, batch, reserve * chunk) if batch else []
     if not caps:
         return min(SMALLEST, e.prefill_chunk), {"caps": "none fit the batch and budget"}
     decoding = [runner.allocate() for _ in range(batch)]
-    filling = [runner.allocate() for _ in range(-(-caps[-1] // e.prefill_chunk))]
-    room = e.max_model_len - 1
+    filling = [runner.allocate() for _ in range(-(-caps[-1] // chunk))]
     try:
         prefix = min(_PREFIX, e.max_batched_tokens // batch, room // 2)
         runner.forward(decoding, [[_TOKEN] * prefix] * batch)
@@ -62,7 +63,7 @@ def measure(runner, reps: int = 5) -> tuple[int, dict]:
         mixed_ms = {}
         for cap in caps:
             def step(cap=cap) -> None:
-                rows = _split(cap, e.prefill_chunk)
+                rows = _split(cap, chunk)
                 for i, n in enumerate(rows):
                     if filling[i].num_cached + n > room:
                         runner.free(filling[i])

@@ -56,3 +56,10 @@ def test_measure_times_real_steps_and_frees_what_it_used() -> None:
     small = dataclasses.replace(engine, max_num_seqs=1, max_batched_tokens=64)
     runner = Runner(CFG, small, random_weights(CFG, torch.float32, "cpu", seed=0))
     assert waiting_chunk.measure(runner)[0] == 64  # no room for a mixed step: the smallest
+    # a context shorter than a chunk (and than the caps): each chunk's rows fit one sequence
+    short = dataclasses.replace(engine, max_num_seqs=8, prefill_chunk=512, max_model_len=100)
+    runner = Runner(CFG, short, random_weights(CFG, torch.float32, "cpu", seed=0))
+    slots, pages = len(runner.free_slots), runner.pages.num_free
+    cap, measured = waiting_chunk.measure(runner, reps=1)
+    assert sorted(measured["mixed_ms"]) == [64]  # one kept slot of at most 99 rows
+    assert (len(runner.free_slots), runner.pages.num_free) == (slots, pages)
