@@ -113,6 +113,15 @@ class LLM:
         gc.freeze()
         self.startup.ready()
 
+    def fingerprint(self) -> str:
+        """What another process compares before it uses this one's KV (a prefill worker's, a
+        slot file's): muser/loading/fingerprint.py, with FP8 quantization as the weights' form."""
+        from muser.loading.fingerprint import fingerprint
+
+        c = self.config
+        form = "" if c.quantization == "none" else c.quantization + "+head" * c.fp8_head
+        return fingerprint(self.model_config, self.path, form)
+
     def encode(self, prompt: str | list[int]) -> list[int]:
         """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through."""
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)

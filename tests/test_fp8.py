@@ -127,3 +127,20 @@ def test_fp8_head_only_with_fp8():
     assert engine_kwargs(args)["fp8_head"] is False
     with pytest.raises(MuserError, match="apply with --quantization fp8 only"):
         engine_kwargs(build_parser().parse_args(["generate", "hi", "--fp8-head"]))
+
+
+def test_fp8_weights_fingerprint_apart():
+    """A worker or slot file whose KV came from FP8 weights (with or without the FP8 head) does
+    not pass for one of the weights as stored: the form enters the fingerprint; weights as
+    stored fingerprint as they did before the form existed."""
+    import hashlib
+
+    from muser.loading.fingerprint import fingerprint
+    from muser.presets import preset
+
+    cfg, path = preset("gemma3-1b"), "dummy:gemma3-1b@cuda"
+    prints = {form: fingerprint(cfg, path, form) for form in ("", "fp8", "fp8+head")}
+    assert len(set(prints.values())) == 3
+    digest = hashlib.sha256(repr(cfg).encode())
+    digest.update(path.encode())
+    assert prints[""] == digest.hexdigest()[:16]

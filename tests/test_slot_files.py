@@ -17,7 +17,6 @@ import torch
 from muser import LLM, SamplingParams
 from muser.disagg.snapshot import KVSnapshot, export
 from muser.kvcache import slot_file
-from muser.loading.fingerprint import fingerprint
 from muser.runner import Runner
 from muser.slot_actions import SlotActions, SlotError
 from tests.test_prefix_reuse import _run
@@ -35,8 +34,7 @@ def llm(gguf_path: Path) -> LLM:
 def slots(llm: LLM, tmp_path: Path) -> SlotActions:
     llm.runner.prefix.reset(llm.runner.pages)
     llm.engine.slot_ids.clear()
-    return SlotActions(llm.engine, str(tmp_path), lambda: fingerprint(llm.model_config,
-                                                                      llm.path))
+    return SlotActions(llm.engine, str(tmp_path), llm.fingerprint)
 
 
 def _cached(runner: Runner, ids: list[int]) -> tuple[int, KVSnapshot | None]:

@@ -71,7 +71,6 @@ def run_worker(args: argparse.Namespace) -> int:
     from muser.disagg.wire import Listener, check_backend, parse_address
     from muser.disagg.worker import run
     from muser.errors import MuserError
-    from muser.loading.fingerprint import fingerprint
     from muser.startup import StartupLog
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -87,7 +86,7 @@ def run_worker(args: argparse.Namespace) -> int:
               log=StartupLog(logging.getLogger("muser.startup").info),
               **(model_kwargs(args) if args.load_format == "dummy" else {}),
               **(kwargs | {"prefix_cache": False}), max_num_seqs=1)  # NOTE: fresh sequences only
-    print_ = fingerprint(llm.model_config, llm.path)
+    print_ = llm.fingerprint()
     listener = Listener(host, port, args.backend, args.timeout, llm.runner.device)
     log.info("prefill worker ready on %s:%d (model %s, fingerprint %s)", host, port, llm.path,
              print_)

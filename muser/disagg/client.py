@@ -289,11 +289,10 @@ def attach(llm, workers: list[str], min_tokens: int | None, timeout_s: float,
     """Give `llm`'s engine these prefill workers; min_tokens None: the crossover measured now
     (remote never faster: every prompt stays local). -> the RemotePrefill."""
     from muser.disagg.wire import check_backend
-    from muser.loading.fingerprint import fingerprint
 
     runner, cfg, engine = llm.runner, llm.model_config, llm.engine
     check_backend(backend, runner.device)
-    expect = Expect(fingerprint(cfg, llm.path), len(cfg.layers_of("sliding")),
+    expect = Expect(llm.fingerprint(), len(cfg.layers_of("sliding")),
                     len(cfg.layers_of("global")), (cfg.num_kv_heads, cfg.head_dim),
                     runner.pool.ring_capacity, cfg.vocab_size)
     remote = RemotePrefill(workers, min_tokens or 0, timeout_s, expect, backend,

@@ -3,8 +3,9 @@
 sha256 over the ModelConfig and the weights' source: for a GGUF file, the CRC32 of the whole
 file (its metadata and every tensor's bytes as stored, so the same file fingerprints the same
 on any backend and dtype); for a Hugging Face checkpoint, of its config and safetensors files;
-for dummy weights, the preset and where its values were drawn. Printed as its first 16 hex
-digits.
+for dummy weights, the preset and where its values were drawn; and the weights' form where it
+changes their values (FP8 quantization at load: "fp8", "fp8+head"; nothing for weights as
+stored or dequantized, so those fingerprint as before). Printed as its first 16 hex digits.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from muser.config import ModelConfig
 _CHUNK = 16 << 20
 
 
-def fingerprint(cfg: ModelConfig, path: Path | str) -> str:
+def fingerprint(cfg: ModelConfig, path: Path | str, form: str = "") -> str:
     digest = hashlib.sha256(repr(cfg).encode())
+    if form:
+        digest.update(f"form:{form}".encode())
     source = str(path)
     if source.startswith("dummy:"):
         digest.update(source.encode())

@@ -300,11 +300,9 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
         from muser.disagg.client import attach
 
         attach(llm, **spec.disagg)
-    from muser.loading.fingerprint import fingerprint
     from muser.slot_actions import SlotActions
 
-    slots = SlotActions(llm.engine, spec.slot_save_path,
-                        functools.cache(lambda: fingerprint(llm.model_config, llm.path)))
+    slots = SlotActions(llm.engine, spec.slot_save_path, functools.cache(llm.fingerprint))
     loop = _PipeLoop(llm.engine, outputs, slots)
     c = llm.config
     ready = Ready(llm.tokenizer, str(llm.path), c.max_model_len, c.max_num_seqs,
