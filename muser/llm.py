@@ -119,7 +119,7 @@ class LLM:
         from muser.loading.fingerprint import fingerprint
 
         c = self.config
-        form = "" if c.quantization == "none" else c.quantization + "+head" * c.fp8_head
+        form = "" if c.quantization == "none" else "fp8+head" if c.fp8_head else "fp8"
         return fingerprint(self.model_config, self.path, form)
 
     def encode(self, prompt: str | list[int]) -> list[int]:

@@ -42,12 +42,13 @@ from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotati
 Pick = GemvConfig | str  # a GEMV config (decode rows), or "scaled_mm" | "dequant"
 PICKS = PickTable()  # shape key -> Pick
 # NOTE: scaled_mm leaves the sums in the tensor cores' FP8 accumulator over the whole K
-# (use_fast_accum), where without it CUTLASS adds partial sums into float32 registers every few
-# K steps. That accumulator keeps fewer bits than float32 (about 14 on Hopper, as DeepSeek-V3's
-# report measured), on top of the activations' e4m3 rounding (2^-4 relative per value) the FP8
-# route accepts already; what it does to the model's next-token distributions is measured by
+# (use_fast_accum), where without it the GEMM adds partial sums into float32 registers every
+# few K steps (torch 2.11 serves the rowwise scaling with cuBLAS's nvjet kernels). That
+# accumulator keeps fewer bits than float32 (about 14 on Hopper, as DeepSeek-V3's report
+# measured), on top of the activations' e4m3 rounding (2^-4 relative per value) the FP8 route
+# accepts already; what it does to the model's next-token distributions is measured by
 # bench/fp8_check.py (accuracy: top-1 and KL against bfloat16, with it and without it; the
-# bench sets this False for the second).
+# bench sets this False for the second), its speed by bench/scaled_mm_accum.py.
 FAST_ACCUM = True
 choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 
@@ -55,8 +56,8 @@ choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 def scaled_mm(x: torch.Tensor, weight: Fp8Matrix) -> torch.Tensor:
     """x: [N, K] -> [N, M] in weight.dtype on FP8 tensor cores: x's rows quantized per token
     (`fp8.quantize_activations`, or the rows the kernel that wrote x hung on it), products of
-    e4m3 codes summed in float32, the two scales applied to each output by _scaled_mm's
-    rowwise scaling (FAST_ACCUM)."""
+    e4m3 codes summed in the tensor cores' accumulator (FAST_ACCUM), the two scales applied to
+    each output by _scaled_mm's rowwise scaling."""
     xq = attached_rows(x)
     if xq is None:
         xq = quantize_rows_fp8(x)
