@@ -29,7 +29,7 @@ from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
 SOURCES = [Path(__file__).with_name(name) for name in ("gemm.c", "norms.c", "attention.c")]
-HEADERS = [Path(__file__).with_name("exp.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("exp.h", "vec.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # FMT_* in gemm.c
 FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
