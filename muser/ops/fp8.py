@@ -44,9 +44,12 @@ class Fp8Matrix:
     def to(self, device: torch.device | str) -> Fp8Matrix:
         return Fp8Matrix(self.data.to(device), self.scales.to(device), self.dtype)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """[M, K] data * scales in float32, rounded once to `dtype`."""
-        return (self.data.float() * self.scales[:, None]).to(dtype)
+    def dequantize(self, dtype: torch.dtype = torch.float32,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[M, K] (or the given rows) data * scales in float32, rounded once to `dtype`."""
+        data, scales = (self.data, self.scales) if rows is None else (self.data[rows],
+                                                                      self.scales[rows])
+        return (data.float() * scales[:, None]).to(dtype)
 
 
 def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> Fp8Matrix:

@@ -35,7 +35,7 @@ def embed(table: torch.Tensor | PackedMatrix | Fp8Matrix, ids: torch.Tensor) -> 
     if isinstance(table, PackedMatrix):
         return table.dequantize(ids)
     if isinstance(table, Fp8Matrix):  # a tied FP8 head: the rows' codes times their scales
-        return table.data[ids].float() * table.scales[ids, None]
+        return table.dequantize(rows=ids)
     return table[ids].float()
 
 

@@ -161,11 +161,10 @@ def launch_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int
     K and V at 1.03 of the copy bandwidth (247 us, with the step's new row, from a CUDA
     graph), where 16 splits of 32 keys reached 0.56 of it (eager, before the loops lost their
     masks)."""
+    want = max(1, 512 // max(1, batch * num_kv_heads))
     if max_keys < LONG_KEYS:
-        want = max(1, 512 // max(1, batch * num_kv_heads))
         by_keys = next_power_of_2(-(-max_keys // 16))
         return max(1, min(next_power_of_2(want), by_keys, 64)), 32, 4, 2
-    want = max(1, 512 // max(1, batch * num_kv_heads))
     by_keys = next_power_of_2(-(-max_keys // 64))
     return max(1, min(next_power_of_2(want), by_keys, 128)), 64, 8 if head_dim >= 256 else 4, None
 
