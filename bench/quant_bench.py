@@ -9,9 +9,10 @@ run.
 
 Per format, one process: `LLM` with one sequence, --reps runs of `generate` over 2,048 exact
 tokens with --decode-steps + 1 greedy tokens (ignore_eos): prefill_tok_s = 2,048 / median
-TTFT, decode_ms = median TPOT. fraction_of_floor = (the bytes a decode step reads: every
-projection's weights and the head once, the embedding row, the K/V rows of 2,048 tokens on full
-layers and of the window on sliding ones) / the 1 GiB device copy's bandwidth measured in that
+TTFT (in chunks of the engine's default --prefill-chunk, or the flag's), decode_ms = median
+TPOT. fraction_of_floor = (the bytes a decode step reads: every projection's weights and the
+head once, the embedding row, the K/V rows of 2,048 tokens on full layers and of the window on
+sliding ones) / the 1 GiB device copy's bandwidth measured in that
 process (read + write) / decode_ms. The FP8 process also times the GEMMs of one layer at 2,048
 rows on FP8 tensor cores (torch._scaled_mm on codes already quantized, accumulated as the route
 accumulates, linear_fp8.FAST_ACCUM; gemm_shapes holds both ways) and in bf16
@@ -39,7 +40,7 @@ import triton
 from muser.graph.weights import matrix_tensors
 from muser.ops.triton import linear_fp8
 
-name, fmt, source, reps, steps, depth, profile_steps = sys.argv[1:8]
+name, fmt, source, reps, steps, depth, profile_steps, chunk = sys.argv[1:9]
 reps, steps, depth, profile_steps = int(reps), int(steps), int(depth), int(profile_steps)
 
 
@@ -58,7 +59,8 @@ x = torch.empty(2**30, device="cuda", dtype=torch.uint8)
 y = torch.empty_like(x)
 copy_bw = 2 * x.nbytes / (cuda_ms(lambda: y.copy_(x)) / 1e3)
 del x, y
-kw = dict(max_num_seqs=1, max_model_len=depth + steps + 64, prefix_cache=False, progress=False)
+kw = dict(max_num_seqs=1, max_model_len=depth + steps + 64, prefix_cache=False, progress=False,
+          prefill_chunk=int(chunk) or None)
 if fmt in ("bf16", "fp8"):
     llm = LLM(None, device="cuda", load_format="dummy", model_config=name,
               quantization="fp8" if fmt == "fp8" else "none", **kw)
@@ -81,6 +83,7 @@ tpot = statistics.median(r.tpot_s for r in runs)
 cell = {"model": name, "quantization": fmt, "source": source, "weight_bytes": held,
         "step_bytes": step_bytes, "decode_ms": tpot * 1e3, "floor_ms": step_bytes / copy_bw * 1e3,
         "fraction_of_floor": step_bytes / copy_bw / tpot, "prefill_tok_s": depth / ttft,
+        "prefill_chunk": llm.config.prefill_chunk,
         "ttft_s": ttft, "decode_samples_ms": [r.tpot_s * 1e3 for r in runs],
         "ttft_samples_s": [r.ttft_s for r in runs], "copy_bytes_per_s": copy_bw,
         "tokens": runs[-1].token_ids[:16], "gpu": torch.cuda.get_device_name(),
@@ -197,6 +200,8 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--prefill-chunk", type=int, default=0,
+                    help="rows per prefill chunk (0: the engine's default)")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
                     help="also profile STEPS decode steps (kernel time per step, by kernel)")
     args = ap.parse_args()
@@ -207,7 +212,7 @@ def main() -> int:
     for fmt, source in runs:
         proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, source,
                                str(args.reps), str(args.decode_steps), str(args.depth),
-                               str(args.profile_decode)],
+                               str(args.profile_decode), str(args.prefill_chunk)],
                               stdout=subprocess.PIPE, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:

@@ -69,9 +69,16 @@ def default_dtypes(device: str) -> tuple[str, str]:
 # Batching defaults per backend (EngineConfig fields left None). CPU: the DESIGN's 64-row cap
 # while decodes run and one 512-row chunk per step. GPU: see bench/GPU_NOTES.md, "Serving";
 # its decode_waiting_chunk stays None until the runner measures it (muser/waiting_chunk.py).
+# A prompt's chunk on the GPU may fill the step's whole budget when nothing decodes (2,048
+# rows): four times fewer launches than 512-row chunks, so a lone prompt's prefill is the
+# GPU's time, not the host's, and the GEMMs run at the widths they are fastest at (README,
+# "Weight formats"). The cost: ring checkpoints of the prefix cache fall at multiples of
+# 2,048 tokens (a shared system prompt resumes from the last one inside it).
 BATCHING = {
-    "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64},
-    "cuda": {"max_num_seqs": 32, "max_batched_tokens": 2048, "decode_waiting_chunk": None},
+    "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64,
+            "prefill_chunk": 512},
+    "cuda": {"max_num_seqs": 32, "max_batched_tokens": 2048, "decode_waiting_chunk": None,
+             "prefill_chunk": 2048},
 }
 
 
@@ -99,7 +106,8 @@ class EngineConfig:
     quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
     fp8_head: bool | None = None  # with "fp8": the LM head (the tied embedding) FP8 too
     # (None: on with "fp8", off without; True without "fp8": an error)
-    prefill_chunk: int = 512  # most rows of one sequence per step
+    prefill_chunk: int | None = None  # most rows of one sequence per step (also where ring
+    # checkpoints of the prefix cache fall)
     decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
     # (GPU, None: measured at startup)
     max_num_seqs: int | None = None  # sequences in flight (decode batch)

@@ -109,3 +109,14 @@ def test_prefill_widths_cover_every_bucket() -> None:
     assert widths == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512]
     assert prefill_widths(EngineConfig(prefill_chunk=100, max_model_len=4096), 8)[-3:] == [
         32, 64, 100]
+
+
+def test_default_chunk_per_backend_and_its_warm_up() -> None:
+    """The CPU chunks prompts by 512 rows; a GPU by its step budget (2,048), so a lone prompt's
+    chunk fills the step, and its warm-up covers chunks of every width up to that (the buckets
+    past 512 too); a chunk given by the user is kept on either."""
+    cpu, gpu = EngineConfig(device="cpu"), EngineConfig(device="cuda")
+    assert (cpu.prefill_chunk, cpu.max_batched_tokens) == (512, 512)
+    assert gpu.prefill_chunk == gpu.max_batched_tokens == 2048
+    assert prefill_widths(gpu, 8)[-3:] == [512, 1024, 2048]
+    assert EngineConfig(device="cuda", prefill_chunk=512).prefill_chunk == 512
