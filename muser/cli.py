@@ -65,9 +65,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "half the bytes a decode step reads for it; --no-fp8-head keeps it in "
                    "--dtype (default: on with --quantization fp8)")
     p.add_argument("--prefill-chunk", type=_positive_int,
-                   help="most rows of one prompt per step; ring checkpoints of the prefix cache "
-                   "fall at its multiples (default: 512 on the CPU, 2048 on a GPU, where a "
-                   "lone prompt's chunk may fill the step's budget)")
+                   help="most rows of one prompt per step (default: 512 on the CPU, 2048 on a "
+                   "GPU, where a lone prompt's chunk may fill the step's budget); the prefix "
+                   "cache checkpoints where a chunk ends on a multiple of 512 tokens")
     p.add_argument("--max-model-len", type=_positive_int, default=32768,
                    help="context length in tokens, capped by the model's (default: %(default)s)")
     p.add_argument("--gpu-memory-utilization", type=_utilization, default=0.90, metavar="F",

@@ -72,8 +72,9 @@ def default_dtypes(device: str) -> tuple[str, str]:
 # A prompt's chunk on the GPU may fill the step's whole budget when nothing decodes (2,048
 # rows): four times fewer launches than 512-row chunks, so a lone prompt's prefill is the
 # GPU's time, not the host's, and the GEMMs run at the widths they are fastest at (README,
-# "Weight formats"). The cost: ring checkpoints of the prefix cache fall at multiples of
-# 2,048 tokens (a shared system prompt resumes from the last one inside it).
+# "Weight formats"). The cost: the prefix cache checkpoints where a chunk ends on a multiple
+# of 512 tokens (kvcache/reuse.py), so a prompt prefilled alone leaves checkpoints every 2,048
+# (beside decodes, chunks are narrower and leave one every 512 again).
 BATCHING = {
     "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64,
             "prefill_chunk": 512},
@@ -106,8 +107,7 @@ class EngineConfig:
     quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
     fp8_head: bool | None = None  # with "fp8": the LM head (the tied embedding) FP8 too
     # (None: on with "fp8", off without; True without "fp8": an error)
-    prefill_chunk: int | None = None  # most rows of one sequence per step (also where ring
-    # checkpoints of the prefix cache fall)
+    prefill_chunk: int | None = None  # most rows of one sequence per step
     decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
     # (GPU, None: measured at startup)
     max_num_seqs: int | None = None  # sequences in flight (decode batch)

@@ -19,7 +19,7 @@ from muser.graph.weights import ModelWeights
 from muser.graphs import DecodeGraphs
 from muser.kvcache.pages import OutOfPages, PageAllocator
 from muser.kvcache.pool import KVPool
-from muser.kvcache.reuse import PrefixCache
+from muser.kvcache.reuse import CHECKPOINT_EVERY, PrefixCache
 from muser.kvcache.ring import RingState
 from muser.startup import StartupLog
 
@@ -241,9 +241,7 @@ class Runner:
         seq.ring = ring
         if self.prefix is not None:
             self.prefix.append(seq, ids)
-            # NOTE: a prompt that shares only a first part (a system prompt) resumes from the
-            # last multiple of prefill_chunk inside it
-            if len(ids) > 1 and seq.num_cached % self.engine.prefill_chunk == 0:
+            if len(ids) > 1 and seq.num_cached % CHECKPOINT_EVERY == 0:
                 self.prefix.save(seq)
 
     def reserve(self, seq: SeqState, num_positions: int) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from muser import LLM, SamplingParams
+from muser.kvcache.reuse import CHECKPOINT_EVERY
 from muser.runner import Runner
 
 PAGE = 64
@@ -134,10 +135,35 @@ def test_a_shared_first_part_resumes_from_a_chunk_boundary(llm: LLM) -> None:
     llm.generate(system + llm.encode(" Who came by today?")[1:], SamplingParams(max_tokens=1))
     question = system + llm.encode(" What was the weather like?")[1:]
     reused, hit, _ = _run(runner, question, 2)
-    assert reused == llm.config.prefill_chunk == 512
+    assert reused == llm.config.prefill_chunk == CHECKPOINT_EVERY == 512
     runner.prefix.reset(runner.pages)
     cold_reused, cold, _ = _run(runner, question, 2)
     assert cold_reused == 0 and torch.equal(hit, cold[reused:])
+
+
+@pytest.mark.parametrize("widths, reused", [
+    ([256, 256, 88], 512),  # narrower chunks (a step beside decodes): a checkpoint at 512
+    ([384, 216], 0),  # no chunk ends at 512: the first part is computed again
+    ([600], 0),  # one wide chunk (a GPU's lone prompt) holds 512 inside it: no checkpoint
+])
+def test_checkpoints_fall_where_a_chunk_ends_on_a_multiple(llm: LLM, widths: list[int],
+                                                           reused: int) -> None:
+    """Where a first part is checkpointed does not depend on --prefill-chunk: after any
+    multi-row chunk that ends at a multiple of CHECKPOINT_EVERY (and at a sequence's end)."""
+    runner = llm.runner
+    runner.prefix.reset(runner.pages)
+    system = llm.encode("You are the lighthouse keeper's log. " * 80)[:600]
+    first = system + llm.encode(" Who came by today?")[1:]
+    seq = runner.allocate(first)
+    try:
+        at = 0
+        for width in widths + [len(first) - sum(widths)]:
+            runner.forward([seq], [first[at:at + width]])
+            at += width
+    finally:
+        runner.free(seq)  # its end checkpointed: past the shared part, of no use below
+    question = system + llm.encode(" What was the weather like?")[1:]
+    assert _run(runner, question, 0)[0] == reused
 
 
 @pytest.mark.gpu

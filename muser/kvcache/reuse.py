@@ -4,8 +4,8 @@
                     stay cached, evicted LRU only when free pages run out), and its state at
                     its end is checkpointed: every sliding layer's ring (rows + metadata) and
                     the rows of its partial last page (muser/kvcache/prefix.py); so is its
-                    state after a prefill chunk that ends at a multiple of prefill_chunk
-                    tokens (the runner's call)
+                    state after a prefill chunk that ends at a multiple of CHECKPOINT_EVERY
+                    tokens, whatever the chunk's width (the runner's call)
     on allocate ... the longest checkpoint whose prefix the prompt begins with (at most all
                     but the prompt's last token, whose logits are needed) and whose full pages
                     are still cached: those pages are shared (reference counted, read-only),
@@ -28,6 +28,13 @@ from muser.kvcache.prefix import ROOT, CheckpointIndex, chain_keys
 
 if TYPE_CHECKING:
     from muser.runner import SeqState
+
+# NOTE: a prompt that shares only a first part with an earlier one (a system prompt) resumes
+# from the last checkpoint inside that part. Checkpoints are taken where a chunk ends, so their
+# spacing is a multiple of this: the CPU's 512-row chunks end on every one, a GPU's 2,048-row
+# chunks of a lone prompt on every fourth, and the narrower chunks of a step beside decodes
+# (--decode-waiting-chunk) again on every one.
+CHECKPOINT_EVERY = 512
 
 
 @dataclass(frozen=True, slots=True)
