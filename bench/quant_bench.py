@@ -10,13 +10,14 @@ run.
 Per format, one process: `LLM` with one sequence, --reps runs of `generate` over 2,048 exact
 tokens with --decode-steps + 1 greedy tokens (ignore_eos): prefill_tok_s = 2,048 / median
 TTFT (in chunks of the engine's default --prefill-chunk, or the flag's), decode_ms = median
-TPOT. fraction_of_floor = (the bytes a decode step reads: every projection's weights and the
-head once, the embedding row, the K/V rows of 2,048 tokens on full layers and of the window on
-sliding ones) / the 1 GiB device copy's bandwidth measured in that
-process (read + write) / decode_ms. The FP8 process also times the GEMMs of one layer at 2,048
-rows on FP8 tensor cores (torch._scaled_mm on codes already quantized, accumulated as the route
-accumulates, linear_fp8.FAST_ACCUM; gemm_shapes holds both ways) and in bf16
-(torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time), the most
+TPOT; decode_graph_ms = one decode step's CUDA graph replayed back to back (the GPU's time,
+host_ms_per_step the rest of decode_ms). fraction_of_floor = (the bytes a decode step reads:
+every projection's weights and the head once, the embedding row, the K/V rows of 2,048 tokens
+on full layers and of the window on sliding ones) / the 1 GiB device copy's bandwidth measured
+in that process (read + write) / decode_ms. The FP8 process also times the GEMMs of one
+layer at 2,048 rows on FP8 tensor cores (torch._scaled_mm on codes already quantized,
+accumulated as the route accumulates, linear_fp8.FAST_ACCUM; gemm_shapes holds both ways) and
+in bf16 (torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time), the most
 any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-bench -ngl 99 -fa 1`,
 tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
 --profile-decode STEPS: each cell also gets the kernels of STEPS decode steps after 2,048
@@ -88,6 +89,12 @@ cell = {"model": name, "quantization": fmt, "source": source, "weight_bytes": he
         "ttft_samples_s": [r.ttft_s for r in runs], "copy_bytes_per_s": copy_bw,
         "tokens": runs[-1].token_ids[:16], "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__}
+graphs = llm.runner.graphs
+if graphs is not None and 1 in graphs.graphs:  # the batch-1 decode graph, replayed back to back
+    # NOTE: the same packed step each time (its new K/V row stored again at one position): the
+    # GPU's time of a decode step with no host work between steps
+    cell["decode_graph_ms"] = cuda_ms(graphs.graphs[1].replay, iters=50)
+    cell["host_ms_per_step"] = cell["decode_ms"] - cell["decode_graph_ms"]
 if fmt == "fp8":
     layer = w.layers[0]
     fp8_ms = bf16_ms = 0.0
