@@ -17,8 +17,8 @@ on full layers and of the window on sliding ones) / the 1 GiB device copy's band
 in that process (read + write) / decode_ms. The FP8 process also times the GEMMs of one
 layer at 2,048 rows on FP8 tensor cores (torch._scaled_mm on codes already quantized,
 accumulated as the route accumulates, linear_fp8.FAST_ACCUM; gemm_shapes holds both ways) and
-in bf16 (torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time), the most
-any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-bench -ngl 99 -fa 1`,
+in bf16 (torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time),
+the most any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-bench -ngl 99 -fa 1`,
 tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
 --profile-decode STEPS: each cell also gets the kernels of STEPS decode steps after 2,048
 tokens (GPU time per step by kernel, torch.profiler; with programmatic dependent launch a
