@@ -72,9 +72,8 @@ def default_dtypes(device: str) -> tuple[str, str]:
 # A prompt's chunk on the GPU may fill the step's whole budget when nothing decodes (2,048
 # rows): four times fewer launches than 512-row chunks, so a lone prompt's prefill is the
 # GPU's time, not the host's, and the GEMMs run at the widths they are fastest at (README,
-# "Weight formats"). The cost: the prefix cache checkpoints where a chunk ends on a multiple
-# of 512 tokens (kvcache/reuse.py), so a prompt prefilled alone leaves checkpoints every 2,048
-# (beside decodes, chunks are narrower and leave one every 512 again).
+# "Weight formats"). The cost: a prompt prefilled alone leaves prefix-cache checkpoints every
+# 2,048 tokens (kvcache/reuse.py, CHECKPOINT_EVERY).
 BATCHING = {
     "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64,
             "prefill_chunk": 512},
