@@ -10,7 +10,9 @@ run.
 Per format, one process: `LLM` with one sequence, --reps runs of `generate` over 2,048 exact
 tokens with --decode-steps + 1 greedy tokens (ignore_eos): prefill_tok_s = 2,048 / median
 TTFT (in chunks of the engine's default --prefill-chunk, or the flag's), decode_ms = median
-TPOT; decode_graph_ms = one decode step's CUDA graph replayed back to back (the GPU's time,
+TPOT (with decode_ahead, the engine's default: on where decode steps replay CUDA graphs;
+decode_ms_ahead_off / _on: the same runs the other way, in the same process);
+decode_graph_ms = one decode step's CUDA graph replayed back to back (the GPU's time,
 host_ms_per_step the rest of decode_ms). fraction_of_floor = (the bytes a decode step reads:
 every projection's weights and the head once, the embedding row, the K/V rows of 2,048 tokens
 on full layers and of the window on sliding ones) / the 1 GiB device copy's bandwidth measured
@@ -81,13 +83,22 @@ llm.generate(ids[:512], greedy)
 runs = [llm.generate(ids, greedy) for _ in range(reps)]
 ttft = statistics.median(r.ttft_s for r in runs)
 tpot = statistics.median(r.tpot_s for r in runs)
+ahead = llm.engine.decode_ahead
+llm.engine.decode_ahead = not ahead  # the same runs the other way, side by side
+other = [llm.generate(ids, greedy) for _ in range(reps)]
+llm.engine.decode_ahead = ahead
 cell = {"model": name, "quantization": fmt, "source": source, "weight_bytes": held,
         "step_bytes": step_bytes, "decode_ms": tpot * 1e3, "floor_ms": step_bytes / copy_bw * 1e3,
         "fraction_of_floor": step_bytes / copy_bw / tpot, "prefill_tok_s": depth / ttft,
         "prefill_chunk": llm.config.prefill_chunk,
         "ttft_s": ttft, "decode_samples_ms": [r.tpot_s * 1e3 for r in runs],
         "ttft_samples_s": [r.ttft_s for r in runs], "copy_bytes_per_s": copy_bw,
-        "tokens": runs[-1].token_ids[:16], "gpu": torch.cuda.get_device_name(),
+        "tokens": runs[-1].token_ids[:16], "decode_ahead": ahead,
+        "decode_ms_ahead_" + ("off" if ahead else "on"): statistics.median(
+            r.tpot_s for r in other) * 1e3,
+        "same_tokens_ahead_on_and_off": all(r.token_ids == runs[0].token_ids
+                                            for r in runs + other),
+        "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__}
 graphs = llm.runner.graphs
 if graphs is not None and 1 in graphs.graphs:  # the batch-1 decode graph, replayed back to back
@@ -96,6 +107,8 @@ if graphs is not None and 1 in graphs.graphs:  # the batch-1 decode graph, repla
     cell["decode_graph_ms"] = cuda_ms(graphs.graphs[1].replay, iters=50)
     cell["host_ms_per_step"] = cell["decode_ms"] - cell["decode_graph_ms"]
 if fmt == "fp8":
+    cell["decode_picks"] = {k: v for k, v in linear_fp8.choices().items()
+                            if k.startswith("(1,")}
     layer = w.layers[0]
     fp8_ms = bf16_ms = 0.0
     shapes = []

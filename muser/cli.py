@@ -80,6 +80,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-gb", type=_non_negative(float), metavar="GB",
                    help="memory for the sliding layers' ring checkpoints of cached prefixes "
                    "(default: 1 on the CPU, 8 on a GPU)")
+    p.add_argument("--decode-ahead", action=argparse.BooleanOptionalAction,
+                   help="queue each decode step on the GPU before the last step's tokens reach "
+                   "the host (fed the tokens sampled on the device), so the host's work per "
+                   "token overlaps the GPU's; a sequence that stops has one row computed in "
+                   "vain (default: on where decode steps replay CUDA graphs)")
     p.add_argument("--gguf-weights", choices=["blocks", "dequantize"], default="blocks",
                    help="GPU, GGUF files: blocks keeps Q5_0, Q8_0, Q4_K and Q6_K matrices as the "
                    "file's bytes (device memory about the file's size; other types are "
@@ -99,7 +104,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                   gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads,
                   prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb,
                   quantization=args.quantization, fp8_head=args.fp8_head,
-                  gguf_weights=args.gguf_weights)
+                  gguf_weights=args.gguf_weights, decode_ahead=args.decode_ahead)
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import torch
+
 from muser import logprobs
 from muser.core import Logprobs, Request, SamplingParams, Status, StepOutput
 from muser.disagg.client import RemotePrefill, Result
@@ -32,8 +34,8 @@ from muser.disagg.snapshot import install
 from muser.errors import MuserError
 from muser.grammar import GrammarMasks
 from muser.kvcache.pages import OutOfPages
-from muser.runner import Runner, SeqState
-from muser.sampler import BatchSampler, Choice, SamplingRow, request_seed
+from muser.runner import Ahead, Runner, SeqState
+from muser.sampler import BatchSampler, Choice, Pending, SamplingRow, request_seed
 from muser.scheduler import Scheduler
 from muser.stopping import StopMatcher
 from muser.tokenizer import IncrementalDecoder, Tokenizer
@@ -94,6 +96,11 @@ class Engine:
         # the token ids whose rows each slot's last sequence left in the prefix cache (what
         # llama-server calls the slot's cache; muser/slot_actions.py saves and erases it)
         self.slot_ids: dict[int, list[int]] = {}
+        # the next decode step, queued before this one's tokens reached the host (GPU: on
+        # where decode steps replay CUDA graphs; EngineConfig.decode_ahead)
+        ahead = runner.engine.decode_ahead
+        self.decode_ahead = runner.graphs is not None if ahead is None else ahead
+        self._ahead: tuple[list[_Live], Ahead] | None = None
 
     def make_request(self, prompt_ids: list[int], sampling: SamplingParams,
                      uid: int | None = None) -> Request:
@@ -178,15 +185,24 @@ class Engine:
             req.num_cached = live.seq.num_cached
             if not req.output_ids:
                 req.num_reused = req.num_cached
-        batch = self.scheduler.schedule(self.runner.pages.num_free, self._preempt)
+        ahead, self._ahead = self._ahead, None
+        batch = self.scheduler.schedule(self.runner.pages.num_free + self._held(ahead),
+                                        self._preempt)
         if batch is None:
             return outputs
         lives = [self.live[r.uid] for r in batch.reqs]
         inputs = [r.next_rows(n) for r, n in zip(batch.reqs, batch.num_tokens)]
-        done, rows, flat = [], [], 0
+        computed = self._computed(ahead, lives, inputs)
+        done, rows, flat = [], [], 0  # rows: of the forward's logits, or ~(a row of ahead's)
+        run_lives, run_inputs = [], []  # what this step's forward computes
         echo_rows, echo_ids, echo_lives = [], [], []  # rows whose next token is a prompt's
-        for live, ids in zip(lives, inputs):
+        for live, ids, row in zip(lives, inputs, computed):
             start = live.req.num_cached
+            live.req.num_cached += len(ids)
+            if row is not None:  # NOTE: a decode row, so its next token is due
+                done.append(live)
+                rows.append(~row)
+                continue
             if live.req.sampling.prompt_logprobs is not None:
                 for pos in range(max(start, live.next_prompt_lp - 1),
                                  min(start + len(ids), live.req.num_prompt - 1)):
@@ -194,17 +210,13 @@ class Engine:
                     echo_ids.append(live.req.prompt_ids[pos + 1])
                     echo_lives.append(live)
             flat += len(ids)
-            live.req.num_cached += len(ids)
+            run_lives.append(live)
+            run_inputs.append(ids)
             if live.req.num_pending == 0:  # every row computed: the next token is due
                 done.append(live)
                 rows.append(flat - 1)
-        # NOTE: every sequence done (a decode step): each one's last row, the runner's default;
-        # none done (chunks in the middle of prompts): no row, and no LM head
-        all_done = len(done) == len(lives) and not echo_rows
-        logits = self.runner.forward([live.seq for live in lives], inputs,
-                                     logit_rows=None if all_done else rows + echo_rows)
-        if echo_rows:
-            self._prompt_logprobs(logits[len(rows):], echo_ids, echo_lives)
+        logits = self._logits(ahead, run_lives, run_inputs, rows, echo_rows, echo_ids,
+                              echo_lives)
         if not done:
             return outputs
         sample_rows = list(range(len(done)))
@@ -222,9 +234,90 @@ class Engine:
         picked = [row for _, row in chosen]
         if picked != list(range(len(chosen))):
             logits = logits[picked]
-        tokens, lps = self._sample(logits[:len(chosen)], [live for live, _ in chosen])
-        return outputs + [self._emit(live, token, lp)
-                          for (live, _), token, lp in zip(chosen, tokens, lps)]
+        chosen_lives = [live for live, _ in chosen]
+        pending = self._launch_sample(logits[:len(chosen)], chosen_lives)
+        ahead_lives, ahead = self._launch_ahead(batch, chosen_lives, pending.tokens)
+        tokens, lps = pending.result()
+        if ahead is not None:  # NOTE: before any of them finishes (its KV is then final)
+            index = {id(live): i for i, live in enumerate(chosen_lives)}
+            self.runner.commit_ahead(ahead, [tokens[index[id(live)]] for live in ahead_lives])
+        outputs += [self._emit(live, token, lp) for live, token, lp in zip(chosen_lives, tokens,
+                                                                           lps)]
+        if ahead is not None and any(live.seq is not None for live in ahead_lives):
+            self._ahead = (ahead_lives, ahead)
+        return outputs
+
+    def _logits(self, ahead, run_lives: list[_Live], run_inputs: list[list[int]],
+                rows: list[int], echo_rows: list[int], echo_ids: list[int],
+                echo_lives: list[_Live]):
+        """This step's forward over `run_lives` (prompt logprobs taken from its echo rows) ->
+        the logits of the sequences whose token is due, in `rows` order (~i: row i of the
+        step launched ahead)."""
+        ran = [r for r in rows if r >= 0]
+        logits = None
+        if run_lives:
+            # NOTE: every sequence done (a decode step): each one's last row, the runner's
+            # default; none done (chunks in the middle of prompts): no row, and no LM head
+            all_done = len(ran) == len(run_lives) and not echo_rows
+            logits = self.runner.forward([live.seq for live in run_lives], run_inputs,
+                                         logit_rows=None if all_done else ran + echo_rows)
+            if echo_rows:
+                self._prompt_logprobs(logits[len(ran):], echo_ids, echo_lives)
+        if len(ran) == len(rows):
+            return logits
+        if not ran:
+            picks = [~r for r in rows]
+            return ahead[1].logits if picks == list(range(len(picks))) else (
+                ahead[1].logits[picks])
+        both = torch.cat([ahead[1].logits, logits[:len(ran)]])
+        index, j = [], len(ahead[1].logits)
+        for r in rows:
+            index.append(~r if r < 0 else j)
+            j += r >= 0
+        return both[index]
+
+    def _computed(self, ahead, lives: list[_Live], inputs: list[list[int]]) -> list[int | None]:
+        """Per scheduled sequence, its row of the step launched ahead (None: not in it)."""
+        if ahead is None:
+            return [None] * len(lives)
+        at = {id(live): i for i, live in enumerate(ahead[0])}
+        rows = [at.get(id(live)) for live in lives]
+        for live, ids, row in zip(lives, inputs, rows):
+            if row is not None and ids != [live.req.output_ids[-1]]:
+                raise RuntimeError(f"request {live.uid}: scheduled {len(ids)} rows, but its "
+                                   "next one was computed ahead")
+        return rows
+
+    @staticmethod
+    def _held(ahead) -> int:
+        """Pages the step launched ahead took for its live sequences' next rows: the scheduler
+        counts those rows' pages as still to take."""
+        if ahead is None:
+            return 0
+        return sum(n for live, seq, n in zip(ahead[0], ahead[1].seqs, ahead[1].new_pages)
+                   if live.seq is seq)
+
+    def _launch_ahead(self, batch, lives: list[_Live], tokens) -> tuple[list[_Live], object]:
+        """In a steady decode (every running sequence decoding, nothing waiting), queue the next
+        step on the device, fed the tokens just sampled there, before they reach the host: the
+        GPU runs it while the host emits this step's tokens and schedules. Sequences sure to
+        stop at this token (length, context) are left out; one stopped by its token (EOS, a
+        stop string, a grammar) has its row computed in vain. -> (its sequences, the step), or
+        ([], None)."""
+        if not self.decode_ahead or batch.kind != "decode" or len(lives) != len(batch.reqs) or (
+                self.scheduler.waiting or self.scheduler.prefilling or self._arrived):
+            return [], None
+        going = [i for i, live in enumerate(lives)
+                 if len(live.req.output_ids) + 1 < live.req.sampling.max_tokens
+                 and live.req.num_cached + 1 < self.max_model_len]
+        page = self.runner.engine.page_size
+        if not going or sum(lives[i].seq.num_cached // page >= len(lives[i].seq.page_ids)
+                            for i in going) > self.runner.pages.num_free:
+            return [], None
+        if len(going) < len(lives):
+            tokens = tokens[going]
+        going = [lives[i] for i in going]
+        return going, self.runner.forward_ahead([live.seq for live in going], tokens)
 
     def _prompt_logprobs(self, logits, token_ids: list[int], lives: list[_Live]) -> None:
         """Rows of prefill logits -> the logprobs of the prompt tokens they predict."""
@@ -299,10 +392,15 @@ class Engine:
 
     def _sample(self, logits, lives: list[_Live]) -> Choice:
         """One token (and its logprobs, where asked) per live row of logits [len(lives),
-        vocab]. NOTE: called after the forward pass is launched: on a GPU the constrained rows'
-        masks are computed on the host while it runs."""
+        vocab]."""
+        return self._launch_sample(logits, lives).result()
+
+    def _launch_sample(self, logits, lives: list[_Live]) -> Pending:
+        """As _sample, the tokens left on their way to the host. NOTE: called after the forward
+        pass is launched: on a GPU the constrained rows' masks are computed on the host while it
+        runs."""
         bitmask = self.grammars.masks([live.req.constraint for live in lives])
-        return self.sampler.choose(logits, [self._row(live) for live in lives], bitmask)
+        return self.sampler.launch(logits, [self._row(live) for live in lives], bitmask)
 
     @staticmethod
     def _row(live: _Live) -> SamplingRow:

@@ -4,6 +4,11 @@ Static inputs live in GraphBuffers: one int32 device buffer (token ids, position
 kind's decode metadata; layout in attention/decode_meta.py), uploaded from its pinned host twin
 by the graph itself at the start of each replay, and the captured logits. Padding rows of a
 bucket store nothing (write_dst = -1) and attend nothing (lens = 0). Prefill stays eager.
+
+A row whose token id is packed as -1 takes it from `feed`, a device buffer: a step launched
+before the host knows its tokens (the engine's decode ahead) is fed the ones just sampled on the
+device. The host buffer may be packed again once the graph has uploaded it (an event recorded
+inside the graph after the upload), not only once the whole step has run.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class GraphBuffers:
     meta: torch.Tensor  # int32 [layout.size] on the device: what the graphs read
     host: torch.Tensor  # pinned twin, packed on the host each step
     logit_rows: torch.Tensor  # [max_bs] arange
+    feed: torch.Tensor  # int32 [max_bs]: the ids of rows packed as -1
     logits: dict[int, torch.Tensor]  # bucket -> captured output [bs, vocab]
 
 
@@ -45,19 +51,21 @@ class DecodeGraphs:
         self.buf = GraphBuffers(
             layout, torch.zeros(layout.size, dtype=torch.int32, device=device),
             torch.zeros(layout.size, dtype=torch.int32).pin_memory(),
-            torch.arange(max_bs, device=device), {},
+            torch.arange(max_bs, device=device), torch.zeros(max_bs, dtype=torch.int32,
+                                                             device=device), {},
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_s = 0.0
-        self._replayed = torch.cuda.Event()
+        self._uploaded = torch.cuda.Event(external=True)  # NOTE: recorded by each replay
         self.packer = AheadPacker(layout)
 
     def _forward(self, bs: int) -> torch.Tensor:
         layout, meta = self.buf.layout, self.buf.meta
         plan = StepPlan({"sliding": [], "global": []}, [], self.cfg.sliding_window, 64, {},
                         decode=layout.metas(meta, bs))
-        return self.model.forward(layout.view(meta, "input_ids", bs),
-                                  layout.view(meta, "positions", bs), plan,
+        ids = layout.view(meta, "input_ids", bs)
+        ids = torch.where(ids < 0, self.buf.feed[:bs], ids)
+        return self.model.forward(ids, layout.view(meta, "positions", bs), plan,
                                   self.buf.logit_rows[:bs])
 
     @property
@@ -85,6 +93,7 @@ class DecodeGraphs:
                 # NOTE: the metadata upload is a node of the graph: each replay reads the
                 # pinned host buffer as packed just before it (no separate copy call per step).
                 self.buf.meta.copy_(self.buf.host, non_blocking=True)
+                self._uploaded.record()
                 self.buf.logits[bs] = self._forward(bs)
             pool = graph.pool()
             self.graphs[bs] = graph
@@ -97,15 +106,18 @@ class DecodeGraphs:
     def _pack(self, seqs: list[SeqInput], token_ids: list[int]) -> list[RingState]:
         return self.packer.pack(self.buf.host, self.cfg, seqs, token_ids)
 
-    def replay(self, seqs: list[SeqInput],
-               token_ids: list[int]) -> tuple[torch.Tensor, list[RingState]]:
+    def replay(self, seqs: list[SeqInput], token_ids: list[int],
+               feed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[RingState]]:
         """One decode step for single-row `seqs` -> (logits [len(seqs), vocab] float32, each
-        sequence's ring after the step)."""
+        sequence's ring after the step). feed: the rows' ids on the device instead (token_ids
+        is then ignored)."""
         bs = min(s for s in self.graphs if s >= len(seqs))
-        self._replayed.synchronize()  # NOTE: the last replay has read the pinned buffer
+        self._uploaded.synchronize()  # NOTE: the last replay has read the pinned buffer
+        if feed is not None:
+            self.buf.feed[:len(seqs)].copy_(feed)
+            token_ids = [-1] * len(seqs)
         rings = self._pack(seqs, token_ids)
         self.graphs[bs].replay()
-        self._replayed.record()
         logits = self.buf.logits[bs][:len(seqs)].clone()
         self.packer.pack_ahead(self.cfg, seqs, rings)  # NOTE: while the GPU runs this step
         return logits, rings

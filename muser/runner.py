@@ -25,6 +25,16 @@ from muser.startup import StartupLog
 
 
 @dataclass(slots=True)
+class Ahead:
+    """A decode step queued before the host knew its tokens (Runner.forward_ahead)."""
+
+    seqs: list[SeqState]
+    logits: torch.Tensor  # [len(seqs), vocab] float32 on the device
+    rings: list[RingState]  # each sequence's ring after the step
+    new_pages: list[int]  # pages reserved for it, per sequence
+
+
+@dataclass(slots=True)
 class SeqState:
     """One sequence's cache placement (host only)."""
 
@@ -208,6 +218,33 @@ class Runner:
         sequences only replays a CUDA graph when graphs are captured."""
         for seq, ids in zip(seqs, token_ids):
             self.reserve(seq, seq.num_cached + len(ids))
+        logits, rings = self._run(seqs, token_ids, None, all_logits, logit_rows)
+        for seq, ids, ring in zip(seqs, token_ids, rings):
+            self.commit(seq, ids, ring)
+        return logits
+
+    @torch.inference_mode()
+    def forward_ahead(self, seqs: list[SeqState], tokens: torch.Tensor) -> Ahead:
+        """Queue the decode step that appends tokens[i] to seqs[i], the tokens [B] still on the
+        device (sampled there, not yet known to the host) -> that step, to `commit_ahead` once
+        they are. The caller has checked that a page is free for each sequence's next row."""
+        new_pages = []
+        for seq in seqs:
+            held = len(seq.page_ids)
+            self.reserve(seq, seq.num_cached + 1)
+            new_pages.append(len(seq.page_ids) - held)
+        logits, rings = self._run(seqs, [[-1]] * len(seqs), tokens, False, None)
+        return Ahead(seqs, logits, rings, new_pages)
+
+    def commit_ahead(self, ahead: Ahead, tokens: list[int]) -> None:
+        """The step launched ahead appended tokens[i] to ahead.seqs[i] (now known)."""
+        for seq, token, ring in zip(ahead.seqs, tokens, ahead.rings):
+            self.commit(seq, [token], ring)
+
+    def _run(self, seqs: list[SeqState], token_ids: list[list[int]], feed: torch.Tensor | None,
+             all_logits: bool, logit_rows: list[int] | None) -> tuple[torch.Tensor, list]:
+        """Queue one step (pages reserved) -> (its logits, each sequence's ring after it).
+        feed: one-row sequences' ids [B] on the device (token_ids then placeholders)."""
         inputs = [
             SeqInput(s.slot, s.num_cached, len(ids), s.ring, tuple(s.page_ids))
             for s, ids in zip(seqs, token_ids)
@@ -215,10 +252,8 @@ class Runner:
         flat = [t for ids in token_ids for t in ids]
         if self.graphs is not None and self.graphs.is_captured and all(
                 len(ids) == 1 for ids in token_ids):
-            logits, rings = self.graphs.replay(inputs, flat)
-            for seq, ids, ring in zip(seqs, token_ids, rings):
-                self.commit(seq, ids, ring)
-            return logits if logit_rows is None else logits[logit_rows]
+            logits, rings = self.graphs.replay(inputs, flat, feed)
+            return (logits if logit_rows is None else logits[logit_rows]), rings
         plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile, batch_decode=True)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
@@ -230,10 +265,9 @@ class Runner:
         plan, (ids_dev, positions_dev, rows_dev) = prepare_plan(
             plan, self.cfg, inputs, flat, self.engine.page_size, self.device,
             [torch.tensor(flat), torch.tensor(positions), rows], self._decode_table_width)
-        logits = self.model.forward(ids_dev, positions_dev, plan, rows_dev)
-        for seq, ids, ring in zip(seqs, token_ids, plan.next_rings):
-            self.commit(seq, ids, ring)
-        return logits
+        if feed is not None:
+            ids_dev = feed
+        return self.model.forward(ids_dev, positions_dev, plan, rows_dev), plan.next_rings
 
     def commit(self, seq: SeqState, ids: list[int], ring: RingState) -> None:
         """`ids` are now in `seq`'s cache, its ring `ring` (after a step, or an install)."""
@@ -256,4 +290,4 @@ class Runner:
             seq.page_ids += self.pages.allocate(needed)
 
 
-__all__ = ["Runner", "SeqState", "OutOfPages"]
+__all__ = ["Ahead", "Runner", "SeqState", "OutOfPages"]

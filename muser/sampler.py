@@ -82,6 +82,27 @@ class Choice(NamedTuple):
     logprobs: list[Logprobs | None]  # per row, None where its params ask for none
 
 
+class Pending:
+    """Tokens chosen on the device, on their way to the host: `tokens` [B] int64 on the device,
+    `result()` the Choice once the copy (queued before anything queued after `launch`) lands."""
+
+    def __init__(self, tokens: torch.Tensor, payload: torch.Tensor,
+                 ks: list[int | None] | None) -> None:
+        self.tokens, self._ks = tokens, ks
+        self._host = payload.to("cpu", non_blocking=True)  # NOTE: pinned, from a CUDA device
+        self._copied = None
+        if payload.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def result(self) -> Choice:
+        if self._copied is not None:
+            self._copied.synchronize()
+        if self._ks is None:
+            return Choice(self._host.tolist(), [None] * len(self._host))
+        return Choice(*logprobs.unpack(self._host, self._ks))
+
+
 class BatchSampler:
     """Chooses one token per row of a step's logits; see the module docstring for the rules."""
 
@@ -98,13 +119,19 @@ class BatchSampler:
                bitmask: Bitmask | None = None) -> Choice:
         """As __call__, and each row's logprobs (muser/logprobs.py: of the raw logits, before
         the grammar's mask too, so asking for them changes no token) in the same copy."""
+        return self.launch(logits, rows, bitmask).result()
+
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow],
+               bitmask: Bitmask | None = None) -> Pending:
+        """As choose, without waiting: the tokens stay on the device (Pending.tokens) while
+        their copy to the host is under way, so the caller may queue more work on the device
+        (the next decode step, fed these tokens) before it waits for them."""
         tokens = self._tokens(self.constrain(logits, bitmask) if bitmask is not None else logits,
                               rows)
         ks = [row.params.logprobs for row in rows]
         if all(k is None for k in ks):
-            return Choice(tokens.tolist(), [None] * len(rows))
-        return Choice(*logprobs.unpack(
-            logprobs.pack(logits, tokens, max(k or 0 for k in ks)).cpu(), ks))
+            return Pending(tokens, tokens, None)
+        return Pending(tokens, logprobs.pack(logits, tokens, max(k or 0 for k in ks)), ks)
 
     def _tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """[B, vocab] -> [B] int64 chosen ids on the device."""

@@ -27,8 +27,11 @@ class _Recorder:
         return self.choose(logits, rows, bitmask).tokens
 
     def choose(self, logits: torch.Tensor, rows: list, bitmask=None):
+        return self.launch(logits, rows, bitmask).result()
+
+    def launch(self, logits: torch.Tensor, rows: list, bitmask=None):
         self.last = logits.float().cpu().clone()
-        return self.sampler.choose(logits, rows, bitmask)
+        return self.sampler.launch(logits, rows, bitmask)
 
 
 def _add(engine: Engine, ids: list[int]) -> int:

@@ -122,6 +122,22 @@ def test_every_gemv_fp8_config(gen, epilogue):
                 check(out[1], want[1], dtype, scale=2.0)
 
 
+def test_row_tiles_of_256_columns(gen):
+    """Where 256 divides K and 512 does not, the row loop's candidates add 256-column tiles
+    (every stage count, split over K or not): each computes the projection of one row."""
+    from muser.ops.triton.gemv_fp8 import gemv_fp8, row_candidates
+
+    dtype, k, m = torch.float16, 768, 40
+    x, w = rand(gen, 1, k), _weight(gen, m, k, dtype)
+    configs = [c for c in row_candidates(m, k) if c.block_k == 256]
+    assert {(c.block_m, c.num_stages) for c in configs} == {
+        (bm, st) for bm in (16, 32) for st in (1, 3, 5)}
+    assert {c.split_k for c in configs} == {1, 2, 3}
+    assert not [c for c in row_candidates(m, 1024) if c.block_k == 256]
+    for config in configs:
+        check(gemv_fp8(x, w, config), _proj(x, w), dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_quantize_rows_equals_quantize_activations(gen, dtype):
     """The activation-quantization kernels of the scaled_mm route, bit for bit the reference's

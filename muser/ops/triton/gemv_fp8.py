@@ -200,12 +200,17 @@ def row_candidates(m: int, k: int) -> list[GemvConfig]:
     """The row loop's tiles (16 codes a thread per load, four warps: eight won no 27B shape on
     the H200), split over K when the row blocks alone leave the chip's SMs short of programs to
     overlap; each loaded into registers as it is used (num_stages 1) and pipelined (3: two
-    tiles ahead by cp.async)."""
+    tiles ahead by cp.async; 5: four). Where 256 divides K but 512 does not (Gemma 3 27B's
+    hidden 5,376 = 21 x 256), also 256-column tiles, so that no program ends on a half-masked
+    tile."""
+    tiles = [(8, 512), (16, 512), (8, 1024), (4, 2048)]
+    if k % 256 == 0 and k % 512:
+        tiles += [(16, 256), (32, 256)]
     out = []
-    for bm, bk, warps in [(8, 512, 4), (16, 512, 4), (8, 1024, 4), (4, 2048, 4)]:
+    for bm, bk in tiles:
         programs = cdiv(m, bm)
         most = min(max(1, k // bk), 16)
         splits = {1} | ({min(s, most) for s in (2, 4)} if programs < 1024 else set())
-        out += [GemvConfig("row", bm, bk, s, warps, stages) for s in sorted(splits)
-                for stages in (1, 3)]
+        out += [GemvConfig("row", bm, bk, s, 4, stages) for s in sorted(splits)
+                for stages in (1, 3, 5)]
     return out
