@@ -31,10 +31,9 @@ from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
-def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr,
-              v_ptr, kvh, d, scale_log2, KVH: tl.constexpr, D: tl.constexpr,
-              MASKED: tl.constexpr):
-    """One tile of keys i (logical indices) folded into the online softmax (m, l, acc)."""
+def _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr, kvh, d,
+             KVH: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):
+    """The K and V rows [BLOCK_N, D] of keys i (logical indices); 0 where not valid."""
     j = (origin + i) % wrap
     if MASKED:
         blk = tl.load(table_ptr + b * stride_t + j // block_size, mask=valid, other=0)
@@ -45,12 +44,20 @@ def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, bloc
     if MASKED:
         k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
         v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+    else:
+        k = tl.load(k_ptr + at)
+        v = tl.load(v_ptr + at)
+    return k, v
+
+
+@triton.jit
+def _fold(q, acc, m, l, k, v, valid, scale_log2, MASKED: tl.constexpr):
+    """One tile of keys (k, v) folded into the online softmax (m, l, acc)."""
+    if MASKED:
         s = tl.where(valid[None, :], tl.dot(q, tl.trans(k)) * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # NOTE: a tile of no key
     else:
-        k = tl.load(k_ptr + at)
-        v = tl.load(v_ptr + at)
         s = tl.dot(q, tl.trans(k)) * scale_log2
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = m_new
@@ -62,6 +69,16 @@ def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, bloc
 
 
 @triton.jit
+def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr,
+              v_ptr, kvh, d, scale_log2, KVH: tl.constexpr, D: tl.constexpr,
+              MASKED: tl.constexpr):
+    """One tile of keys i (logical indices) loaded and folded into (m, l, acc)."""
+    k, v = _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr,
+                    kvh, d, KVH, D, MASKED)
+    return _fold(q, acc, m, l, k, v, valid, scale_log2, MASKED)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
     origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn,
@@ -69,8 +86,8 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     NEW: tl.constexpr, PDL: tl.constexpr,
 ):
-    enter(PDL)
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # NOTE: the step's metadata was uploaded before its first kernel: read before the wait
     start = tl.load(starts_ptr + b)
     length = tl.load(lens_ptr + b)
     origin = tl.load(origins_ptr + b)
@@ -81,18 +98,30 @@ def _decode_split_kernel(
     d = tl.arange(0, D)
     heads = kvh * G + g
     g_mask = g < G
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
-    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, D), tl.float32)
     wrap = block_size * num_blocks
     # Keys lo .. hi - 1: whole tiles without a mask, then the rest masked. With NEW the newest
     # key (length - 1) is read from the input after the loops, never from its cache row, which
     # split 0 may be storing right now: the tiles' loads stay plain copies into the pipeline.
     last = length - 1 if NEW else length
     whole = lo + tl.maximum(tl.minimum(hi, last) - lo, 0) // BLOCK_N * BLOCK_N
-    for i0 in range(lo, whole, BLOCK_N):
+    first = lo
+    if NEW:
+        # NOTE: then every cached key this program reads was stored by an earlier step (this
+        # one's own row comes from the input): its first whole tile (or none) is loaded before
+        # the wait, in flight while the kernels before finish (pdl.py)
+        i = lo + tl.arange(0, BLOCK_N)
+        k0, v0 = _kv_tile(i, i < whole, origin, wrap, table_ptr, b, stride_t, block_size,
+                          k_ptr, v_ptr, kvh, d, KVH, D, True)
+        first = tl.minimum(lo + BLOCK_N, whole)
+    enter(PDL)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, D), tl.float32)
+    if NEW:
+        acc, m, l = _fold(q, acc, m, l, k0, v0, i < whole, scale_log2, True)
+    for i0 in range(first, whole, BLOCK_N):
         i = i0 + tl.arange(0, BLOCK_N)
         acc, m, l = _key_tile(q, acc, m, l, i, i < hi, origin, wrap, table_ptr, b, stride_t,
                               block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D, False)

@@ -21,17 +21,19 @@ def _add_rms_norm_kernel(
     stride_res, stride_x, eps, HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
     QUANTIZE: tl.constexpr, PDL: tl.constexpr,
 ):
-    enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     mask = d < D
+    # NOTE: the weights are no earlier kernel's output: loaded before the wait (pdl.py)
+    w = tl.load(next_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        post = tl.load(post_ptr + d, mask=mask, other=0.0).to(tl.float32)
+    enter(PDL)
     x = tl.load(x_ptr + row * stride_x + d, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + d, mask=mask, other=0.0).to(tl.float32)
-        post = tl.load(post_ptr + d, mask=mask, other=0.0).to(tl.float32)
         x = r + x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * post
         tl.store(res_out_ptr + row * D + d, x, mask=mask)
-    w = tl.load(next_ptr + d, mask=mask, other=0.0).to(tl.float32)
     y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * D + d, y, mask=mask)
     if QUANTIZE:  # quantize_activations of the stored values (masked lanes are 0)

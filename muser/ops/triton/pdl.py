@@ -1,15 +1,20 @@
 """Programmatic dependent launch (Hopper and later): a kernel may start while the kernel before
 it on the stream is still finishing, so its launch and ramp-up hide behind that kernel's tail.
 
-A kernel launched this way calls `enter(PDL)` before it reads anything an earlier kernel wrote
-and before it writes anything at all: that waits until the previous grid has completed (and its
-writes are visible), then lets the next kernel launch. By induction a kernel starts only after
-every kernel two or more places before it has completed.
+A kernel launched this way calls `enter(PDL)` before it writes anything at all and before it
+reads anything the kernel just before it may have written: that waits until the previous grid
+has completed (and its writes are visible), then lets the next kernel launch. By induction a
+kernel starts only after every kernel two or more places before it has completed, so what it
+reads of theirs (the step's metadata, cos/sin, K/V rows stored by earlier steps) and the
+weights may be loaded before the wait, in flight while the kernel before finishes: the row
+GEMV's first weight tile, the norms' weights, the decode split's metadata and first key tile
+(gemma3-27b FP8 decode graph: 8.06 ms against 8.11 with only the first; bench/GPU_NOTES.md).
 
 Captured into a CUDA graph, the launches become programmatic edges. MUSER_PDL=0 turns it off.
 (Measured on the H200, gemma3-1b decode: the graph replays in 1.093 ms with it, 1.180 ms
 without. Prefetching each kernel's weights or KV rows into L2 before its wait was slower:
-1.148 and 1.191 ms; bench/GPU_NOTES.md, run 18.)
+1.148 and 1.191 ms, run 18; so was a bulk L2 prefetch of each FP8 row GEMV's rows on
+gemma3-27b: 8.17 ms with 16 KiB a program, 8.61 with 64 KiB, 8.07 without.)
 """
 
 from __future__ import annotations

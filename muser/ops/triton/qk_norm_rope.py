@@ -16,20 +16,26 @@ from muser.ops.triton.pdl import enter, options
 
 
 @triton.jit
-def _norm_rope_heads(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h0, stride_xn, stride_xh, stride_c, eps,
-                     HALF: tl.constexpr, HEADS: tl.constexpr):
+def _row(ptr, HALF: tl.constexpr):
+    """HALF float32 values at ptr, as [1, HALF]. NOTE: the kernels load the norm weights and
+    the row's cos, sin this way before their programmatic-launch wait (pdl.py): no kernel just
+    before them writes those (cos/sin come from the step's first kernels)."""
+    return tl.load(ptr + tl.arange(0, HALF)[None, :])
+
+
+@triton.jit
+def _norm_rope_heads(x_ptr, w1, w2, c, s, n, h0, stride_xn, stride_xh, eps, HALF: tl.constexpr,
+                     HEADS: tl.constexpr):
     """-> the two rotated halves [HEADS, HALF] of heads h0 .. h0 + HEADS - 1 of row n,
-    float32."""
+    float32 (w1, w2: the norm weight's halves; c, s: the row's cos, sin; each [1, HALF])."""
     d = tl.arange(0, HALF)[None, :]
     hh = (h0 + tl.arange(0, HEADS))[:, None]
     base = x_ptr + n.to(tl.int64) * stride_xn + hh * stride_xh
     x1 = tl.load(base + d).to(tl.float32)
     x2 = tl.load(base + HALF + d).to(tl.float32)
     inv = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
-    x1 = x1 * inv[:, None] * tl.load(w_ptr + d)
-    x2 = x2 * inv[:, None] * tl.load(w_ptr + HALF + d)
-    c = tl.load(cos_ptr + n * stride_c + d)
-    s = tl.load(sin_ptr + n * stride_c + d)
+    x1 = x1 * inv[:, None] * w1
+    x2 = x2 * inv[:, None] * w2
     return x1 * c - x2 * s, x2 * c + x1 * s
 
 
@@ -46,10 +52,11 @@ def _qk_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_xn, stride_xh, stride_c, eps,
     HALF: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr,
 ):
-    enter(PDL)
     n, h = tl.program_id(0), tl.program_id(1) * HEADS
-    y1, y2 = _norm_rope_heads(x_ptr, w_ptr, cos_ptr, sin_ptr, n, h, stride_xn, stride_xh,
-                              stride_c, eps, HALF, HEADS)
+    w1, w2 = _row(w_ptr, HALF), _row(w_ptr + HALF, HALF)
+    c, s = _row(cos_ptr + n * stride_c, HALF), _row(sin_ptr + n * stride_c, HALF)
+    enter(PDL)
+    y1, y2 = _norm_rope_heads(x_ptr, w1, w2, c, s, n, h, stride_xn, stride_xh, eps, HALF, HEADS)
     _store_heads(out_ptr + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF, HEADS)
 
 
@@ -61,16 +68,20 @@ def _qk_pair_kernel(
     H, KVH, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_c, eps,
     HALF: tl.constexpr, HEADS: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
 ):
-    enter(PDL)
     n, h = tl.program_id(0), tl.program_id(1) * HEADS  # heads [0, H) are q's, then k's
-    if h < H:
-        y1, y2 = _norm_rope_heads(q_ptr, qw_ptr, cos_ptr, sin_ptr, n, h, stride_qn, stride_qh,
-                                  stride_c, eps, HALF, HEADS)
+    is_q = h < H
+    w1 = tl.where(is_q, _row(qw_ptr, HALF), _row(kw_ptr, HALF))
+    w2 = tl.where(is_q, _row(qw_ptr + HALF, HALF), _row(kw_ptr + HALF, HALF))
+    c, s = _row(cos_ptr + n * stride_c, HALF), _row(sin_ptr + n * stride_c, HALF)
+    enter(PDL)
+    if is_q:
+        y1, y2 = _norm_rope_heads(q_ptr, w1, w2, c, s, n, h, stride_qn, stride_qh, eps, HALF,
+                                  HEADS)
         _store_heads(q_out + (n.to(tl.int64) * H + h) * 2 * HALF, y1, y2, HALF, HEADS)
     else:
         h -= H
-        y1, y2 = _norm_rope_heads(k_ptr, kw_ptr, cos_ptr, sin_ptr, n, h, stride_kn, stride_kh,
-                                  stride_c, eps, HALF, HEADS)
+        y1, y2 = _norm_rope_heads(k_ptr, w1, w2, c, s, n, h, stride_kn, stride_kh, eps, HALF,
+                                  HEADS)
         _store_heads(k_out + (n.to(tl.int64) * KVH + h) * 2 * HALF, y1, y2, HALF, HEADS)
         if STORE:
             dst = tl.load(dst_ptr + n).to(tl.int64)
