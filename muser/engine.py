@@ -13,7 +13,13 @@ since it admitted the request. Sample i draws from seed + i; every sample's outp
 request's uid and index i. A fork that finds no free page prefills the prompt on its own.
 
 Prompt logprobs: the request is prefilled without its cached prefix, at most ECHO_ROWS rows per
-step, and the logits of those rows give each prompt token's logprob (muser/logprobs.py)."""
+step, and the logits of those rows give each prompt token's logprob (muser/logprobs.py).
+
+Decode ahead (GPU; EngineConfig.decode_ahead): in a steady decode the next step is queued on
+the device right after this one's tokens are sampled there, fed those tokens, before they reach
+the host (`_launch_ahead`); the next call of step() takes those rows as computed (`_computed`)
+instead of running them again. A sequence that stops on its token had that row computed in vain
+(it stays in its cache, and in its final prefix checkpoint)."""
 
 from __future__ import annotations
 
