@@ -242,14 +242,14 @@ class Engine:
             logits = logits[picked]
         chosen_lives = [live for live, _ in chosen]
         pending = self._launch_sample(logits[:len(chosen)], chosen_lives)
-        ahead_lives, ahead = self._launch_ahead(batch, chosen_lives, pending.tokens)
+        going, ahead = self._launch_ahead(batch, chosen_lives, pending.tokens)
         tokens, lps = pending.result()
         if ahead is not None:  # NOTE: before any of them finishes (its KV is then final)
-            index = {id(live): i for i, live in enumerate(chosen_lives)}
-            self.runner.commit_ahead(ahead, [tokens[index[id(live)]] for live in ahead_lives])
+            self.runner.commit_ahead(ahead, [tokens[i] for i in going])
         outputs += [self._emit(live, token, lp) for live, token, lp in zip(chosen_lives, tokens,
                                                                            lps)]
-        if ahead is not None and any(live.seq is not None for live in ahead_lives):
+        ahead_lives = [chosen_lives[i] for i in going]
+        if any(live.seq is not None for live in ahead_lives):
             self._ahead = (ahead_lives, ahead)
         return outputs
 
@@ -303,27 +303,26 @@ class Engine:
         return sum(n for live, seq, n in zip(ahead[0], ahead[1].seqs, ahead[1].new_pages)
                    if live.seq is seq)
 
-    def _launch_ahead(self, batch, lives: list[_Live], tokens) -> tuple[list[_Live], object]:
+    def _launch_ahead(self, batch, lives: list[_Live], tokens) -> tuple[list[int], Ahead | None]:
         """In a steady decode (every running sequence decoding, nothing waiting), queue the next
         step on the device, fed the tokens just sampled there, before they reach the host: the
         GPU runs it while the host emits this step's tokens and schedules. Sequences sure to
         stop at this token (length, context) are left out; one stopped by its token (EOS, a
-        stop string, a grammar) has its row computed in vain. -> (its sequences, the step), or
-        ([], None)."""
+        stop string, a grammar) has its row computed in vain. -> (the indices in `lives` of its
+        sequences, the step), or ([], None)."""
         if not self.decode_ahead or batch.kind != "decode" or len(lives) != len(batch.reqs) or (
                 self.scheduler.waiting or self.scheduler.prefilling or self._arrived):
             return [], None
         going = [i for i, live in enumerate(lives)
                  if len(live.req.output_ids) + 1 < live.req.sampling.max_tokens
                  and live.req.num_cached + 1 < self.max_model_len]
-        page = self.runner.engine.page_size
-        if not going or sum(lives[i].seq.num_cached // page >= len(lives[i].seq.page_ids)
-                            for i in going) > self.runner.pages.num_free:
+        seqs = [lives[i].seq for i in going]
+        if not going or sum(self.runner.pages_needed(seq, seq.num_cached + 1)
+                            for seq in seqs) > self.runner.pages.num_free:
             return [], None
         if len(going) < len(lives):
             tokens = tokens[going]
-        going = [lives[i] for i in going]
-        return going, self.runner.forward_ahead([live.seq for live in going], tokens)
+        return going, self.runner.forward_ahead(seqs, tokens)
 
     def _prompt_logprobs(self, logits, token_ids: list[int], lives: list[_Live]) -> None:
         """Rows of prefill logits -> the logprobs of the prompt tokens they predict."""

@@ -228,11 +228,9 @@ class Runner:
         """Queue the decode step that appends tokens[i] to seqs[i], the tokens [B] still on the
         device (sampled there, not yet known to the host) -> that step, to `commit_ahead` once
         they are. The caller has checked that a page is free for each sequence's next row."""
-        new_pages = []
+        new_pages = [self.pages_needed(seq, seq.num_cached + 1) for seq in seqs]
         for seq in seqs:
-            held = len(seq.page_ids)
             self.reserve(seq, seq.num_cached + 1)
-            new_pages.append(len(seq.page_ids) - held)
         logits, rings = self._run(seqs, [[-1]] * len(seqs), tokens, False, None)
         return Ahead(seqs, logits, rings, new_pages)
 
@@ -285,9 +283,13 @@ class Runner:
                 f"sequence of {num_positions} tokens exceeds the context of "
                 f"{self.engine.max_model_len}"
             )
-        needed = -(-num_positions // self.engine.page_size) - len(seq.page_ids)
-        if needed > 0:
+        needed = self.pages_needed(seq, num_positions)
+        if needed:
             seq.page_ids += self.pages.allocate(needed)
+
+    def pages_needed(self, seq: SeqState, num_positions: int) -> int:
+        """Pages `seq` lacks for positions [0, num_positions)."""
+        return max(0, -(-num_positions // self.engine.page_size) - len(seq.page_ids))
 
 
 __all__ = ["Ahead", "Runner", "SeqState", "OutOfPages"]
