@@ -1,8 +1,9 @@
 """The Gemma 3 decoder, written once and run at both widths (prefill chunk or decode rows).
 
 embed * sqrt(hidden) -> per layer: norm -> QKV -> QK-norm + RoPE (the identity on the kinds in
-ModelConfig.nope_kinds) -> attention -> O -> post-attn norm + residual -> norm -> GeGLU MLP ->
-post-FFN norm + residual -> final norm -> tied LM head.
+ModelConfig.nope_kinds; given inside decode attention on a step of decode rows alone) ->
+attention -> O -> post-attn norm + residual -> norm -> GeGLU MLP -> post-FFN norm + residual ->
+final norm -> tied LM head.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import torch
 from muser.attention.layer import attend
 from muser.attention.plan import StepPlan, kind_window
 from muser.config import ModelConfig
-from muser.graph.weights import LayerWeights, ModelWeights
+from muser.graph.weights import LayerWeights, ModelWeights, matrix_tensors
 from muser.kvcache.pool import KVPool
 
 
 class Decoder:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, pool: KVPool, ops: ModuleType):
         self.cfg, self.weights, self.pool, self.ops = cfg, weights, pool, ops
+        # each layer's O projection bytes: decode attention may warm them into L2 as it runs
+        self.o_bytes = [matrix_tensors(layer.o_proj)[0] for layer in weights.layers]
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, plan: StepPlan,
@@ -68,11 +71,15 @@ class Decoder:
         q, k, v = qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
         cos, sin = rope[kind]
         k_rows, v_rows = self.pool.rows(layer_id)
-        store = (k_rows, v_rows, v, plan.stores[kind]) if plan.stores else None
-        q, k = ops.qk_norm_rope_pair(q, k, w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps,
-                                     k_rows.dtype, store)
+        decode = plan.decode[kind] if plan.decode else None
+        norm_rope = (w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps)
+        if decode is None or plan.kinds[kind]:
+            store = (k_rows, v_rows, v, plan.stores[kind]) if plan.stores else None
+            q, k = ops.qk_norm_rope_pair(q, k, *norm_rope, k_rows.dtype, store)
+            norm_rope = None
+        # else decode rows alone: decode attention normalizes and rotates them (no launch)
         a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),
-                   cfg.attn_scale, plan.tile, ops, plan.decode[kind] if plan.decode else None)
+                   cfg.attn_scale, plan.tile, ops, decode, norm_rope, self.o_bytes[layer_id])
         h, x = ops.linear_add_rms_norm(a.reshape(n, cfg.q_size), w.o_proj, h, w.post_attn_norm,
                                        w.ffn_norm, cfg.rms_norm_eps, act)
         return ops.linear_add_rms_norm(ops.linear_geglu(x, w.gate_up), w.down, h,

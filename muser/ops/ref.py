@@ -192,16 +192,20 @@ def decode_rows(
 def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
-    scale: float, new: tuple | None = None,
+    scale: float, new: tuple | None = None, norm_rope: tuple | None = None,
+    warm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query row per sequence over its cached keys. q: [B, H, D]; k/v_rows: flat physical
     rows [R, KVH, D]; block_table: [B, blocks] int32; starts/lens/origins: [B] int32 ->
     [B, H, D] float32 (zeros where lens <= starts: padding rows).
 
     new = (k, v, src, dst): the step's new rows, stored first (store_kv); the row stored for
-    sequence b is its newest key, logical lens[b] - 1."""
+    sequence b is its newest key, logical lens[b] - 1. norm_rope: see with_norm_rope. warm: a
+    hint to the GPU's caches, nothing to do here."""
     from muser.attention.dense_ref import attention_decode
 
+    if norm_rope is not None:
+        q, new = with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:
         store_kv(k_rows, v_rows, *new)
 
@@ -213,6 +217,22 @@ def decode_attention(
         rows = decode_rows(block_table[b], start, length, int(origins[b]), block_size)
         out[b] = attention_decode(q[b], k_rows[rows], v_rows[rows], scale)
     return out
+
+
+def with_norm_rope(
+    q: torch.Tensor, new: tuple, norm_rope: tuple, k_dtype: torch.dtype, pair
+) -> tuple[torch.Tensor, tuple]:
+    """decode_attention's norm_rope = (q_weight, k_weight, cos, sin, eps): q [B, H, D] and the
+    new keys k[src] are the projection's raw rows -> (q, new) after QK-norm + RoPE by `pair`
+    (a qk_norm_rope_pair; the keys in k_dtype), sequence b's key at its query's angle (cos/sin
+    row b: the same token). Exactly the pair the layer runs otherwise, so on the CPU a decode
+    step gives the same bits either way."""
+    assert new is not None, "norm_rope applies to the step's own new rows"
+    q_weight, k_weight, cos, sin, eps = norm_rope
+    k, v, src, dst = new
+    src = src.long()
+    q, k = pair(q, k[src], q_weight, k_weight, cos, sin, eps, k_dtype)
+    return q, (k, v[src], torch.arange(src.shape[0], device=src.device), dst)
 
 
 def prefill_attention(

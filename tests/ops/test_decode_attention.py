@@ -116,3 +116,39 @@ def test_new_row_at_tile_and_split_edges(gen, dtype, length):
                            block_n=32)
     assert torch.equal(k_rows, k_want) and torch.equal(v_rows, v_want)
     check(out.float(), _reference(q, k_want, v_want, *meta), dtype)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_gives_raw_rows_qk_norm_and_rope(gen, dtype, head_dim):
+    """norm_rope: q and the new keys straight from the QKV projection (a strided view of it),
+    normalized and rotated inside the kernel: the stored keys and the output as the float64
+    qk_norm_rope_pair followed by the attention; a padding row stores nothing."""
+    cap, kv_heads, heads = 40, 2, 4
+    k_rows, v_rows = (rand(gen, 3 * cap, kv_heads, head_dim, dtype=dtype) for _ in range(2))
+    qkv = rand(gen, 3, (heads + 2 * kv_heads) * head_dim, dtype=dtype, scale=3.0)
+    q = qkv[:, :heads * head_dim].view(3, heads, head_dim)
+    k_new = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(3, kv_heads, head_dim)
+    v_new = qkv[:, (heads + kv_heads) * head_dim:].view(3, kv_heads, head_dim)
+    wq, wk = 1 + rand(gen, head_dim, scale=0.1), 1 + rand(gen, head_dim, scale=0.1)
+    positions = torch.tensor([39, 16, 0], device=DEVICE)
+    cos, sin = ref.rope_cos_sin(positions, head_dim, 1e6, 8.0)
+    table = torch.tensor([[2], [0], [1]], dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([0, 0, 0], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([cap, 17, 0], dtype=torch.int32, device=DEVICE)  # full+wrapped, partial
+    origins = torch.tensor([13, 0, 0], dtype=torch.int32, device=DEVICE)
+    newest = [int(ref.decode_rows(table[b].cpu(), 0, int(lens[b]), int(origins[b]), cap)[-1])
+              for b in range(2)]
+    src = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    dst = torch.tensor(newest + [-1], dtype=torch.int32, device=DEVICE)  # the last: padding
+    q_want, k_want = ref.qk_norm_rope_pair(q.double(), k_new.double(), wq.double(), wk.double(),
+                                           cos.double(), sin.double(), 1e-6)
+    k_rows_want, v_rows_want = k_rows.double(), v_rows.double()
+    ref.store_kv(k_rows_want, v_rows_want, k_want, v_new.double(), src, dst)
+    meta = (table, starts, lens, origins, cap, head_dim**-0.5)
+    out = decode_attention(q, k_rows, v_rows, *meta, new=(k_new, v_new, src, dst), splits=4,
+                           norm_rope=(wq, wk, cos, sin, 1e-6))
+    check(k_rows, k_rows_want, dtype, scale=4.0)
+    assert torch.equal(v_rows.double(), v_rows_want)
+    check(out.float(), _reference(q_want, k_rows_want, v_rows_want, *meta), dtype)
+    assert (out[2] == 0).all()

@@ -32,9 +32,16 @@ for epilogue in ("geglu", "norm"):
 attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*fp32",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
-              "mid_o": "*fp32", "mid_ml": "*fp32", "scale_log2": "fp32"}
+              "mid_o": "*fp32", "mid_ml": "*fp32", "qw_ptr": "*fp32", "kw_ptr": "*fp32",
+              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "warm_ptr": "*u8", "scale_log2": "fp32",
+              "eps": "fp32"}
 out["attention pdl=True"] = ptx(decode_attention._decode_split_kernel, attn_types,
-    dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, PDL=True))
+    dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
+         WARM=False, PDL=True))
+out["attention norm warm pdl=True"] = ptx(decode_attention._decode_split_kernel,
+    attn_types | {"kn_ptr": "*bf16", "q_ptr": "*bf16"},
+    dict(KVH=16, G=2, BLOCK_G=16, D=128, BLOCK_N=32, SPLITS=32, NEW=True, NORM=True,
+         WARM=True, PDL=True))
 flash_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "rows_ptr": "*i64",
                "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "tiles_ptr": "*i8",
                "ranges_ptr": "*i32", "scale_log2": "fp32"}
@@ -53,7 +60,7 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 9
+    assert len(ptx) == 10
 
 
 def test_prefill_gemm_runs_on_hopper_tensor_cores(ptx):
@@ -75,10 +82,19 @@ def test_pdl_waits_and_releases_only_when_asked(ptx):
 def test_the_wait_comes_before_every_store_and_the_loads_of_the_kernel_before(ptx):
     """Nothing is written before the wait. Reads before it are the ones pdl.py allows: the
     decode split (with the step's new row) reads its metadata and its first tile of cached
-    keys there, which no kernel of this step writes; the others read nothing before it."""
+    keys there, which no kernel of this step writes (and with norm_rope the norms' weights and
+    the rows' cos, sin); the others read nothing before it."""
     for name, code in ptx.items():
         if "pdl=True" in name:
             wait = code.index(GDC[0])
             assert wait < code.index("st.global"), name
-            prefetches = name == "attention pdl=True"
+            prefetches = name.startswith("attention")
             assert (code.index("ld.global") < wait) == prefetches, name
+
+
+def test_decode_attention_warms_l2_before_its_wait(ptx):
+    """`warm`: one bulk L2 prefetch a program (one thread issues it), before the wait."""
+    code = ptx["attention norm warm pdl=True"]
+    assert code.count("cp.async.bulk.prefetch.L2.global") == 1
+    assert code.index("cp.async.bulk.prefetch.L2.global") < code.index(GDC[0])
+    assert "cp.async.bulk.prefetch" not in ptx["attention pdl=True"]

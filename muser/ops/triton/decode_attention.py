@@ -13,8 +13,11 @@ step's new rows, the kernel also stores them (store first, without a launch of i
 0 writes a sequence's new row while the other splits run, so no split reads that key from the
 cache. Each program walks its whole key tiles without a mask (the loads stay plain copies into
 the software pipeline), masks its last partial tile, and the program whose range holds the
-newest key folds it in from the step's own K/V row after the loops. Splits are a launch
-constant, so the kernel is safe to capture in a CUDA graph.
+newest key folds it in from the step's own K/V row after the loops. Given the projection's
+raw rows with the norms (`norm_rope`: a step of decode rows alone), every program also gives
+its query heads, and the new key, QK-norm + RoPE first: no launch of their own either, one
+fewer kernel boundary a layer. Splits are a launch constant, so the kernel is safe to capture
+in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.ops.triton import l2
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
+from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_operands
 
 
 @triton.jit
@@ -81,12 +86,16 @@ def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, bloc
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
-    origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn,
-    stride_t, num_blocks, block_size, scale_log2, KVH: tl.constexpr, G: tl.constexpr,
-    BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    NEW: tl.constexpr, PDL: tl.constexpr,
+    origins_ptr, mid_o, mid_ml, qw_ptr, kw_ptr, cos_ptr, sin_ptr, warm_ptr, H, stride_qb,
+    stride_qh, stride_kn, stride_vn, stride_t, stride_c, num_blocks, block_size, scale_log2, eps,
+    warm_bytes, KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NEW: tl.constexpr, NORM: tl.constexpr,
+    WARM: tl.constexpr, PDL: tl.constexpr,
 ):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if WARM:  # NOTE: weights, never written: asked for before the wait (l2.py)
+        l2.prefetch_share(warm_ptr, warm_bytes, (b * KVH + kvh) * SPLITS + split,
+                          tl.num_programs(0) * KVH * SPLITS)
     # NOTE: the step's metadata was uploaded before its first kernel: read before the wait
     start = tl.load(starts_ptr + b)
     length = tl.load(lens_ptr + b)
@@ -113,9 +122,17 @@ def _decode_split_kernel(
         k0, v0 = _kv_tile(i, i < whole, origin, wrap, table_ptr, b, stride_t, block_size,
                           k_ptr, v_ptr, kvh, d, KVH, D, True)
         first = tl.minimum(lo + BLOCK_N, whole)
+    if NORM:  # the norms' weights and the row's cos, sin: written before the step's kernels
+        qw, qwp, cs, sn = whole_operands(qw_ptr, cos_ptr + b * stride_c, sin_ptr + b * stride_c,
+                                       D // 2)
+        kw, kwp = tl.load(kw_ptr + d), tl.load(kw_ptr + (d + D // 2) % D)
     enter(PDL)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q_at = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_at + d[None, :], mask=g_mask[:, None], other=0.0)
+    if NORM:  # QK-norm + RoPE of the projection's raw rows, here rather than a launch before
+        qp = tl.load(q_at + ((d + D // 2) % D)[None, :], mask=g_mask[:, None], other=0.0)
+        q = norm_rope_whole(q.to(tl.float32), qp.to(tl.float32), qw, qwp, cs, sn, eps, D // 2)
+    q = q.to(k_ptr.dtype.element_ty)
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
@@ -133,7 +150,14 @@ def _decode_split_kernel(
     if NEW:  # the step's new row: stored by split 0, attended by the split that holds it
         src = tl.load(src_ptr + b).to(tl.int64)
         dst = tl.load(dst_ptr + b).to(tl.int64)
-        k_new = tl.load(kn_ptr + src * stride_kn + kvh * D + d).to(k_ptr.dtype.element_ty)
+        k_at = kn_ptr + src * stride_kn + kvh * D
+        k_new = tl.load(k_at + d)
+        if NORM:
+            kp = tl.load(k_at + (d + D // 2) % D)
+            k_new = tl.reshape(norm_rope_whole(k_new.to(tl.float32)[None, :],
+                                               kp.to(tl.float32)[None, :], kw, kwp, cs, sn, eps,
+                                               D // 2), (D,))
+        k_new = k_new.to(k_ptr.dtype.element_ty)
         v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d).to(v_ptr.dtype.element_ty)
         at_new = (dst * KVH + kvh) * D + d
         store = (d < D) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: a padding row
@@ -203,11 +227,16 @@ def decode_attention(
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, splits: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+    norm_rope: tuple | None = None, warm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
     starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts).
     new = (k, v, src, dst): store k/v[src[b]] at row dst[b] first (ref.store_kv), in the same
-    launch; the row stored for sequence b must be its newest key (logical lens[b] - 1)."""
+    launch; the row stored for sequence b must be its newest key (logical lens[b] - 1).
+    norm_rope = (q_weight, k_weight, cos, sin, eps), with new: q and new k are the projection's
+    raw rows, given QK-norm + RoPE here (ref.decode_attention); cos/sin: [B, D // 2] float32.
+    warm: a contiguous tensor (the next projection's weights) the programs ask L2 for while they
+    run, where l2.enabled (a hint: results do not change)."""
     batch, heads, head_dim = q.shape
     kv_heads = k_rows.shape[1]
     group = heads // kv_heads
@@ -220,6 +249,16 @@ def decode_attention(
             assert t.stride(2) == 1 and t.stride(1) == head_dim and t.shape[1:] == k_rows.shape[1:]
     else:
         k_new, v_new, src, dst = q, q, lens, lens  # unused
+    if norm_rope is not None:
+        assert new is not None, "norm_rope applies to the step's own new rows"
+        q_weight, k_weight, cos, sin, eps = norm_rope
+        assert cos.shape == (batch, head_dim // 2) and cos.is_contiguous() and sin.is_contiguous()
+        assert q_weight.dtype == k_weight.dtype == cos.dtype == torch.float32
+    else:
+        q_weight = k_weight = cos = sin = q  # unused
+        eps = 0.0
+    warm = warm if warm is not None and l2.enabled(q.device) else None
+    warm_bytes = q if warm is None else warm.view(-1).view(torch.uint8)
     picked = launch_config(batch, kv_heads, head_dim, block_table.shape[1] * block_size)
     splits, block_n, num_warps = splits or picked[0], block_n or picked[1], num_warps or picked[2]
     num_stages = num_stages or picked[3]
@@ -229,10 +268,13 @@ def decode_attention(
     block_g = max(16, next_power_of_2(group))
     launch(
         _decode_split_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src,
-        dst, block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
-        k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
-        block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=block_g,
-        D=head_dim, BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, num_warps=num_warps,
+        dst, block_table, starts, lens, origins, mid_o, mid_ml, q_weight, k_weight, cos, sin,
+        warm_bytes, heads, q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0),
+        block_table.stride(0), cos.stride(0), block_table.shape[1], block_size,
+        scale * math.log2(math.e), eps, 0 if warm is None else warm_bytes.numel(),
+        KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim, BLOCK_N=block_n, SPLITS=splits,
+        NEW=new is not None, NORM=norm_rope is not None, WARM=warm is not None,
+        num_warps=num_warps,
         **({"num_stages": num_stages} if num_stages else {}), **options(q.device),
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
