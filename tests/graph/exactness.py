@@ -31,7 +31,9 @@ def capture(
         for start in range(0, len(ids), chunk):
             piece = ids[start:start + chunk]
             wanted = sorted(p for p in positions if start <= p < start + len(piece))
-            out = runner.forward([seq], [piece], logit_rows=[p - start for p in wanted] or [0])
+            # no LM head on a chunk without a wanted position (the engine's middle chunks):
+            # 262,144 logits a row cost more than the rest of a 270M forward
+            out = runner.forward([seq], [piece], logit_rows=[p - start for p in wanted])
             for row, p in enumerate(wanted):
                 logits[p] = out[row].clone()
                 kv[p] = torch.stack([kv_rows(runner, seq, layer, p)
@@ -79,7 +81,7 @@ def capture_in_batch(
             wanted = sorted(p for p in positions if start <= p < start + len(piece))
             offset = sum(len(r) for _, r in step)  # this prompt's rows come last
             out = runner.forward([s for s, _ in step] + [seq], [r for _, r in step] + [piece],
-                                 logit_rows=[offset + p - start for p in wanted] or [0])
+                                 logit_rows=[offset + p - start for p in wanted])
             for row, p in enumerate(wanted):
                 logits[p] = out[row].clone()
                 kv[p] = torch.stack([kv_rows(runner, seq, layer, p)
