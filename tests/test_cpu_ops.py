@@ -191,23 +191,46 @@ def test_store_kv_of_decode_rows_matches_reference(dtype):
     assert ours[0][5].abs().sum() > 0 and (ours[0][1:5] == 0).all()
 
 
-@pytest.mark.parametrize("march", ["x86-64", "haswell"], ids=["portable", "avx2"])
-def test_other_builds_compute_the_same_bits(march, tmp_path, monkeypatch):
-    """The portable (one fmaf per lane) and AVX2 builds of the kernels give the bits of this
-    machine's build: every step is one correctly rounded IEEE operation per lane."""
-    import ctypes
+MARCHES = ["x86-64", "haswell"]
+
+
+@pytest.fixture(scope="module")
+def variant_builds(tmp_path_factory):
+    """march -> (compiler process, its library) of test_other_builds_compute_the_same_bits,
+    both started on first use: each build is one single-threaded compiler run of about a
+    minute, so the two run side by side rather than one after the other."""
     import os
     import platform
     import subprocess
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86 variants")
-    main = native.library()
-    flags = [f for f in native.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
-    target = tmp_path / "variant.so"
+    directory = tmp_path_factory.mktemp("variants")
     cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, *flags, "-o", str(target), *map(str, native.SOURCES), "-lm"],
-                   check=True, capture_output=True)
+    builds = {}
+    for march in MARCHES:
+        flags = [f for f in native.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
+        target = directory / f"variant-{march}.so"
+        proc = subprocess.Popen([cc, *flags, "-o", str(target), *map(str, native.SOURCES), "-lm"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        builds[march] = proc, target
+    yield builds
+    for proc, _ in builds.values():
+        if proc.poll() is None:  # a test that did not wait for it (failed or deselected)
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("march", MARCHES, ids=["portable", "avx2"])
+def test_other_builds_compute_the_same_bits(march, variant_builds, monkeypatch):
+    """The portable (one fmaf per lane) and AVX2 builds of the kernels give the bits of this
+    machine's build: every step is one correctly rounded IEEE operation per lane."""
+    import ctypes
+
+    main = native.library()
+    proc, target = variant_builds[march]
+    _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr
     variant = ctypes.CDLL(str(target))
     for name in ("muser_gemm", "muser_attention", "muser_rms_norm", "muser_geglu"):
         getattr(variant, name).argtypes = getattr(main, name).argtypes
