@@ -37,7 +37,6 @@ def attend(
     ops: ModuleType = ref,
     decode: DecodeMeta | None = None,
     norm_rope: tuple | None = None,
-    warm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [N, H, D], k/v: [N, KVH, D] new rows; k/v_rows: a layer's flat physical rows
     [R, KVH, D] -> [N, H, D]. `decode`: the metadata of the step's decode group (its leading
@@ -47,8 +46,7 @@ def attend(
     `stores`, by ops.qk_norm_rope_pair); a STAGING plan's rows are committed here, after the
     shadow was attended. Decode stores its rows itself; given `norm_rope` (decode rows alone,
     ops.decode_attention's), q and k are the projection's raw rows and it normalizes and
-    rotates them itself too. `warm`: bytes decode attention may ask L2 for as it runs (the
-    next projection's weights; a hint)."""
+    rotates them itself too."""
     outs = []
     if decode is not None:
         num = decode.src.shape[0]
@@ -56,7 +54,7 @@ def attend(
                                          decode.block_table, decode.starts, decode.lens,
                                          decode.origins, decode.block_size, scale,
                                          new=(k, v, decode.src, decode.write_dst),
-                                         norm_rope=norm_rope, warm=warm))
+                                         norm_rope=norm_rope))
     assert norm_rope is None or not plans, "norm_rope: a step of decode rows alone"
     whole = not outs and len(plans) == 1  # one sequence: its rows are all of them
     for p in plans:

@@ -16,15 +16,13 @@ import torch
 from muser.attention.layer import attend
 from muser.attention.plan import StepPlan, kind_window
 from muser.config import ModelConfig
-from muser.graph.weights import LayerWeights, ModelWeights, matrix_tensors
+from muser.graph.weights import LayerWeights, ModelWeights
 from muser.kvcache.pool import KVPool
 
 
 class Decoder:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, pool: KVPool, ops: ModuleType):
         self.cfg, self.weights, self.pool, self.ops = cfg, weights, pool, ops
-        # each layer's O projection bytes: decode attention may warm them into L2 as it runs
-        self.o_bytes = [matrix_tensors(layer.o_proj)[0] for layer in weights.layers]
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, plan: StepPlan,
@@ -79,7 +77,7 @@ class Decoder:
             norm_rope = None
         # else decode rows alone: decode attention normalizes and rotates them (no launch)
         a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),
-                   cfg.attn_scale, plan.tile, ops, decode, norm_rope, self.o_bytes[layer_id])
+                   cfg.attn_scale, plan.tile, ops, decode, norm_rope)
         h, x = ops.linear_add_rms_norm(a.reshape(n, cfg.q_size), w.o_proj, h, w.post_attn_norm,
                                        w.ffn_norm, cfg.rms_norm_eps, act)
         return ops.linear_add_rms_norm(ops.linear_geglu(x, w.gate_up), w.down, h,

@@ -136,11 +136,10 @@ def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, norm_rope: tuple | None = None,
-    warm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ref.decode_attention: the new rows stored first, then each sequence's query over its
     keys [start, len), read in place through the block table (a 16-bit cache is widened
-    first, exactly). warm: a hint to a GPU's caches, nothing to do here."""
+    first, exactly)."""
     if norm_rope is not None:
         q, new = ref.with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:

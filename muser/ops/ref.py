@@ -193,15 +193,13 @@ def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, norm_rope: tuple | None = None,
-    warm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query row per sequence over its cached keys. q: [B, H, D]; k/v_rows: flat physical
     rows [R, KVH, D]; block_table: [B, blocks] int32; starts/lens/origins: [B] int32 ->
     [B, H, D] float32 (zeros where lens <= starts: padding rows).
 
     new = (k, v, src, dst): the step's new rows, stored first (store_kv); the row stored for
-    sequence b is its newest key, logical lens[b] - 1. norm_rope: see with_norm_rope. warm: a
-    hint to the GPU's caches, nothing to do here."""
+    sequence b is its newest key, logical lens[b] - 1. norm_rope: see with_norm_rope."""
     from muser.attention.dense_ref import attention_decode
 
     if norm_rope is not None:

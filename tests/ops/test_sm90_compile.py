@@ -33,15 +33,14 @@ attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
               "mid_o": "*fp32", "mid_ml": "*fp32", "qw_ptr": "*fp32", "kw_ptr": "*fp32",
-              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "warm_ptr": "*u8", "scale_log2": "fp32",
-              "eps": "fp32"}
+              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "scale_log2": "fp32", "eps": "fp32"}
 out["attention pdl=True"] = ptx(decode_attention._decode_split_kernel, attn_types,
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
-         WARM=False, PDL=True))
-out["attention norm warm pdl=True"] = ptx(decode_attention._decode_split_kernel,
+         PDL=True))
+out["attention norm pdl=True"] = ptx(decode_attention._decode_split_kernel,
     attn_types | {"kn_ptr": "*bf16", "q_ptr": "*bf16"},
     dict(KVH=16, G=2, BLOCK_G=16, D=128, BLOCK_N=32, SPLITS=32, NEW=True, NORM=True,
-         WARM=True, PDL=True))
+         PDL=True))
 flash_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "rows_ptr": "*i64",
                "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "tiles_ptr": "*i8",
                "ranges_ptr": "*i32", "scale_log2": "fp32"}
@@ -91,10 +90,3 @@ def test_the_wait_comes_before_every_store_and_the_loads_of_the_kernel_before(pt
             prefetches = name.startswith("attention")
             assert (code.index("ld.global") < wait) == prefetches, name
 
-
-def test_decode_attention_warms_l2_before_its_wait(ptx):
-    """`warm`: one bulk L2 prefetch a program (one thread issues it), before the wait."""
-    code = ptx["attention norm warm pdl=True"]
-    assert code.count("cp.async.bulk.prefetch.L2.global") == 1
-    assert code.index("cp.async.bulk.prefetch.L2.global") < code.index(GDC[0])
-    assert "cp.async.bulk.prefetch" not in ptx["attention pdl=True"]

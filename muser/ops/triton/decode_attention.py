@@ -28,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.ops.triton import l2
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
@@ -86,16 +85,13 @@ def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, bloc
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
-    origins_ptr, mid_o, mid_ml, qw_ptr, kw_ptr, cos_ptr, sin_ptr, warm_ptr, H, stride_qb,
-    stride_qh, stride_kn, stride_vn, stride_t, stride_c, num_blocks, block_size, scale_log2, eps,
-    warm_bytes, KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+    origins_ptr, mid_o, mid_ml, qw_ptr, kw_ptr, cos_ptr, sin_ptr, H, stride_qb, stride_qh,
+    stride_kn, stride_vn, stride_t, stride_c, num_blocks, block_size, scale_log2, eps,
+    KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NEW: tl.constexpr, NORM: tl.constexpr,
-    WARM: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if WARM:  # NOTE: weights, never written: asked for before the wait (l2.py)
-        l2.prefetch_share(warm_ptr, warm_bytes, (b * KVH + kvh) * SPLITS + split,
-                          tl.num_programs(0) * KVH * SPLITS)
     # NOTE: the step's metadata was uploaded before its first kernel: read before the wait
     start = tl.load(starts_ptr + b)
     length = tl.load(lens_ptr + b)
@@ -227,16 +223,14 @@ def decode_attention(
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, splits: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-    norm_rope: tuple | None = None, warm: torch.Tensor | None = None,
+    norm_rope: tuple | None = None,
 ) -> torch.Tensor:
     """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
     starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts).
     new = (k, v, src, dst): store k/v[src[b]] at row dst[b] first (ref.store_kv), in the same
     launch; the row stored for sequence b must be its newest key (logical lens[b] - 1).
     norm_rope = (q_weight, k_weight, cos, sin, eps), with new: q and new k are the projection's
-    raw rows, given QK-norm + RoPE here (ref.decode_attention); cos/sin: [B, D // 2] float32.
-    warm: a contiguous tensor (the next projection's weights) the programs ask L2 for while they
-    run, where l2.enabled (a hint: results do not change)."""
+    raw rows, given QK-norm + RoPE here (ref.decode_attention); cos/sin: [B, D // 2] float32."""
     batch, heads, head_dim = q.shape
     kv_heads = k_rows.shape[1]
     group = heads // kv_heads
@@ -257,8 +251,6 @@ def decode_attention(
     else:
         q_weight = k_weight = cos = sin = q  # unused
         eps = 0.0
-    warm = warm if warm is not None and l2.enabled(q.device) else None
-    warm_bytes = q if warm is None else warm.view(-1).view(torch.uint8)
     picked = launch_config(batch, kv_heads, head_dim, block_table.shape[1] * block_size)
     splits, block_n, num_warps = splits or picked[0], block_n or picked[1], num_warps or picked[2]
     num_stages = num_stages or picked[3]
@@ -269,11 +261,10 @@ def decode_attention(
     launch(
         _decode_split_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src,
         dst, block_table, starts, lens, origins, mid_o, mid_ml, q_weight, k_weight, cos, sin,
-        warm_bytes, heads, q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0),
+        heads, q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0),
         block_table.stride(0), cos.stride(0), block_table.shape[1], block_size,
-        scale * math.log2(math.e), eps, 0 if warm is None else warm_bytes.numel(),
-        KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim, BLOCK_N=block_n, SPLITS=splits,
-        NEW=new is not None, NORM=norm_rope is not None, WARM=warm is not None,
+        scale * math.log2(math.e), eps, KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim,
+        BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, NORM=norm_rope is not None,
         num_warps=num_warps,
         **({"num_stages": num_stages} if num_stages else {}), **options(q.device),
     )
