@@ -13,10 +13,15 @@ TTFT (in chunks of the engine's default --prefill-chunk, or the flag's), decode_
 TPOT (with decode_ahead, the engine's default: on where decode steps replay CUDA graphs;
 decode_ms_ahead_off / _on: the same runs the other way, in the same process);
 decode_graph_ms = one decode step's CUDA graph replayed back to back (the GPU's time,
-host_ms_per_step the rest of decode_ms). fraction_of_floor = (the bytes a decode step reads:
-every projection's weights and the head once, the embedding row, the K/V rows of 2,048 tokens
-on full layers and of the window on sliding ones) / the 1 GiB device copy's bandwidth measured
-in that process (read + write) / decode_ms. The FP8 process also times the GEMMs of one
+host_ms_per_step the rest of decode_ms); decode_intervals_ms = each token's interval in one run
+of 5 x --decode-steps tokens after the same prompt, decode_steady_ms their median after the
+first --decode-steps, sm_clock_samples = (ms from the first token, SM MHz, W) read through NVML
+beside that run (after a prefill at the power limit the SM clock is low for the first ~100 ms of
+decode: decode_ms includes that, as llama-bench's tg after its prefill does).
+fraction_of_floor = (the bytes a decode step reads: every projection's weights and the head
+once, the embedding row, the K/V rows of 2,048 tokens on full layers and of the window on
+sliding ones) / the 1 GiB device copy's bandwidth measured in that process (read + write) /
+decode_ms. The FP8 process also times the GEMMs of one
 layer at 2,048 rows on FP8 tensor cores (torch._scaled_mm on codes already quantized,
 accumulated as the route accumulates, linear_fp8.FAST_ACCUM; gemm_shapes holds both ways) and
 in bf16 (torch.mm): fp8_gemm_ceiling_tok_s = 2,048 / (layers x that layer's FP8 GEMM time),
@@ -36,7 +41,7 @@ import sys
 from pathlib import Path
 
 CHILD = r"""
-import json, statistics, sys
+import json, statistics, sys, threading, time
 import torch
 from muser import LLM, SamplingParams
 import triton
@@ -45,6 +50,7 @@ from muser.ops.triton import linear_fp8
 
 name, fmt, source, reps, steps, depth, profile_steps, chunk = sys.argv[1:9]
 reps, steps, depth, profile_steps = int(reps), int(steps), int(depth), int(profile_steps)
+steady_steps = 5 * steps
 
 
 def cuda_ms(fn, iters=20):
@@ -62,7 +68,7 @@ x = torch.empty(2**30, device="cuda", dtype=torch.uint8)
 y = torch.empty_like(x)
 copy_bw = 2 * x.nbytes / (cuda_ms(lambda: y.copy_(x)) / 1e3)
 del x, y
-kw = dict(max_num_seqs=1, max_model_len=depth + steps + 64, prefix_cache=False, progress=False,
+kw = dict(max_num_seqs=1, max_model_len=depth + steady_steps + 64, prefix_cache=False, progress=False,
           prefill_chunk=int(chunk) or None)
 if fmt in ("bf16", "fp8"):
     llm = LLM(None, device="cuda", load_format="dummy", model_config=name,
@@ -100,6 +106,38 @@ cell = {"model": name, "quantization": fmt, "source": source, "weight_bytes": he
                                             for r in runs + other),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__}
+# One longer run, token by token: when each token reached the host, and the GPU's SM clock
+# (NVML, where the process can read it) sampled beside it: after a prefill at the power limit
+# the clock comes back up over the first ~100 ms of decode (bench/GPU_NOTES.md)
+stamps, clocks, done = [], [], threading.Event()
+
+
+def sample_clocks():
+    while not done.is_set():
+        clocks.append((time.perf_counter(), torch.cuda.clock_rate(), torch.cuda.power_draw()))
+        time.sleep(0.02)
+
+
+try:
+    torch.cuda.clock_rate()
+    sampler = threading.Thread(target=sample_clocks)
+except Exception:  # noqa: BLE001  (no NVML: no clock samples)
+    sampler = None
+engine = llm.engine
+engine.add_request(ids, SamplingParams(max_tokens=steady_steps + 1, ignore_eos=True))
+if sampler is not None:
+    sampler.start()
+while engine.has_work:
+    if engine.step():
+        stamps.append(time.perf_counter())
+done.set()
+if sampler is not None:
+    sampler.join()
+intervals = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+cell["decode_intervals_ms"] = [round(x, 3) for x in intervals]
+cell["decode_steady_ms"] = statistics.median(intervals[steps:])
+cell["sm_clock_samples"] = [(round((t - stamps[0]) * 1e3, 1), mhz, round(mw / 1e3))
+                            for t, mhz, mw in clocks]
 graphs = llm.runner.graphs
 if graphs is not None and 1 in graphs.graphs:  # the batch-1 decode graph, replayed back to back
     # NOTE: the same packed step each time (its new K/V row stored again at one position): the
