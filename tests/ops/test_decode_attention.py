@@ -24,6 +24,21 @@ def _reference(q, k_rows, v_rows, table, starts, lens, origins, block_size, scal
     return out
 
 
+def _three_ring_slots(cap: int) -> tuple[torch.Tensor, ...]:
+    """Decode metadata of 3 ring slots of capacity `cap`: one full and wrapped (origin 13), one
+    partial (17 keys), one padding row -> (table, starts, lens, origins, src, dst), dst the
+    physical row of each sequence's newest key (-1 for the padding row)."""
+    table = torch.tensor([[2], [0], [1]], dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([0, 0, 0], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([cap, 17, 0], dtype=torch.int32, device=DEVICE)
+    origins = torch.tensor([13, 0, 0], dtype=torch.int32, device=DEVICE)
+    newest = [int(ref.decode_rows(table[b].cpu(), 0, int(lens[b]), int(origins[b]), cap)[-1])
+              for b in range(2)]
+    src = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    dst = torch.tensor(newest + [-1], dtype=torch.int32, device=DEVICE)
+    return table, starts, lens, origins, src, dst
+
+
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 64), (6, 2, 128)])
 def test_decode_ring_and_pages(gen, dtype, heads, kv_heads, head_dim):
@@ -77,14 +92,7 @@ def test_decode_stores_the_new_rows_first(gen, dtype):
     k_rows, v_rows = (rand(gen, 3 * cap, kv_heads, head_dim, dtype=dtype) for _ in range(2))
     q = rand(gen, 3, heads, head_dim)
     k_new, v_new = rand(gen, 3, kv_heads, head_dim), rand(gen, 3, kv_heads, head_dim)
-    table = torch.tensor([[2], [0], [1]], dtype=torch.int32, device=DEVICE)
-    starts = torch.tensor([0, 0, 0], dtype=torch.int32, device=DEVICE)
-    lens = torch.tensor([cap, 17, 0], dtype=torch.int32, device=DEVICE)  # full+wrapped, partial
-    origins = torch.tensor([13, 0, 0], dtype=torch.int32, device=DEVICE)
-    newest = [int(ref.decode_rows(table[b].cpu(), 0, int(lens[b]), int(origins[b]), cap)[-1])
-              for b in range(2)]
-    src = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
-    dst = torch.tensor(newest + [-1], dtype=torch.int32, device=DEVICE)  # the last: padding
+    table, starts, lens, origins, src, dst = _three_ring_slots(cap)
     k_want, v_want = k_rows.clone(), v_rows.clone()
     ref.store_kv(k_want, v_want, k_new, v_new, src, dst)
     meta = (table, starts, lens, origins, cap, head_dim**-0.5)
@@ -133,14 +141,7 @@ def test_decode_gives_raw_rows_qk_norm_and_rope(gen, dtype, head_dim):
     wq, wk = 1 + rand(gen, head_dim, scale=0.1), 1 + rand(gen, head_dim, scale=0.1)
     positions = torch.tensor([39, 16, 0], device=DEVICE)
     cos, sin = ref.rope_cos_sin(positions, head_dim, 1e6, 8.0)
-    table = torch.tensor([[2], [0], [1]], dtype=torch.int32, device=DEVICE)
-    starts = torch.tensor([0, 0, 0], dtype=torch.int32, device=DEVICE)
-    lens = torch.tensor([cap, 17, 0], dtype=torch.int32, device=DEVICE)  # full+wrapped, partial
-    origins = torch.tensor([13, 0, 0], dtype=torch.int32, device=DEVICE)
-    newest = [int(ref.decode_rows(table[b].cpu(), 0, int(lens[b]), int(origins[b]), cap)[-1])
-              for b in range(2)]
-    src = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
-    dst = torch.tensor(newest + [-1], dtype=torch.int32, device=DEVICE)  # the last: padding
+    table, starts, lens, origins, src, dst = _three_ring_slots(cap)
     q_want, k_want = ref.qk_norm_rope_pair(q.double(), k_new.double(), wq.double(), wk.double(),
                                            cos.double(), sin.double(), 1e-6)
     k_rows_want, v_rows_want = k_rows.double(), v_rows.double()
