@@ -68,8 +68,8 @@ x = torch.empty(2**30, device="cuda", dtype=torch.uint8)
 y = torch.empty_like(x)
 copy_bw = 2 * x.nbytes / (cuda_ms(lambda: y.copy_(x)) / 1e3)
 del x, y
-kw = dict(max_num_seqs=1, max_model_len=depth + steady_steps + 64, prefix_cache=False, progress=False,
-          prefill_chunk=int(chunk) or None)
+kw = dict(max_num_seqs=1, max_model_len=depth + steady_steps + 64, prefix_cache=False,
+          progress=False, prefill_chunk=int(chunk) or None)
 if fmt in ("bf16", "fp8"):
     llm = LLM(None, device="cuda", load_format="dummy", model_config=name,
               quantization="fp8" if fmt == "fp8" else "none", **kw)

@@ -31,7 +31,7 @@ import triton.language as tl
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
-from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_operands
+from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_angles, whole_weight
 
 
 @triton.jit
@@ -119,9 +119,9 @@ def _decode_split_kernel(
                           k_ptr, v_ptr, kvh, d, KVH, D, True)
         first = tl.minimum(lo + BLOCK_N, whole)
     if NORM:  # the norms' weights and the row's cos, sin: written before the step's kernels
-        qw, qwp, cs, sn = whole_operands(qw_ptr, cos_ptr + b * stride_c, sin_ptr + b * stride_c,
-                                       D // 2)
-        kw, kwp = tl.load(kw_ptr + d), tl.load(kw_ptr + (d + D // 2) % D)
+        qw, qwp = whole_weight(qw_ptr, D // 2)
+        kw, kwp = whole_weight(kw_ptr, D // 2)
+        cs, sn = whole_angles(cos_ptr + b * stride_c, sin_ptr + b * stride_c, D // 2)
     enter(PDL)
     q_at = q_ptr + b * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_at + d[None, :], mask=g_mask[:, None], other=0.0)

@@ -40,22 +40,28 @@ def _norm_rope_heads(x_ptr, w1, w2, c, s, n, h0, stride_xn, stride_xh, eps, HALF
 
 
 @triton.jit
-def whole_operands(w_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr):
-    """For heads held whole ([rows, 2 * HALF], as attention holds them): the norm weight at each
-    d and at its rotation partner (d + HALF) mod 2 * HALF, cos at d and sin signed as the
-    rotation takes it (-sin on the first half), each [2 * HALF]. Loaded before the wait."""
+def whole_weight(w_ptr, HALF: tl.constexpr):
+    """For heads held whole ([rows, 2 * HALF], as attention holds them): a norm weight at each
+    d and at its rotation partner (d + HALF) mod 2 * HALF, each [2 * HALF]."""
     d = tl.arange(0, 2 * HALF)
-    partner = (d + HALF) % (2 * HALF)
+    return tl.load(w_ptr + d), tl.load(w_ptr + (d + HALF) % (2 * HALF))
+
+
+@triton.jit
+def whole_angles(cos_ptr, sin_ptr, HALF: tl.constexpr):
+    """A row's cos at each d and its sin signed as the rotation takes it (-sin on the first
+    half), each [2 * HALF]."""
+    d = tl.arange(0, 2 * HALF)
     s = tl.load(sin_ptr + d % HALF)
-    return (tl.load(w_ptr + d), tl.load(w_ptr + partner), tl.load(cos_ptr + d % HALF),
-            tl.where(d < HALF, -s, s))
+    return tl.load(cos_ptr + d % HALF), tl.where(d < HALF, -s, s)
 
 
 @triton.jit
 def norm_rope_whole(x, xp, w, wp, c, s, eps, HALF: tl.constexpr):
     """_norm_rope_heads on heads held whole: x [rows, 2 * HALF] float32, xp the same heads'
-    rotation partners (x[:, (d + HALF) mod 2 * HALF]); w, wp, c, s from whole_operands ->
-    [rows, 2 * HALF] float32 (the two halves' squares summed apart, then added, as there)."""
+    rotation partners (x[:, (d + HALF) mod 2 * HALF]); (w, wp) from whole_weight, (c, s) from
+    whole_angles -> [rows, 2 * HALF] float32 (the two halves' squares summed apart, then added,
+    as there)."""
     first = tl.arange(0, 2 * HALF)[None, :] < HALF
     sq = x * x
     ss = tl.sum(tl.where(first, sq, 0.0), axis=1) + tl.sum(tl.where(first, 0.0, sq), axis=1)
