@@ -70,12 +70,13 @@ class Decoder:
         cos, sin = rope[kind]
         k_rows, v_rows = self.pool.rows(layer_id)
         decode = plan.decode[kind] if plan.decode else None
-        norm_rope = (w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps)
-        if decode is None or plan.kinds[kind]:
+        norms = (w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps)
+        decode_alone = decode is not None and not plan.kinds[kind]
+        if not decode_alone:
             store = (k_rows, v_rows, v, plan.stores[kind]) if plan.stores else None
-            q, k = ops.qk_norm_rope_pair(q, k, *norm_rope, k_rows.dtype, store)
-            norm_rope = None
-        # else decode rows alone: decode attention normalizes and rotates them (no launch)
+            q, k = ops.qk_norm_rope_pair(q, k, *norms, k_rows.dtype, store)
+        # NOTE: decode rows alone: decode attention normalizes and rotates them (no launch)
+        norm_rope = norms if decode_alone else None
         a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, decode, norm_rope)
         h, x = ops.linear_add_rms_norm(a.reshape(n, cfg.q_size), w.o_proj, h, w.post_attn_norm,

@@ -221,16 +221,16 @@ def with_norm_rope(
     q: torch.Tensor, new: tuple, norm_rope: tuple, k_dtype: torch.dtype, pair
 ) -> tuple[torch.Tensor, tuple]:
     """decode_attention's norm_rope = (q_weight, k_weight, cos, sin, eps): q [B, H, D] and the
-    new keys k[src] are the projection's raw rows -> (q, new) after QK-norm + RoPE by `pair`
-    (a qk_norm_rope_pair; the keys in k_dtype), sequence b's key at its query's angle (cos/sin
-    row b: the same token). Exactly the pair the layer runs otherwise, so on the CPU a decode
-    step gives the same bits either way."""
+    new keys k [B, KVH, D] are the projection's raw rows, one per sequence in order (src the
+    identity, as the decode metadata makes it) -> (q, new) after QK-norm + RoPE by `pair` (a
+    qk_norm_rope_pair; the keys in k_dtype), sequence b's key at its query's angle (cos/sin row
+    b: the same token). Exactly the pair the layer runs otherwise, so on the CPU a decode step
+    gives the same bits either way."""
     assert new is not None, "norm_rope applies to the step's own new rows"
-    q_weight, k_weight, cos, sin, eps = norm_rope
     k, v, src, dst = new
-    src = src.long()
-    q, k = pair(q, k[src], q_weight, k_weight, cos, sin, eps, k_dtype)
-    return q, (k, v[src], torch.arange(src.shape[0], device=src.device), dst)
+    assert k.shape[0] == q.shape[0], "norm_rope: one new row per sequence, in order"
+    q, k = pair(q, k, *norm_rope, k_dtype)
+    return q, (k, v, src, dst)
 
 
 def prefill_attention(

@@ -230,7 +230,8 @@ def decode_attention(
     new = (k, v, src, dst): store k/v[src[b]] at row dst[b] first (ref.store_kv), in the same
     launch; the row stored for sequence b must be its newest key (logical lens[b] - 1).
     norm_rope = (q_weight, k_weight, cos, sin, eps), with new: q and new k are the projection's
-    raw rows, given QK-norm + RoPE here (ref.decode_attention); cos/sin: [B, D // 2] float32."""
+    raw rows, given QK-norm + RoPE here (ref.with_norm_rope: one new row per sequence, in
+    order); cos/sin: [B, D // 2] float32."""
     batch, heads, head_dim = q.shape
     kv_heads = k_rows.shape[1]
     group = heads // kv_heads
@@ -244,7 +245,7 @@ def decode_attention(
     else:
         k_new, v_new, src, dst = q, q, lens, lens  # unused
     if norm_rope is not None:
-        assert new is not None, "norm_rope applies to the step's own new rows"
+        assert new is not None and k_new.shape[0] == batch, "norm_rope: one new row a sequence"
         q_weight, k_weight, cos, sin, eps = norm_rope
         assert cos.shape == (batch, head_dim // 2) and cos.is_contiguous() and sin.is_contiguous()
         assert q_weight.dtype == k_weight.dtype == cos.dtype == torch.float32
