@@ -3,7 +3,8 @@ for each block type and gemma3-27b decode shape at N = 1 and 8, every candidate 
 (CUDA graphs over copies of the blocks that defeat L2, as the warm-up times them), the best
 one's bytes read per second next to a 1 GiB device-to-device copy's (read + write) measured in
 the same run, and the dense bf16 GEMV of the same shape (muser.ops.triton.gemv, its default
-config). The K-quants read x as int8 rows, made once per x (timed apart: `int8_rows_us`).
+config). Q8_0 and the K-quants read x as int8 rows, made once per x (timed apart:
+`int8_rows_us`).
 `--baseline FILE` times an earlier version of gemv_blocks.py the same way, side by side
 (`baseline_us`, `speedup`); `--explore` times a grid of tiles beyond the candidates. Outputs
 are checked against the blocks dequantized to float32 and multiplied by torch in float32.
@@ -24,7 +25,7 @@ import torch
 import triton.testing
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from muser.ops.blocks import BlockMatrix
+from muser.ops.blocks import BlockMatrix, block_tensors
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv import gemv
 from muser.ops.triton.gemv_blocks import (
@@ -83,9 +84,11 @@ def dense_us(x: torch.Tensor, m: int, k: int, gen: torch.Generator) -> float:
 
 
 def explore(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig]:
-    """EXPLORE's tiles, each split over K until about 1024 programs run."""
+    """EXPLORE's tiles (blocks counted in 256 values: Q8_0's 32-value blocks eight a 256), each
+    split over K until about 1024 programs run."""
     out = []
-    for bm, nb, warps in EXPLORE:
+    per_256 = 256 // GGML_QUANT_SIZES[qtype][0]
+    for bm, nb, warps in ((bm, nb * per_256, warps) for bm, nb, warps in EXPLORE):
         blocks = k // GGML_QUANT_SIZES[qtype][0]
         if nb > blocks:
             continue
@@ -114,12 +117,13 @@ def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
     """One shape: every candidate config (or only the default one, `every` False), EXPLORE's
     tiles too (`wide`), and the baseline module's candidates (`base`)."""
     w = random_blocks(qtype, m, k, gen)
-    copies = rotation(w, w.data.nbytes, BlockMatrix.clone)
+    nbytes_w = sum(t.nbytes for t in block_tensors(w))  # the codes and any d kept apart
+    copies = rotation(w, nbytes_w, BlockMatrix.clone)
     x = torch.randn(n, k, generator=gen, device=DEVICE).to(torch.bfloat16)
     expect = x.float() @ dequantize_blocks(w, torch.float32).t()
     scale = expect.abs().max().item()
     rows_x = int8_rows(x) if qtype in INT8_TYPES else None
-    nbytes = w.data.numel() + x.numel() * x.element_size()
+    nbytes = nbytes_w + x.numel() * x.element_size()
     configs = candidates_blocks(n, m, k, qtype) if every else [default_config(n, m, k, qtype)]
     if wide and qtype in INT8_TYPES:
         configs += explore(n, m, k, qtype)

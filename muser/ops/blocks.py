@@ -9,7 +9,8 @@ from itertools import groupby
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-Q6_K_BODY = 208  # a Q6_K block's bytes before its fp16 d
+# Block types whose fp16 d BlockMatrix keeps apart, and its byte offset in the file's block
+D_AT = {GGMLQuantizationType.Q8_0: 0, GGMLQuantizationType.Q6_K: 208}
 # The block types the Triton kernels read; the others stay CPU-only (or dequantized) for now.
 KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
                 GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
@@ -17,15 +18,16 @@ KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
 
 @dataclass(slots=True)
 class BlockMatrix:
-    """An [M, K] matrix as the file's bytes: row m is K // block_size consecutive blocks. Q6_K
-    keeps each block's fp16 d apart, in `d` (its other 208 bytes stay in `data`, rows of
-    16-byte multiples: the kernels' loads are aligned, the 210-byte blocks are not)."""
+    """An [M, K] matrix as the file's bytes: row m is K // block_size consecutive blocks. Q8_0
+    and Q6_K keep each block's fp16 d apart, in `d`, their other bytes in `data` (Q8_0: the
+    int8 codes, K a row; Q6_K: 208 bytes a block): rows of 16-byte multiples, so the kernels
+    load aligned words, which the 34- and 210-byte blocks are not."""
 
-    data: torch.Tensor  # uint8 [M, K // block_size * type_size] (Q6_K: * 208)
+    data: torch.Tensor  # uint8 [M, K // block_size * type_size] (Q8_0, Q6_K: without the d)
     qtype: GGMLQuantizationType
     cols: int  # K
     dtype: torch.dtype = torch.float32  # the projection's input and output dtype (the engine's)
-    d: torch.Tensor | None = None  # Q6_K: float16 [M, K // 256]
+    d: torch.Tensor | None = None  # Q8_0, Q6_K: float16 [M, K // block_size]
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, qtype: GGMLQuantizationType,
@@ -36,11 +38,13 @@ class BlockMatrix:
         if k % block_size or raw.numel() != m * k // block_size * type_size:
             raise ValueError(f"{qtype.name} blocks of {raw.numel()} bytes cannot hold a "
                              f"{m} x {k} matrix")
-        if qtype != GGMLQuantizationType.Q6_K:
+        if qtype not in D_AT:
             return cls(raw.reshape(m, -1), qtype, k, dtype)
+        at = D_AT[qtype]
         blocks = raw.reshape(m, k // block_size, type_size)
-        return cls(blocks[..., :Q6_K_BODY].reshape(m, -1).contiguous(), qtype, k, dtype,
-                   blocks[..., Q6_K_BODY:].contiguous().view(torch.float16).reshape(m, -1))
+        body = torch.cat([blocks[..., :at], blocks[..., at + 2:]], dim=2)
+        return cls(body.reshape(m, -1), qtype, k, dtype,
+                   blocks[..., at:at + 2].contiguous().view(torch.float16).reshape(m, -1))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -67,9 +71,10 @@ class BlockMatrix:
         """uint8 [M, row bytes]: the blocks as the file stores them."""
         if self.d is None:
             return self.data
-        m = self.data.shape[0]
-        return torch.cat([self.data.reshape(m, -1, Q6_K_BODY),
-                          self.d.reshape(m, -1, 1).view(torch.uint8)], dim=2).reshape(m, -1)
+        m, at = self.data.shape[0], D_AT[self.qtype]
+        body = self.data.reshape(m, self.d.shape[1], -1)
+        return torch.cat([body[..., :at], self.d.reshape(m, -1, 1).view(torch.uint8),
+                          body[..., at:]], dim=2).reshape(m, -1)
 
     def dequantize(self) -> torch.Tensor:
         """[M, K] float32: gguf's dequantization, bit for bit (muser.loading.quants)."""

@@ -75,10 +75,12 @@ def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     h = torch.round(t)  # half to even, as the kernel's rint
     low = torch.round((t - h) * 128)
     words = [v.to(torch.int8).reshape(n, k).view(torch.int32) for v in (h, low)]
-    halves = (128 * h + low).reshape(n, k // 256, 8, 2, 16).sum(-1).to(torch.int32)
+    # half sums per 256 values: a last partial 256 as if zeros followed (they sum to 0)
+    full = F.pad((128 * h + low).reshape(n, k), (0, -k % 256))
+    halves = full.reshape(n, -1, 8, 2, 16).sum(-1).to(torch.int32)
     return (words[0], words[1], ((e - 7) << 23).view(torch.float32),
-            halves.sum(-1, dtype=torch.int32).reshape(n, -1),
-            halves.transpose(2, 3).reshape(n, k // 16))
+            halves.sum(-1, dtype=torch.int32).reshape(n, -1)[:, :k // 32],
+            halves.transpose(2, 3).reshape(n, -1))
 
 
 def rms_norm(

@@ -2,8 +2,8 @@
 the workspace) compile for sm_90 on a machine without a GPU, at the dtypes the GPU runs
 (bfloat16 activations and workspace, which the interpreter computes wrongly), with and
 without programmatic dependent launch: as test_sm90_compile.py, in a fresh process, with the
-ptxas Triton ships. The K-quants' integer dot products are PTX's dp4a there (the interpreter
-runs their arithmetic instead)."""
+ptxas Triton ships. The integer dot products (Q8_0, the K-quants) are PTX's dp4a there (the
+interpreter runs their arithmetic instead)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ types = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "part_ptr": "*fp3
          "eps": "fp32"}
 out = {}
 for qtype in KERNEL_TYPES:
-    words = {"w_ptr": "*i32" if qtype.name in ("Q4_K", "Q6_K") else "*i16", "wd_ptr": "*fp16"}
+    words = {"w_ptr": "*i16" if qtype.name == "Q5_0" else "*i32", "wd_ptr": "*fp16"}
     # split over K: the partials and the last arriver; the epilogues: GeGLU, add + RMSNorm
     for pdl, split, epilogue in ((True, 1, ""), (False, 4, ""), (True, 2, "GEGLU"),
                                  (True, 2, "NORM")):
@@ -60,12 +60,12 @@ def test_pdl_waits_and_releases_only_when_asked(ptx):
         assert all((g in code) == pdl for g in GDC), name
 
 
-def test_k_quants_dot_in_dp4a(ptx):
-    """Q4_K and Q6_K sum codes times x's int8 levels four at a time in dp4a (Q4_K's high
-    nibbles in place, as unsigned bytes); Q8_0 and Q5_0 multiply in float32."""
+def test_integer_dot_in_dp4a(ptx):
+    """Q8_0, Q4_K and Q6_K sum codes times x's int8 levels four at a time in dp4a (Q4_K's high
+    nibbles in place, as unsigned bytes); Q5_0 multiplies in float32."""
     for name, code in ptx.items():
         if name.startswith("gemv"):
-            assert ("dp4a.s32.s32" in code) == ("Q4_K" in name or "Q6_K" in name), name
+            assert ("dp4a.s32.s32" in code) == ("Q5_0" not in name), name
             assert ("dp4a.u32.s32" in code) == ("Q4_K" in name), name
 
 

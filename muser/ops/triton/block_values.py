@@ -6,8 +6,9 @@ significant bits times codes of at most 6 + 5 bits), Q4_K's final subtraction ro
 times its 6-bit code rounds once, as gguf's float32 product does.
 
 `base`: [BLOCK_M, 1] pointers to the first byte of each weight row; `kk`: [1, BLOCK_K] column
-indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0). Q6_K's fp16 d is
-kept apart from its block (muser.ops.blocks.BlockMatrix).
+indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0). Q8_0's and
+Q6_K's fp16 d are kept apart from their blocks (muser.ops.blocks.BlockMatrix; `d_base`:
+[BLOCK_M, 1] pointers to each row's).
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ def _byte(ptr, mask):
 
 
 @triton.jit
-def q8_0_values(base, kk, mask):
-    """Q8_0: 32 values in 34 bytes (fp16 d, 32 int8 q); x = d * q."""
-    block = base + (kk // 32) * 34
-    q = tl.load(block + 2 + kk % 32, mask=mask, other=0).to(tl.int8, bitcast=True)
-    return _f16(block, mask) * q.to(tl.float32)
+def q8_0_values(base, kk, mask, d_base):
+    """Q8_0: 32 values of int8 codes q (a row: K bytes) and an fp16 d kept apart; x = d * q."""
+    q = tl.load(base + kk, mask=mask, other=0).to(tl.int8, bitcast=True)
+    d = tl.load(d_base + kk // 32, mask=mask, other=0.0).to(tl.float32)
+    return d * q.to(tl.float32)
 
 
 @triton.jit
@@ -56,10 +57,9 @@ def q5_0_values(base, kk, mask):
 @triton.jit
 def q6_k_values(base, kk, mask, d_base):
     """Q6_K: 256 values in 208 bytes (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
-    scales of 16 values each) and an fp16 d kept apart (BlockMatrix.d; `d_base`: [BLOCK_M, 1]
-    pointers to each row's). In half h = j // 128, value l = j % 128 takes the low (l < 64) or
-    high nibble of byte 64h + l % 64 and bits 2 (l // 32) of byte 128 + 32h + l % 32;
-    x = (d * scale) * (q - 32)."""
+    scales of 16 values each) and an fp16 d kept apart. In half h = j // 128, value
+    l = j % 128 takes the low (l < 64) or high nibble of byte 64h + l % 64 and bits 2 (l // 32)
+    of byte 128 + 32h + l % 32; x = (d * scale) * (q - 32)."""
     block = base + (kk // 256) * 208
     j = kk % 256
     h, l = j // 128, j % 128
@@ -92,10 +92,10 @@ def q4_k_values(base, kk, mask):
 
 @triton.jit
 def block_values(base, kk, mask, d_base, QTYPE: tl.constexpr):
-    """W[rows, kk] float32 of blocks of type QTYPE (Q5_0, Q8_0, Q4_K or Q6_K; `d_base`: Q6_K's
-    d pointers, unread otherwise)."""
+    """W[rows, kk] float32 of blocks of type QTYPE (Q5_0, Q8_0, Q4_K or Q6_K; `d_base`: Q8_0's
+    and Q6_K's d pointers, unread otherwise)."""
     if QTYPE == Q8_0:
-        return q8_0_values(base, kk, mask)
+        return q8_0_values(base, kk, mask, d_base)
     elif QTYPE == Q5_0:
         return q5_0_values(base, kk, mask)
     elif QTYPE == Q4_K:

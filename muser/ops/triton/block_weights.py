@@ -36,7 +36,7 @@ import torch
 
 from muser.graph.weights import ModelWeights
 from muser.ops import ref
-from muser.ops.blocks import BlockMatrix, Blocks, segments
+from muser.ops.blocks import BlockMatrix, Blocks, block_tensors, segments
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.geglu import geglu
@@ -160,7 +160,7 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, run: Callable) -> BlockGemvC
     if STATS.serving:
         logging.getLogger("muser.tuning").warning(
             "block GEMV %s tuned after the warm-up, on the request path", key)
-    copies = rotation(part, part.data.nbytes, BlockMatrix.clone)
+    copies = rotation(part, sum(t.nbytes for t in block_tensors(part)), BlockMatrix.clone)
     best, best_ms, timed = default_config(n, m, k, part.qtype), math.inf, {}
     for c in candidates_blocks(n, m, k, part.qtype):
         try:

@@ -6,21 +6,22 @@ w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
     y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k).
 
-The K-quants (Q4_K, Q6_K) take x as two int8 levels per group of 32 values (int8_rows.py, made
-once per x for every matrix that reads it: x^ = s_g (128 h + l)), so both inner sums are exact
-int32 sums: of codes times h and times l in PTX dp4a (four an instruction, codes as bytes cut
-out of 32-bit words: Q4_K's high nibbles read in place as 16 q, unsigned; Q6_K's 2-bit highs
-shifted onto its low nibbles), and of 128 h + l (int8_rows' sums). Per sub-block and row the
-float work is a few multiplies. (x as one int16 in dp2a, two codes an instruction, measured
-slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q8_0 and Q5_0 multiply x in float32 by codes
-made floats by shifts and masks (int16 loads: their blocks are 2-byte aligned).
+Q8_0 and the K-quants (Q4_K, Q6_K) take x as two int8 levels per group of 32 values
+(int8_rows.py, made once per x for every matrix that reads it: x^ = s_g (128 h + l)), so both
+inner sums are int32 sums: of codes times h and times l in PTX dp4a (four an instruction, codes
+as bytes cut out of 32-bit words: Q8_0's as they are, signed; Q4_K's high nibbles read in place
+as 16 q, unsigned; Q6_K's 2-bit highs shifted onto its low nibbles), and of 128 h + l
+(int8_rows' sums). Per sub-block and row the float work is a few multiplies. (x as one int16 in
+dp2a, two codes an instruction, measured slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q5_0
+multiplies x in float32 by codes made floats by shifts and masks (int16 loads: its blocks are
+2-byte aligned).
 
     type  B   words                                  s_j, t_j
     Q4_K  32  int32 0: d|dmin, 1-3: 12 scale bytes,   d sc_j, dmin m_j (6-bit sc, m)
               4 + 8g + i: codes of sub-blocks 2g (low nibbles) and 2g + 1 (high)
     Q6_K  16  int32 0-31: low nibbles, 32-47: 2-bit   d sc_j, 32 d sc_j (int8 sc)
               highs, 48-51: 16 int8 scales (d apart: BlockMatrix)
-    Q8_0  32  int16 0: d, 1-16: 32 int8 codes          d, 0
+    Q8_0  16  int32 0-7: 32 int8 codes (d apart)      d, 0  (a half block a sub-block)
     Q5_0  32  int16 0: d, 1-2: 32 high bits, 3-10     d, 16 d
 
 Tiles are 5-d, [n, block, group, m, word]: the words' axis (4) is in each thread, so a
@@ -31,14 +32,15 @@ read the last ones in range and add 0 (their x scale reads as 0) or are not stor
 at N = 1, the loop's instructions per weight at the first tile: Q4_K ~1.7, Q6_K ~2.7 (3.1 and
 3.3 per byte).
 
-Error: y is the product with x^ (the K-quants: |x - x^| <= s_g / 2, int8_rows.py) or x. Its
-scales are exact (an fp16 times a code of at most 8 bits), so a product x q rounds once, a
-float partial sum of at most B codes (or B x values for X_j; 0 for the K-quants' integer sums)
-adds B - 1 roundings, the scale multiply and offset subtraction one each, then the accumulators
-(T additions per element and iteration), their final sum (at most BLOCKS E elements per
-output), the split's partials and acc - off: any tree, each product reaching y through at most
-D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so |y - exact| <= gamma_D *
-sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
+Error: y is the product with x^ (Q8_0, the K-quants: |x - x^| <= s_g / 2, int8_rows.py) or x.
+Its scales are exact (an fp16 times a code of at most 8 bits), so a product x q rounds once and
+a float partial sum of at most B codes (or B x values for X_j) adds B - 1 roundings; an integer
+sum is exact and rounds at most once made a float (Q8_0's, up to 16 * 128 * 8256 > 2^24: B = 1;
+the K-quants' stay below 2^24: B = 0). Then the scale multiply and offset subtraction, one each,
+the accumulators (T additions per element and iteration), their final sum (at most BLOCKS E
+elements per output), the split's partials and acc - off: any tree, each product reaching y
+through at most D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so
+|y - exact| <= gamma_D * sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
 
 A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
 blocks per iteration; split over K, the float32 partials are summed in a fixed order by the last
@@ -65,7 +67,7 @@ from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 QT = GGMLQuantizationType
-INT8_TYPES = (QT.Q4_K, QT.Q6_K)  # the types that read x as Int8Rows
+INT8_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q6_K)  # the types that read x as Int8Rows
 
 
 @triton.jit
@@ -237,23 +239,25 @@ def _q6_k(wrow, drow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCKS: tl.constexpr):
-    i = _ax(16, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 16), tl.float32)
+def _q8_0(wrow, drow, xh, xl, xs, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    # half g of block b: code words 8b + 4g + i (a 16-byte load) hold the codes of values
+    # 32b + 16g + 4i + byte, x's words the same values' h and l
+    g, i = _ax(2, 2), _ax(4, 4)
+    zero = tl.zeros((BLOCK_N, BLOCKS, 2, BLOCK_M, 4), tl.int32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 2, BLOCK_M), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 1)
-        blk = wrow + b * 17
-        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
-        d = _f16(tl.load(blk, mask=mask, other=0))
-        words = tl.load(blk + 1 + i, mask=mask, other=0).to(tl.int32)
-        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 16), tl.float32)
-        for e in tl.static_range(2):  # int8 byte e: (u ^ 0x80) = q + 128, as 2^23 + q + 128
-            x = tl.load(xrow + 32 * b + 2 * i + e, mask=xm, other=0.0).to(tl.float32)
-            u = ((words >> (8 * e)) & 0xFF) ^ 0x4B000080
-            p += x * (u.to(tl.float32, bitcast=True) - 8388736.0)
-        acc += d * p
-    return _total(acc)
+        valid = b0 + _ax(BLOCKS, 1) < b_hi  # past the range: as Q4_K's
+        b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
+        at = 8 * b + 4 * g + i
+        codes = _like(wrow + at, zero)
+        hs = _dp4a(codes, _like(xh + at, zero), zero, ASM)
+        ls = _dp4a(codes, _like(xl + at, zero), zero, ASM)
+        t = tl.sum(128 * hs + ls, axis=4)  # sum q (128 h + l) over 16 values: exact in int32
+        # d times the x scale (a power of two): exact
+        scale = _like(drow + b, zero).to(tl.float32) * tl.where(valid, _like(xs + b, zero), 0.0)
+        acc += _pick(scale, i, 0) * t.to(tl.float32)
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
 @triton.jit
@@ -312,9 +316,11 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
             acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xh, xl, xs,
                         xhalf_ptr + xn * (16 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS,
                         ASM)
-    elif QTYPE == Q8_0:
-        wrow = w_ptr + m5.to(tl.int64) * row_words
-        acc = _q8_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+    elif QTYPE == Q8_0:  # x as Int8Rows of K / 32 groups; rows past N and M: as above
+        xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
+        acc = _q8_0(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks,
+                    xh_ptr + xn * (8 * blocks), xl_ptr + xn * (8 * blocks), xs_ptr + xn * blocks,
+                    b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
     else:
         tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
         wrow = w_ptr + m5.to(tl.int64) * row_words
@@ -335,11 +341,12 @@ class BlockGemvConfig:
 
 
 # (block_m, blocks, num_warps) worth timing per type, best first: the K-quants' by H200 times
-# at the gemma3-27b shapes (bench/blocks_gemv.py --explore), the others' by the sm_90 code's
-# count of the loop's instructions per weight at N = 1 (Q8_0 ~9, Q5_0 ~12)
+# at the gemma3-27b shapes (bench/blocks_gemv.py --explore); Q8_0's the K-quants' bytes of
+# codes a thread loads per iteration (128 at N = 1); Q5_0's by the sm_90 code's count of the
+# loop's instructions per weight at N = 1 (~12)
 _TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],
           QT.Q6_K: [(32, 4, 4), (16, 4, 2), (32, 2, 4), (64, 1, 4)],
-          QT.Q8_0: [(64, 4, 4), (128, 4, 8), (64, 2, 4), (32, 8, 4)],
+          QT.Q8_0: [(32, 16, 4), (16, 16, 2), (64, 8, 4), (32, 32, 8)],
           QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}
 _CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
 

@@ -15,7 +15,8 @@ Outputs per row: `hi`, `lo` (int8 h and l, value k at byte k, read as int32 word
 (s per group, float32), and the x sums that blocks' offsets multiply, exact, as int32 sums of
 128 h + l: `sums` per group (Q4_K's mins), `half_sums` per 16 values (Q6_K's -32 q), ordered
 per 256 values as the first halves of their 8 groups, then the second halves (so a Q6_K
-program reads the sums of its sub-blocks as consecutive words).
+program reads the sums of its sub-blocks as consecutive words; a last partial 256 of a row,
+which only Q8_0's rows have, as if zeros followed it).
 """
 
 from __future__ import annotations
@@ -31,17 +32,17 @@ from muser.ops.triton.launch import cdiv, launch
 from muser.ops.triton.pdl import enter, options
 
 GROUP = 32  # values per scale
-GROUPS = 8  # groups per program
+GROUPS = 8  # groups per program: a program's half sums are those of one 256
 
 
 class Int8Rows(NamedTuple):
-    """x: [N, K] as two int8 levels (see the module docstring); K a multiple of 256."""
+    """x: [N, K] as two int8 levels (see the module docstring); K a multiple of 32."""
 
     hi: torch.Tensor  # int32 [N, K / 4]: four h bytes a word
     lo: torch.Tensor  # int32 [N, K / 4]: four l bytes a word
     scale: torch.Tensor  # float32 [N, K / 32]: s
     sums: torch.Tensor  # int32 [N, K / 32]: sum of 128 h + l per group
-    half_sums: torch.Tensor  # int32 [N, K / 16]: per half group, in the order above
+    half_sums: torch.Tensor  # int32 [N, 16 ceil(K / 256)]: per half group, in the order above
 
 
 @triton.jit
@@ -85,19 +86,20 @@ def _int8_rows_kernel(x_ptr, hi_ptr, lo_ptr, scale_ptr, sums_ptr, half_ptr, K, s
              mask=gmask)
     halves = tl.sum(tl.sum(128 * h + low, axis=3), axis=2)  # [G, 2]
     tl.store(sums_ptr + n * (K // 32) + grp, tl.sum(halves, axis=1), mask=gmask)
-    # half u of group grp = 8 c + r (block c of 256 values): 16 c + 8 u + r
+    # half u of group grp = 8 c + r (block c of 256 values): 16 c + 8 u + r. NOTE: unmasked:
+    # the programs cover whole 256s (GROUPS = 8), the groups past K are zeros
     half = 16 * (grp[:, None] // 8) + 8 * tl.arange(0, 2)[None, :] + grp[:, None] % 8
-    tl.store(half_ptr + n * (K // 16) + half, halves, mask=gmask[:, None])
+    tl.store(half_ptr + n * (16 * tl.cdiv(K, 256)) + half, halves)
 
 
 def int8_rows(x: torch.Tensor) -> Int8Rows:
-    """x: [N, K] float (K a multiple of 256, unit stride along K) -> its Int8Rows."""
+    """x: [N, K] float (K a multiple of 32, unit stride along K) -> its Int8Rows."""
     n, k = x.shape
-    assert k % 256 == 0 and x.stride(-1) == 1 and x.dtype.is_floating_point
+    assert k % GROUP == 0 and x.stride(-1) == 1 and x.dtype.is_floating_point
     dev = x.device
     rows = Int8Rows(empty((n, k // 4), torch.int32, dev), empty((n, k // 4), torch.int32, dev),
                     empty((n, k // 32), torch.float32, dev), empty((n, k // 32), torch.int32, dev),
-                    empty((n, k // 16), torch.int32, dev))
+                    empty((n, 16 * cdiv(k, 256)), torch.int32, dev))
     launch(_int8_rows_kernel, (cdiv(k // GROUP, GROUPS), n), x, *rows, k, x.stride(0),
            GROUPS=GROUPS, num_warps=4, **options(dev))
     return rows
