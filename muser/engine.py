@@ -15,10 +15,11 @@ request's uid and index i. A fork that finds no free page prefills the prompt on
 Prompt logprobs: the request is prefilled without its cached prefix, at most ECHO_ROWS rows per
 step, and the logits of those rows give each prompt token's logprob (muser/logprobs.py).
 
-Decode ahead (GPU; EngineConfig.decode_ahead): in a steady decode the next step is queued on
-the device right after this one's tokens are sampled there, fed those tokens, before they reach
-the host (`_launch_ahead`); the next call of step() takes those rows as computed (`_computed`)
-instead of running them again. A sequence that stops on its token had that row computed in vain
+Decode ahead (GPU; EngineConfig.decode_ahead): when every running sequence's next token is
+due (a decode step, or the step that ends the prompts) and nothing waits, the next decode step
+is queued on the device right after this one's tokens are sampled there, fed those tokens,
+before they reach the host (`_launch_ahead`); the next call of step() takes those rows as
+computed (`_computed`) instead of running them again. A sequence that stops on its token had that row computed in vain
 (it stays in its cache, and in its final prefix checkpoint)."""
 
 from __future__ import annotations
@@ -304,14 +305,17 @@ class Engine:
                    if live.seq is seq)
 
     def _launch_ahead(self, batch, lives: list[_Live], tokens) -> tuple[list[int], Ahead | None]:
-        """In a steady decode (every running sequence decoding, nothing waiting), queue the next
-        step on the device, fed the tokens just sampled there, before they reach the host: the
-        GPU runs it while the host emits this step's tokens and schedules. Sequences sure to
-        stop at this token (length, context) are left out; one stopped by its token (EOS, a
-        stop string, a grammar) has its row computed in vain. -> (the indices in `lives` of its
-        sequences, the step), or ([], None)."""
-        if not self.decode_ahead or batch.kind != "decode" or len(lives) != len(batch.reqs) or (
-                self.scheduler.waiting or self.scheduler.prefilling or self._arrived):
+        """When every running sequence's next token is due now (a decode step, or one that
+        ends the prompts it carries: the first decode step is queued as the later ones are)
+        and nothing waits, queue the next step on the device, fed the tokens just sampled
+        there, before they reach the host: the GPU runs it while the host emits this step's
+        tokens and schedules. Sequences sure to stop at this token (length, context) are left
+        out; one stopped by its token (EOS, a stop string, a grammar) has its row computed in
+        vain. -> (the indices in `lives` of its sequences, the step), or ([], None)."""
+        scheduled = {id(req) for req in batch.reqs}
+        if not self.decode_ahead or len(lives) != len(batch.reqs) or (
+                self.scheduler.waiting or self._arrived) or any(
+                id(req) not in scheduled for req in self.scheduler.prefilling):
             return [], None
         going = [i for i, live in enumerate(lives)
                  if len(live.req.output_ids) + 1 < live.req.sampling.max_tokens

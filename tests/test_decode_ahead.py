@@ -123,3 +123,18 @@ def test_a_prefix_left_by_a_stop_computed_ahead_reuses_exactly(gguf_path: Path,
     fresh = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=1, max_model_len=256,
                 page_size=16, prefix_cache=False).generate(follow, params)
     assert out == fresh.token_ids
+
+
+def test_the_first_decode_step_goes_ahead_from_the_prompts_last_chunk(
+        gguf_path: Path, ahead_steps: list[int]) -> None:
+    """The step that ends a prompt (its last chunk of several) queues the first decode step
+    ahead: every token after the first is computed ahead, with the same outputs as without."""
+    llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=2, max_model_len=256,
+              page_size=16, prefill_chunk=16, prefix_cache=False)
+    prompt = llm.encode("The tide came in over the stones. " * 5)
+    assert len(prompt) > 2 * 16
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    plain = run(llm, [(prompt, params)], ahead=False)
+    ahead = run(llm, [(prompt, params)], ahead=True)
+    assert ahead == plain and len(ahead[0]) == 6
+    assert ahead_steps == [1] * 5
