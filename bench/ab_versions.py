@@ -6,7 +6,8 @@ own process, the processes alternating (A B A B ...), so both meet the same host
 
 On the GPU: gemma3-1b with seeded random bf16 weights; on the CPU: the embedded Gemma 3 270M
 GGUF in float32 (the CPU default), prompts prefilled as served (`LLM.generate` of one token:
-the engine's chunks, prefix cache off), decode steps after a 32-token prompt.
+the engine's chunks, prefix cache off), decode steps after a 32-token prompt, of one sequence
+and of a batch of 8 (`decode8_step_ms`).
 
 Each entry names a directory holding a `muser` package; an earlier commit's, for example, from
 `mkdir -p bench/ab_base && git archive <commit> muser | tar -x -C bench/ab_base` (left
@@ -87,7 +88,7 @@ sys.path.insert(0, sys.argv[1])
 from muser import LLM, SamplingParams
 
 lengths, reps = [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
-llm = LLM(progress=False, device="cpu", max_num_seqs=1, max_model_len=max(lengths) + 256,
+llm = LLM(progress=False, device="cpu", max_num_seqs=8, max_model_len=max(lengths) + 256,
           prefix_cache=False)
 runner = llm.runner
 ids = [2] + torch.randint(1000, 200_000, (max(lengths),),
@@ -115,6 +116,15 @@ for _ in range(64):
     t0 = time.perf_counter()
     logits = runner.forward([seq], [[token]])
     steps.append(time.perf_counter() - t0)
+runner.free(seq)
+seqs = [runner.allocate() for _ in range(8)]  # a batch of 8 after 32 tokens each
+logits = runner.forward(seqs, [ids[1 + i:33 + i] for i in range(8)])
+steps8 = []
+for _ in range(24):
+    tokens = [[int(t)] for t in logits.argmax(-1)]
+    t0 = time.perf_counter()
+    logits = runner.forward(seqs, tokens)
+    steps8.append(time.perf_counter() - t0)
 print("RESULT " + json.dumps({
     "prefill_ms": {t: statistics.median(v) * 1e3 for t, v in times.items()},
     "prefill_host_ms": {t: statistics.median(v) * 1e3 for t, v in times.items()},
@@ -122,6 +132,8 @@ print("RESULT " + json.dumps({
     "prefill_tok_s": {t: t / statistics.median(v) for t, v in times.items()},
     "decode_step_ms": statistics.median(steps[4:]) * 1e3,
     "decode_tok_s": 1 / statistics.median(steps[4:]),
+    "decode8_step_ms": statistics.median(steps8[4:]) * 1e3,
+    "decode8_tok_s": 8 / statistics.median(steps8[4:]),
 }))
 """
 
@@ -149,9 +161,10 @@ def main() -> int:
                 raise SystemExit(f"{name} failed (exit {proc.returncode})")
             res = json.loads(line[7:])
             runs.append({"round": r, "version": name, **res})
+            batch8 = f", batch 8 {res['decode8_step_ms']:.3f} ms" if "decode8_step_ms" in res else ""
             print(f"round {r} {name}: prefill ms {res['prefill_ms']} (host "
-                  f"{res['prefill_host_ms']}), decode step {res['decode_step_ms']:.3f} ms",
-                  flush=True)
+                  f"{res['prefill_host_ms']}), decode step {res['decode_step_ms']:.3f} ms"
+                  f"{batch8}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "ab_versions.json" if args.device == "cuda" else "ab_versions_cpu.json"

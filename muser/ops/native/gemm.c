@@ -20,16 +20,23 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4 };
+enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4,
+       FMT_CODES_M = 5 /* inside: FMT_CODES with mins */ };
 
 #include "vec.h"
 
+/* NR_WIDE: rows per tile of a wide call (2 panels x 12 rows = 24 accumulators); NR_NARROW: the
+ * most rows per tile of a narrow one, which takes one panel a task (two for a single row: two
+ * FMA chains), so each panel's weights are widened once per tile and its accumulators, weight
+ * vector and group scales stay in registers. AVX2 (16 registers): 1 panel x 4 rows took the
+ * embedded model's head at 8 rows from 40.3 to 21.7 ms against 4 x 2 (bench/cpu_gemm.py,
+ * bench/results/cpu_gemm.json); AVX-512's 1 x 8 is the same shape by register count. */
 #if VEC_REGS >= 32
-#define NR_WIDE 12 /* rows per tile of a wide call: 2 panels x 12 rows = 24 accumulators */
+#define NR_WIDE 12
 #define NR_NARROW 8
 #elif VEC_REGS >= 8
 #define NR_WIDE 2
-#define NR_NARROW 2
+#define NR_NARROW 4
 #else
 #define NR_WIDE 4
 #define NR_NARROW 4
@@ -37,7 +44,6 @@ enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4 };
 
 #define WIDE_ROWS 16  /* calls with at least this many rows widen their panels once */
 #define WIDE_PANELS 2 /* panels per task of a wide call */
-#define NARROW_PANELS 4
 
 typedef struct {
     const void *w;
@@ -47,23 +53,33 @@ typedef struct {
     int64_t K, groups, group;
 } Weights;
 
-/* W[16p .. 16p + 15, k] as float32. */
+/* The scales (and mins) of panel p's group g as float32 vectors: loaded once per group. */
+typedef struct {
+    v16 s, m;
+} Group;
+
+static inline __attribute__((always_inline)) Group wgroup(const Weights *W, int fmt, int64_t p,
+                                                          int64_t g)
+{
+    Group G = {vzero(), vzero()};
+    const int64_t at = (p * W->groups + g) * 16;
+    if (fmt == FMT_CODES || fmt == FMT_CODES_M) G.s = vload((const float *)W->scales + at);
+    if (fmt == FMT_CODES_H) G.s = vhalf((const uint16_t *)W->scales + at);
+    if (fmt == FMT_CODES_M) G.m = vload(W->mins + at);
+    return G;
+}
+
+/* W[16p .. 16p + 15, k] as float32 (G: the group of k, for the code formats). */
 static inline __attribute__((always_inline)) v16 wvec(const Weights *W, int fmt, int64_t p,
-                                                       int64_t k)
+                                                       int64_t k, const Group *G)
 {
     const int64_t at = (p * W->K + k) * 16;
     switch (fmt) {
     case FMT_F16: return vhalf((const uint16_t *)W->w + at);
     case FMT_BF16: return vbf16((const uint16_t *)W->w + at);
-    case FMT_CODES: {
-        const int64_t g = (p * W->groups + k / W->group) * 16;
-        v16 v = vmul(vcodes((const int8_t *)W->w + at), vload((const float *)W->scales + g));
-        return W->mins ? vsub(v, vload(W->mins + g)) : v;
-    }
-    case FMT_CODES_H: {
-        const int64_t g = (p * W->groups + k / W->group) * 16;
-        return vmul(vcodes((const int8_t *)W->w + at), vhalf((const uint16_t *)W->scales + g));
-    }
+    case FMT_CODES:
+    case FMT_CODES_H: return vmul(vcodes((const int8_t *)W->w + at), G->s);
+    case FMT_CODES_M: return vsub(vmul(vcodes((const int8_t *)W->w + at), G->s), G->m);
     default: return vload((const float *)W->w + at);
     }
 }
@@ -78,12 +94,17 @@ static inline __attribute__((always_inline)) void tile(
     v16 acc[4][12]; /* the widest case of ROWS12; a build uses at most NR_WIDE */
     for (int i = 0; i < MV; i++)
         for (int r = 0; r < NR; r++) acc[i][r] = vzero();
-    for (int64_t k = 0; k < W->K; k++) {
-        v16 w[4];
-        for (int i = 0; i < MV; i++) w[i] = wvec(W, fmt, p0 + i, k);
-        for (int r = 0; r < NR; r++) {
-            const v16 xr = vsplat(ldx ? x[r * ldx + k] : x[k * NR_WIDE + r]);
-            for (int i = 0; i < MV; i++) acc[i][r] = vfma(w[i], xr, acc[i][r]);
+    const int64_t step = fmt >= FMT_CODES ? W->group : W->K; /* k per group */
+    for (int64_t k0 = 0; k0 < W->K; k0 += step) {
+        Group G[4];
+        for (int i = 0; i < MV; i++) G[i] = wgroup(W, fmt, p0 + i, k0 / step);
+        for (int64_t k = k0; k < k0 + step; k++) {
+            v16 w[4];
+            for (int i = 0; i < MV; i++) w[i] = wvec(W, fmt, p0 + i, k, &G[i]);
+            for (int r = 0; r < NR; r++) {
+                const v16 xr = vsplat(ldx ? x[r * ldx + k] : x[k * NR_WIDE + r]);
+                for (int i = 0; i < MV; i++) acc[i][r] = vfma(w[i], xr, acc[i][r]);
+            }
         }
     }
     for (int i = 0; i < MV; i++) {
@@ -109,6 +130,7 @@ static void run_tile(const Weights *W, int64_t p0, int mv, const float *x, int64
     const int fmt = W->fmt;
 #define FORMATS(MV)                                               \
     if (fmt == FMT_CODES) { ROWS12(MV, FMT_CODES) }               \
+    else if (fmt == FMT_CODES_M) { ROWS12(MV, FMT_CODES_M) }      \
     else if (fmt == FMT_CODES_H) { ROWS12(MV, FMT_CODES_H) }      \
     else if (fmt == FMT_F16) { ROWS12(MV, FMT_F16) }              \
     else if (fmt == FMT_BF16) { ROWS12(MV, FMT_BF16) }            \
@@ -119,11 +141,16 @@ static void run_tile(const Weights *W, int64_t p0, int mv, const float *x, int64
 #undef FORMATS
 }
 
-/* Every row tile of x over panels [p0, p0 + mv), `tile_rows` rows at a time (ldx == 0: x is
- * packed by pack_rows, tiles of NR_WIDE rows). */
+/* Every row tile of x over panels [p0, p0 + mv), at most `tile_rows` rows at a time, in tiles
+ * of equal size but the last (x rows `ldx` apart), or (ldx == 0) of NR_WIDE rows as pack_rows
+ * packs them. */
 static void run_rows(const Weights *W, int64_t p0, int mv, const float *x, int64_t N,
                      int64_t ldx, int tile_rows, float *y, int64_t ldy, int64_t M)
 {
+    if (ldx) { /* 5 rows by 4: 3 + 2, not 4 + 1 (a one-row tile is one FMA chain a panel) */
+        const int64_t tiles = (N + tile_rows - 1) / tile_rows;
+        tile_rows = (int)((N + tiles - 1) / tiles);
+    }
     for (int64_t r = 0; r < N; r += tile_rows) {
         const int nr = N - r < tile_rows ? (int)(N - r) : tile_rows;
         const float *xt = ldx ? x + r * ldx : x + r * W->K;
@@ -164,10 +191,11 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
     if (fmt < 0 || fmt > FMT_CODES_H) return -1;
     if (codes && (group < 1 || K % group || !scales)) return -1;
     if (fmt == FMT_CODES_H && mins) return -1;
-    const Weights W = {w, fmt, scales, mins, K, codes ? K / group : 0, group};
+    const Weights W = {w, fmt == FMT_CODES && mins ? FMT_CODES_M : fmt, scales, mins, K,
+                       codes ? K / group : 0, group};
     const int64_t panels = (M + 15) / 16;
     const int wide = N >= WIDE_ROWS;
-    const int per_task = wide ? WIDE_PANELS : NARROW_PANELS;
+    const int per_task = wide ? WIDE_PANELS : N == 1 ? 2 : 1;
     const int64_t tasks = (panels + per_task - 1) / per_task;
     int failed = 0;
     if (threads > tasks) threads = (int)tasks;
@@ -197,8 +225,9 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
             } else if (buf) {
                 for (int i = 0; i < mv; i++)
                     for (int64_t k = 0; k < K; k++) {
-                        const v16 v = wvec(&W, fmt, p0 + i, k);
-                        vstore(buf + ((int64_t)i * K + k) * 16, v, 16);
+                        const Group G = wgroup(&W, W.fmt, p0 + i, codes ? k / group : 0);
+                        vstore(buf + ((int64_t)i * K + k) * 16, wvec(&W, W.fmt, p0 + i, k, &G),
+                               16);
                     }
                 const Weights F = {buf, FMT_F32, NULL, NULL, K, 0, 0};
                 /* panels of buf are numbered from 0; shift y so its columns line up */

@@ -1,0 +1,108 @@
+"""The CPU projection kernel at decode widths (muser/ops/native/gemm.c) against an earlier
+revision of its C sources, side by side in one process: one layer's four matrices and the tied
+LM head of the embedded model, at 1 to 12 rows (the decode batches a CPU serves), each timed
+alternately in both builds (best of --rounds), the outputs checked bitwise equal.
+
+    python bench/cpu_gemm.py --base 2944a9b --out bench/results/cpu_gemm.json
+
+The baseline is built from `git show REV:muser/ops/native/...` with the same compiler and flags
+(muser.ops.native.FLAGS) into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from muser import LLM
+from muser.bench import _cpu_model
+from muser.ops import native
+from muser.ops.packed import PackedMatrix
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE = "muser/ops/native"
+
+
+def build_base(rev: str, tmp: Path) -> ctypes.CDLL:
+    """The kernel library of revision `rev`'s C sources."""
+    for path in native.SOURCES + native.HEADERS:
+        text = subprocess.run(["git", "show", f"{rev}:{NATIVE}/{path.name}"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout
+        (tmp / path.name).write_text(text)
+    lib = tmp / "base.so"
+    subprocess.run([os.environ.get("CC", "cc"), *native.FLAGS, "-o", str(lib),
+                    *(str(tmp / p.name) for p in native.SOURCES), "-lm"], check=True)
+    base = ctypes.CDLL(str(lib))
+    base.muser_gemm.argtypes = native.library().muser_gemm.argtypes
+    base.muser_gemm.restype = ctypes.c_int
+    return base
+
+
+def gemm(lib: ctypes.CDLL, x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
+    """native.gemm through `lib`."""
+    n, k = x.shape
+    y = torch.empty(n, w.rows)
+    fmt = native.FMT_CODES + (w.scales.dtype == torch.float16) if w.is_codes else (
+        native.FORMATS[w.data.dtype])
+    rc = lib.muser_gemm(x.data_ptr(), n, k, x.stride(0), w.data.data_ptr(), fmt,
+                        None if w.scales is None else w.scales.data_ptr(),
+                        None if w.mins is None else w.mins.data_ptr(), w.group, w.rows,
+                        y.data_ptr(), w.rows, torch.get_num_threads())
+    assert rc == 0, rc
+    return y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="the git revision to compare against")
+    ap.add_argument("--rows", default="1,2,4,5,8,12")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--layer", type=int, default=3)
+    ap.add_argument("--out", help="write the JSON receipt here")
+    args = ap.parse_args()
+    llm = LLM(progress=False, device="cpu", max_num_seqs=1, max_model_len=512)
+    weights = llm.runner.model.weights
+    layer = weights.layers[args.layer]
+    mats = {"qkv": layer.qkv, "o_proj": layer.o_proj, "gate_up": layer.gate_up,
+            "down": layer.down, "head": weights.head}
+    flags = native._cpu_flags()
+    build = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "portable"
+    cells = []
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"muser": native.library(), "base": build_base(args.base, Path(tmp))}
+        for name, w in mats.items():
+            reps = 2 if name == "head" else 40
+            for n in map(int, args.rows.split(",")):
+                x = torch.randn(n, w.shape[1], generator=torch.Generator().manual_seed(n))
+                assert torch.equal(gemm(libs["muser"], x, w), gemm(libs["base"], x, w)), name
+                best = dict.fromkeys(libs, float("inf"))
+                for _ in range(args.rounds):
+                    for label, lib in libs.items():
+                        start = time.perf_counter()
+                        for _ in range(reps):
+                            gemm(lib, x, w)
+                        best[label] = min(best[label], (time.perf_counter() - start) / reps)
+                cell = {"matrix": name, "shape": list(w.shape), "rows": n,
+                        "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,
+                        "speedup": best["base"] / best["muser"],
+                        "muser_gb_s": w.nbytes() / best["muser"] / 1e9,
+                        "muser_gflop_s": 2 * n * w.rows * w.shape[1] / best["muser"] / 1e9}
+                cells.append(cell)
+                print(f"{name:8} rows {n:2}: {cell['muser_ms']:8.3f} ms, base "
+                      f"{cell['base_ms']:8.3f} ms ({cell['speedup']:.2f}x)", flush=True)
+    receipt = {"cpu": _cpu_model(), "build": build, "threads": torch.get_num_threads(),
+               "base": args.base, "torch": torch.__version__, "cells": cells}
+    if args.out:
+        Path(args.out).write_text(json.dumps(receipt, indent=1))
+
+
+if __name__ == "__main__":
+    main()
