@@ -25,25 +25,29 @@ enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4,
 
 #include "vec.h"
 
-/* NR_WIDE: rows per tile of a wide call (2 panels x 12 rows = 24 accumulators); NR_NARROW: the
- * most rows per tile of a narrow one, which takes one panel a task (two for a single row: two
- * FMA chains), so each panel's weights are widened once per tile and its accumulators, weight
- * vector and group scales stay in registers. AVX2 (16 registers): 1 panel x 4 rows took the
- * embedded model's head at 8 rows from 40.3 to 21.7 ms against 4 x 2 (bench/cpu_gemm.py,
- * bench/results/cpu_gemm.json); AVX-512's 1 x 8 is the same shape by register count. */
+/* WIDE_PANELS x NR_WIDE: panels per task and rows per tile of a wide call (AVX-512: 2 x 12 = 24
+ * accumulators; AVX2: 1 x 6 = 12 of its 16 registers). NR_NARROW: the most rows per tile of a
+ * narrow call, which takes one panel a task (two for a single row: two FMA chains), so each
+ * panel's weights are widened once per tile and its accumulators, weight vector and group
+ * scales stay in registers. AVX2 against 2 x 2 (wide) and 4 x 2 (narrow): the embedded model's
+ * projections at 512 rows 1.7-1.8x as fast, its head at 8 rows 40.3 -> 21.7 ms
+ * (bench/cpu_gemm.py, bench/results/cpu_gemm.json); AVX-512's narrow 1 x 8 is the same shape
+ * by register count. */
 #if VEC_REGS >= 32
+#define WIDE_PANELS 2
 #define NR_WIDE 12
 #define NR_NARROW 8
 #elif VEC_REGS >= 8
-#define NR_WIDE 2
+#define WIDE_PANELS 1
+#define NR_WIDE 6
 #define NR_NARROW 4
 #else
+#define WIDE_PANELS 2
 #define NR_WIDE 4
 #define NR_NARROW 4
 #endif
 
-#define WIDE_ROWS 16  /* calls with at least this many rows widen their panels once */
-#define WIDE_PANELS 2 /* panels per task of a wide call */
+#define WIDE_ROWS 16 /* calls with at least this many rows widen their panels once */
 
 typedef struct {
     const void *w;
