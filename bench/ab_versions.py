@@ -161,7 +161,8 @@ def main() -> int:
                 raise SystemExit(f"{name} failed (exit {proc.returncode})")
             res = json.loads(line[7:])
             runs.append({"round": r, "version": name, **res})
-            batch8 = f", batch 8 {res['decode8_step_ms']:.3f} ms" if "decode8_step_ms" in res else ""
+            batch8 = (f", batch 8 {res['decode8_step_ms']:.3f} ms" if "decode8_step_ms" in res
+                      else "")
             print(f"round {r} {name}: prefill ms {res['prefill_ms']} (host "
                   f"{res['prefill_host_ms']}), decode step {res['decode_step_ms']:.3f} ms"
                   f"{batch8}", flush=True)

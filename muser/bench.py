@@ -111,7 +111,9 @@ class LlamaCppSide:
             # NOTE: llama-cpp-python keeps no scores without logits_all; the context's
             # logits buffer holds the last evaluated token's row
             for _ in range(steps):
-                self.llm.eval([int(np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),)).argmax())])
+                logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(),
+                                               shape=(self.llm.n_vocab(),))
+                self.llm.eval([int(logits.argmax())])
         return run
 
 

@@ -19,8 +19,8 @@ Decode ahead (GPU; EngineConfig.decode_ahead): when every running sequence's nex
 due (a decode step, or the step that ends the prompts) and nothing waits, the next decode step
 is queued on the device right after this one's tokens are sampled there, fed those tokens,
 before they reach the host (`_launch_ahead`); the next call of step() takes those rows as
-computed (`_computed`) instead of running them again. A sequence that stops on its token had that row computed in vain
-(it stays in its cache, and in its final prefix checkpoint)."""
+computed (`_computed`) instead of running them again. A sequence that stops on its token had
+that row computed in vain (it stays in its cache, and in its final prefix checkpoint)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ pay nothing): [R, ceil(vocab / 32)] int32 words, bit t % 32 of word t // 32 set 
 may come next, computed for all R rows in parallel on llguidance's threads (the GIL released),
 while the device still runs the step's forward pass. The sampler unpacks it and applies it on
 the device (muser/sampler.py: disallowed logits -> -inf). A grammar that has ended
-(is_stopped) ends the request. The grammar text is llguidance's (Lark, or its JSON grammar form); the server builds
-it from JSON schemas and GBNF (muser/server/structured.py).
+(is_stopped) ends the request. The grammar text is llguidance's (Lark, or its JSON grammar
+form); the server builds it from JSON schemas and GBNF (muser/server/structured.py).
 
 The vocabulary table (LLTokenizer) costs 1.5-4 s for Gemma 3's 262k tokens (a loaded 2-core
 CPU): built once per engine, on the first constrained request, in the thread that submits it

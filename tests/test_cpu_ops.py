@@ -13,6 +13,7 @@ from muser.attention.dense_ref import attention_dense
 from muser.ops import cpu, native, ref
 from muser.ops.packed import PackedMatrix
 from tests.error_bounds import U, attention_bound, gamma
+from tests.test_packed import QT, _packed
 
 
 
@@ -238,11 +239,19 @@ def test_other_builds_compute_the_same_bits(march, variant_builds, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(37, 256, generator=gen)
     q, k = torch.randn(9, 4, 64, generator=gen), torch.randn(50, 1, 64, generator=gen)
-    w = PackedMatrix.from_dense(torch.randn(70, 256, generator=gen))
+    # float32 values, and codes with float16 scales (Q8_0), float32 scales and mins (Q4_K)
+    # and float32 scales alone (Q6_K): each build's tiles at every width it has
+    mats = [PackedMatrix.from_dense(torch.randn(70, 256, generator=gen))] + [
+        _packed(qtype, 70, 256, seed) for seed, qtype in enumerate(
+            (QT.Q8_0, QT.Q4_K, QT.Q6_K))]
+    widths = (1, 2, 3, 5, 8, 12, 16, 37)
 
     def outputs() -> list[torch.Tensor]:
-        return [native.gemm(x, w), native.gemm(x[:3], w), native.rms_norm(x, x[0], 1e-6),
-                native.geglu(x), native.attention(q, k, k, 41, 0, 16, 0.1)]
+        return [native.gemm(x[:n], w) for w in mats for n in widths] + [
+            native.rms_norm(x, x[0], 1e-6), native.geglu(x),
+            native.attention(q, k, k, 41, 0, 16, 0.1),  # 4 heads on a KV head, D = 64
+            native.attention(q.reshape(9, 1, 256), k.repeat(1, 1, 4), k.repeat(1, 1, 4), 41, 0,
+                             0, 0.1)]  # one head, D = 256
 
     ours = outputs()
     monkeypatch.setattr(native, "library", lambda: variant)

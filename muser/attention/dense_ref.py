@@ -42,7 +42,8 @@ def attention_dense(
     return out.permute(2, 0, 1, 3).reshape(num_q, num_heads, head_dim)
 
 
-def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     scale: float) -> torch.Tensor:
     """One query row over every given key. q: [H, D], k/v: [S, KVH, D] -> [H, D] float32."""
     num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]

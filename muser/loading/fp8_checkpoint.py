@@ -7,8 +7,8 @@ scale: W = weight * weight_scale (multiplied, not divided).
   [M, 1] (strategy "channel"), [1] or [] ("tensor": broadcast to every row, exactly), or
   [ceil(M / bm), ceil(K / bk)] ("block", block_structure [bm, bk]: read as float32 values,
   which --quantization fp8 requantizes per row, because the kernels take per-row scales: a
-  second rounding, of at most 2^-4 relative). A static `input_scale` is not used: activations are quantized per token
-  at run time (or not at all), whichever measured faster.
+  second rounding, of at most 2^-4 relative). A static `input_scale` is not used: activations
+  are quantized per token at run time (or not at all), whichever measured faster.
 - `fbgemm_fp8`: weight_scale [M, 1] float32; `input_scale_ub` (the activation clamp) is not
   used, for the same reason.
 

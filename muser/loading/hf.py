@@ -104,7 +104,8 @@ def _rope(text: dict[str, Any]) -> tuple[float, float, float]:
     else:
         full, local = text.get("rope_scaling") or {}, {}
         theta, local_theta = text["rope_theta"], text["rope_local_base_freq"]
-    for name, p, allowed in (("full", full, ("default", "linear")), ("sliding", local, ("default",))):
+    for name, p, allowed in (("full", full, ("default", "linear")),
+                             ("sliding", local, ("default",))):
         kind = p.get("rope_type", p.get("type", "default"))
         if kind not in allowed:
             raise ModelLoadError(f"config.json: rope type '{kind}' on {name} layers is not "

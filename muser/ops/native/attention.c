@@ -54,6 +54,20 @@ static inline void hsum4(const v16 *v, float *out) {
     float lane[16];
     _mm512_storeu_ps(lane, x);
     for (int j = 0; j < 4; j++) out[j] = lane[4 * j];
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    __m256 a[4]; /* (i, i + 8) */
+    for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(v[j].lo, v[j].hi);
+    /* (i, i + 4): v[0] | v[1] and v[2] | v[3] in the two 128-bit halves */
+    const __m256 u = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20),
+                                   _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    const __m256 w = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20),
+                                   _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    /* (i, i + 2), then (i, i + 1): v[0], v[2] in elements 0, 2; v[1], v[3] in 4, 6 */
+    __m256 x = _mm256_add_ps(_mm256_shuffle_ps(u, w, 0x44), _mm256_shuffle_ps(u, w, 0xEE));
+    x = _mm256_add_ps(x, _mm256_shuffle_ps(x, x, 0xB1));
+    float lane[8];
+    _mm256_storeu_ps(lane, x);
+    out[0] = lane[0], out[1] = lane[4], out[2] = lane[2], out[3] = lane[6];
 #else
     for (int j = 0; j < 4; j++) out[j] = hsum(v[j]);
 #endif
@@ -168,7 +182,11 @@ static inline __attribute__((always_inline)) void attend(
     for (int r = 0; r < nr; r++) softmax(&rows[r], G, sums[r]);
     for (int r = 0; r < nr; r++)
         for (int64_t x = 0; x < G * D; x++) rows[r].o[x] = 0.0f;
+#if VEC_REGS >= 32
     const int db = D % 64 == 0 && G <= 4 ? 4 : D % 32 == 0 ? 2 : 1;
+#else /* G x DB accumulators and DB value vectors within 16 registers (AVX2) */
+    const int db = D % 32 == 0 && G <= 2 ? 2 : 1;
+#endif
     for (int64_t i_hi = hi; i_hi >= lo; i_hi -= KEY_BLOCK) {
         const int64_t i_lo = i_hi - KEY_BLOCK + 1 > lo ? i_hi - KEY_BLOCK + 1 : lo;
         for (int r = 0; r < nr; r++) {

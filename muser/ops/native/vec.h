@@ -67,6 +67,11 @@ static inline __m256 bf8(const uint16_t *p) {
 }
 static inline v16 vbf16(const uint16_t *p) { return (v16){bf8(p), bf8(p + 8)}; }
 static inline void vstore(float *p, v16 v, int n) {
+    if (n == 16) {
+        _mm256_storeu_ps(p, v.lo);
+        _mm256_storeu_ps(p + 8, v.hi);
+        return;
+    }
     float t[16];
     _mm256_storeu_ps(t, v.lo);
     _mm256_storeu_ps(t + 8, v.hi);

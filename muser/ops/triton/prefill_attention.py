@@ -276,8 +276,8 @@ def prefill_attention(
         ml = empty((cfg.splits, num_q, heads, 2), torch.float32, dev)
     rows = keys if read_rows is None else read_rows
     launch(
-        _flash_kernel, (q_tiles, heads // cfg.pack, cfg.splits), q, keys, values, rows, out, part, ml,
-        tiles, ranges, num_q, num_k, q_start, k_start, window or 0, scale * _LOG2E, k_tiles,
+        _flash_kernel, (q_tiles, heads // cfg.pack, cfg.splits), q, keys, values, rows, out, part,
+        ml, tiles, ranges, num_q, num_k, q_start, k_start, window or 0, scale * _LOG2E, k_tiles,
         qs0, qs1, ks0, ks1, vs0, vs1, heads * head_dim, head_dim, cfg.splits,
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
         INDEXED=read_rows is not None, PACK=cfg.pack, WIDE=cfg.wide, num_warps=cfg.num_warps,
