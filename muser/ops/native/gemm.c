@@ -30,9 +30,9 @@ enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4,
  * narrow call, which takes one panel a task (two for a single row: two FMA chains), so each
  * panel's weights are widened once per tile and its accumulators, weight vector and group
  * scales stay in registers. AVX2 against 2 x 2 (wide) and 4 x 2 (narrow): the embedded model's
- * projections at 512 rows 1.7-1.8x as fast, its head at 8 rows 40.3 -> 21.7 ms
- * (bench/cpu_gemm.py, bench/results/cpu_gemm.json); AVX-512's narrow 1 x 8 is the same shape
- * by register count. */
+ * projections at 512 rows 1.73-1.89x as fast, its head at 8 rows 37.9 -> 21.0 ms
+ * (bench/cpu_ab.py, bench/results/cpu_ab.json); AVX-512's narrow 1 x 8 is the same shape by
+ * register count. */
 #if VEC_REGS >= 32
 #define WIDE_PANELS 2
 #define NR_WIDE 12

@@ -1,9 +1,11 @@
-"""The CPU projection kernel (muser/ops/native/gemm.c) against an earlier revision of its C
-sources, side by side in one process: one layer's four matrices of the embedded model at 1 to
-512 rows (decode batches, then prefill chunks) and its tied LM head up to 16 rows, each timed
-alternately in both builds (best of --rounds), the outputs checked bitwise equal.
+"""The CPU kernels (muser/ops/native/) against an earlier revision of their C sources, side by
+side in one process, each timed alternately in both builds (best of --rounds) and the outputs
+checked bitwise equal: projections (gemm.c) of one layer's four matrices of the embedded model
+at 1 to 512 rows (decode batches, then prefill chunks) and of its tied LM head up to 16 rows;
+attention (attention.c) of a 512-row chunk and of one decode row over 2,048 keys, global and
+sliding (the model's window).
 
-    python bench/cpu_gemm.py --base 2944a9b --out bench/results/cpu_gemm.json
+    python bench/cpu_ab.py --base 2944a9b --out bench/results/cpu_ab.json
 
 The baseline is built from `git show REV:muser/ops/native/...` with the same compiler and flags
 (muser.ops.native.FLAGS) into a temporary directory.
@@ -41,8 +43,9 @@ def build_base(rev: str, tmp: Path) -> ctypes.CDLL:
     subprocess.run([os.environ.get("CC", "cc"), *native.FLAGS, "-o", str(lib),
                     *(str(tmp / p.name) for p in native.SOURCES), "-lm"], check=True)
     base = ctypes.CDLL(str(lib))
-    base.muser_gemm.argtypes = native.library().muser_gemm.argtypes
-    base.muser_gemm.restype = ctypes.c_int
+    for name in ("muser_gemm", "muser_attention"):
+        getattr(base, name).argtypes = getattr(native.library(), name).argtypes
+        getattr(base, name).restype = ctypes.c_int
     return base
 
 
@@ -58,6 +61,38 @@ def gemm(lib: ctypes.CDLL, x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
                         y.data_ptr(), w.rows, torch.get_num_threads())
     assert rc == 0, rc
     return y
+
+
+def attention_cells(llm: LLM, libs: dict, rounds: int) -> list[dict]:
+    """native.attention in each build (the module's library swapped for the call)."""
+    cfg, gen = llm.model_config, torch.Generator().manual_seed(0)
+    cells, real = [], native.library
+    try:
+        for rows, keys in ((512, 2048), (1, 2048)):
+            q = torch.randn(rows, cfg.num_heads, cfg.head_dim, generator=gen)
+            k = torch.randn(keys, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+            v = torch.randn(keys, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+            for window in (None, cfg.sliding_window):
+                reps, best, outs = (3 if rows > 1 else 100), dict.fromkeys(libs, float("inf")), {}
+                for _ in range(rounds):
+                    for label, lib in libs.items():
+                        native.library = lambda lib=lib: lib
+                        start = time.perf_counter()
+                        for _ in range(reps):
+                            outs[label] = native.attention(q, k, v, keys - rows, 0, window,
+                                                           cfg.attn_scale)
+                        best[label] = min(best[label], (time.perf_counter() - start) / reps)
+                assert torch.equal(outs["muser"], outs["base"])
+                cell = {"op": "attention", "rows": rows, "keys": keys, "window": window,
+                        "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,
+                        "speedup": best["base"] / best["muser"]}
+                cells.append(cell)
+                print(f"attention rows {rows:3} keys {keys} window {window}: "
+                      f"{cell['muser_ms']:8.3f} ms, base {cell['base_ms']:8.3f} ms "
+                      f"({cell['speedup']:.2f}x)", flush=True)
+    finally:
+        native.library = real
+    return cells
 
 
 def main() -> None:
@@ -92,14 +127,15 @@ def main() -> None:
                         for _ in range(reps):
                             gemm(lib, x, w)
                         best[label] = min(best[label], (time.perf_counter() - start) / reps)
-                cell = {"matrix": name, "shape": list(w.shape), "rows": n,
+                cell = {"op": "gemm", "matrix": name, "shape": list(w.shape), "rows": n,
                         "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,
                         "speedup": best["base"] / best["muser"],
                         "muser_gb_s": w.nbytes() / best["muser"] / 1e9,
                         "muser_gflop_s": 2 * n * w.rows * w.shape[1] / best["muser"] / 1e9}
                 cells.append(cell)
-                print(f"{name:8} rows {n:2}: {cell['muser_ms']:8.3f} ms, base "
+                print(f"{name:8} rows {n:3}: {cell['muser_ms']:8.3f} ms, base "
                       f"{cell['base_ms']:8.3f} ms ({cell['speedup']:.2f}x)", flush=True)
+        cells += attention_cells(llm, libs, args.rounds)
     receipt = {"cpu": _cpu_model(), "build": build, "threads": torch.get_num_threads(),
                "base": args.base, "torch": torch.__version__, "cells": cells}
     if args.out:
