@@ -27,25 +27,37 @@ enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4,
 
 /* WIDE_PANELS x NR_WIDE: panels per task and rows per tile of a wide call (AVX-512: 2 x 12 = 24
  * accumulators; AVX2: 1 x 6 = 12 of its 16 registers). NR_NARROW: the most rows per tile of a
- * narrow call, which takes one panel a task (two for a single row: two FMA chains), so each
- * panel's weights are widened once per tile and its accumulators, weight vector and group
+ * narrow call, which takes as few panels a task as keep CHAINS independent FMA chains going
+ * (rows x panels x the registers of a 16-float vector: the FMA latency covered), so each
+ * panel's weights are widened once per tile and its accumulators, weight vectors and group
  * scales stay in registers. AVX2 against 2 x 2 (wide) and 4 x 2 (narrow): the embedded model's
  * projections at 512 rows 1.73-1.89x as fast, its head at 8 rows 37.9 -> 21.0 ms
- * (bench/cpu_ab.py, bench/results/cpu_ab.json); AVX-512's narrow 1 x 8 is the same shape by
- * register count. */
+ * (bench/cpu_ab.py, bench/results/cpu_ab.json); AVX-512's narrow tiles follow the same rule
+ * (one row: 4 panels, as before). */
 #if VEC_REGS >= 32
 #define WIDE_PANELS 2
 #define NR_WIDE 12
 #define NR_NARROW 8
+#define V16_REGS 1
 #elif VEC_REGS >= 8
 #define WIDE_PANELS 1
 #define NR_WIDE 6
 #define NR_NARROW 4
+#define V16_REGS 2
 #else
 #define WIDE_PANELS 2
 #define NR_WIDE 4
 #define NR_NARROW 4
+#define V16_REGS 16 /* scalar lanes: no latency to cover */
 #endif
+#define CHAINS 4
+
+/* Panels a task of a narrow call of N rows: 1, 2 or 4. */
+static int narrow_panels(int64_t N)
+{
+    const int64_t per_panel = (N < NR_NARROW ? N : NR_NARROW) * V16_REGS;
+    return per_panel >= CHAINS ? 1 : 2 * per_panel >= CHAINS ? 2 : 4;
+}
 
 #define WIDE_ROWS 16 /* calls with at least this many rows widen their panels once */
 
@@ -199,7 +211,7 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
                        codes ? K / group : 0, group};
     const int64_t panels = (M + 15) / 16;
     const int wide = N >= WIDE_ROWS;
-    const int per_task = wide ? WIDE_PANELS : N == 1 ? 2 : 1;
+    const int per_task = wide ? WIDE_PANELS : narrow_panels(N);
     const int64_t tasks = (panels + per_task - 1) / per_task;
     int failed = 0;
     if (threads > tasks) threads = (int)tasks;
