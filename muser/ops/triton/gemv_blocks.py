@@ -341,9 +341,9 @@ class BlockGemvConfig:
 
 
 # (block_m, blocks, num_warps) worth timing per type, best first: the K-quants' by H200 times
-# at the gemma3-27b shapes (bench/blocks_gemv.py --explore); Q8_0's the K-quants' bytes of
-# codes a thread loads per iteration (128 at N = 1); Q5_0's by the sm_90 code's count of the
-# loop's instructions per weight at N = 1 (~12)
+# at the gemma3-27b shapes (bench/blocks_gemv.py --explore); Q8_0's load as many bytes of codes
+# a thread per iteration as Q4_K's first tile (128 at N = 1; not yet timed on a GPU); Q5_0's by
+# the sm_90 code's count of the loop's instructions per weight at N = 1 (~12)
 _TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],
           QT.Q6_K: [(32, 4, 4), (16, 4, 2), (32, 2, 4), (64, 1, 4)],
           QT.Q8_0: [(32, 16, 4), (16, 16, 2), (64, 8, 4), (32, 32, 8)],
