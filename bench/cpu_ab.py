@@ -14,6 +14,7 @@ The baseline is built from `git show REV:muser/ops/native/...` with the same com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -27,7 +28,6 @@ import torch
 from muser import LLM
 from muser.bench import _cpu_model
 from muser.ops import native
-from muser.ops.packed import PackedMatrix
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = "muser/ops/native"
@@ -49,49 +49,43 @@ def build_base(rev: str, tmp: Path) -> ctypes.CDLL:
     return base
 
 
-def gemm(lib: ctypes.CDLL, x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
-    """native.gemm through `lib`."""
-    n, k = x.shape
-    y = torch.empty(n, w.rows)
-    fmt = native.FMT_CODES + (w.scales.dtype == torch.float16) if w.is_codes else (
-        native.FORMATS[w.data.dtype])
-    rc = lib.muser_gemm(x.data_ptr(), n, k, x.stride(0), w.data.data_ptr(), fmt,
-                        None if w.scales is None else w.scales.data_ptr(),
-                        None if w.mins is None else w.mins.data_ptr(), w.group, w.rows,
-                        y.data_ptr(), w.rows, torch.get_num_threads())
-    assert rc == 0, rc
-    return y
+@contextlib.contextmanager
+def using(lib: ctypes.CDLL):
+    """muser.ops.native's calls go through `lib` inside the block."""
+    real = native.library
+    native.library = lambda: lib
+    try:
+        yield
+    finally:
+        native.library = real
 
 
 def attention_cells(llm: LLM, libs: dict, rounds: int) -> list[dict]:
-    """native.attention in each build (the module's library swapped for the call)."""
+    """native.attention in each build."""
     cfg, gen = llm.model_config, torch.Generator().manual_seed(0)
-    cells, real = [], native.library
-    try:
-        for rows, keys in ((512, 2048), (1, 2048)):
-            q = torch.randn(rows, cfg.num_heads, cfg.head_dim, generator=gen)
-            k = torch.randn(keys, cfg.num_kv_heads, cfg.head_dim, generator=gen)
-            v = torch.randn(keys, cfg.num_kv_heads, cfg.head_dim, generator=gen)
-            for window in (None, cfg.sliding_window):
-                reps, best, outs = (3 if rows > 1 else 100), dict.fromkeys(libs, float("inf")), {}
-                for _ in range(rounds):
-                    for label, lib in libs.items():
-                        native.library = lambda lib=lib: lib
-                        start = time.perf_counter()
+    cells = []
+    for rows, keys in ((512, 2048), (1, 2048)):
+        q = torch.randn(rows, cfg.num_heads, cfg.head_dim, generator=gen)
+        k = torch.randn(keys, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+        v = torch.randn(keys, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+        for window in (None, cfg.sliding_window):
+            reps, best, outs = (3 if rows > 1 else 100), dict.fromkeys(libs, float("inf")), {}
+            for _ in range(rounds):
+                for label, lib in libs.items():
+                    start = time.perf_counter()
+                    with using(lib):
                         for _ in range(reps):
                             outs[label] = native.attention(q, k, v, keys - rows, 0, window,
                                                            cfg.attn_scale)
-                        best[label] = min(best[label], (time.perf_counter() - start) / reps)
-                assert torch.equal(outs["muser"], outs["base"])
-                cell = {"op": "attention", "rows": rows, "keys": keys, "window": window,
-                        "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,
-                        "speedup": best["base"] / best["muser"]}
-                cells.append(cell)
-                print(f"attention rows {rows:3} keys {keys} window {window}: "
-                      f"{cell['muser_ms']:8.3f} ms, base {cell['base_ms']:8.3f} ms "
-                      f"({cell['speedup']:.2f}x)", flush=True)
-    finally:
-        native.library = real
+                    best[label] = min(best[label], (time.perf_counter() - start) / reps)
+            assert torch.equal(outs["muser"], outs["base"])
+            cell = {"op": "attention", "rows": rows, "keys": keys, "window": window,
+                    "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,
+                    "speedup": best["base"] / best["muser"]}
+            cells.append(cell)
+            print(f"attention rows {rows:3} keys {keys} window {window}: "
+                  f"{cell['muser_ms']:8.3f} ms, base {cell['base_ms']:8.3f} ms "
+                  f"({cell['speedup']:.2f}x)", flush=True)
     return cells
 
 
@@ -119,13 +113,18 @@ def main() -> None:
                     continue
                 reps = 3 if name == "head" else max(3, 40 // n)
                 x = torch.randn(n, w.shape[1], generator=torch.Generator().manual_seed(n))
-                assert torch.equal(gemm(libs["muser"], x, w), gemm(libs["base"], x, w)), name
+                outs = {}
+                for label, lib in libs.items():
+                    with using(lib):
+                        outs[label] = native.gemm(x, w)
+                assert torch.equal(outs["muser"], outs["base"]), name
                 best = dict.fromkeys(libs, float("inf"))
                 for _ in range(args.rounds):
                     for label, lib in libs.items():
                         start = time.perf_counter()
-                        for _ in range(reps):
-                            gemm(lib, x, w)
+                        with using(lib):
+                            for _ in range(reps):
+                                native.gemm(x, w)
                         best[label] = min(best[label], (time.perf_counter() - start) / reps)
                 cell = {"op": "gemm", "matrix": name, "shape": list(w.shape), "rows": n,
                         "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,

@@ -312,10 +312,11 @@ class Engine:
         tokens and schedules. Sequences sure to stop at this token (length, context) are left
         out; one stopped by its token (EOS, a stop string, a grammar) has its row computed in
         vain. -> (the indices in `lives` of its sequences, the step), or ([], None)."""
-        scheduled = {id(req) for req in batch.reqs}
         if not self.decode_ahead or len(lives) != len(batch.reqs) or (
-                self.scheduler.waiting or self._arrived) or any(
-                id(req) not in scheduled for req in self.scheduler.prefilling):
+                self.scheduler.waiting or self._arrived):
+            return [], None
+        scheduled = {id(req) for req in batch.reqs}
+        if any(id(req) not in scheduled for req in self.scheduler.prefilling):
             return [], None
         going = [i for i, live in enumerate(lives)
                  if len(live.req.output_ids) + 1 < live.req.sampling.max_tokens

@@ -239,11 +239,13 @@ int muser_gemm(const float *x, int64_t N, int64_t K, int64_t ldx, const void *w,
             } else if (fmt == FMT_F32) {
                 run_rows(&W, p0, mv, xp, N, 0, NR_WIDE, y, ldy, M);
             } else if (buf) {
+                const int64_t step = codes ? group : K; /* k per group */
                 for (int i = 0; i < mv; i++)
-                    for (int64_t k = 0; k < K; k++) {
-                        const Group G = wgroup(&W, W.fmt, p0 + i, codes ? k / group : 0);
-                        vstore(buf + ((int64_t)i * K + k) * 16, wvec(&W, W.fmt, p0 + i, k, &G),
-                               16);
+                    for (int64_t k0 = 0; k0 < K; k0 += step) {
+                        const Group G = wgroup(&W, W.fmt, p0 + i, k0 / step);
+                        for (int64_t k = k0; k < k0 + step; k++)
+                            vstore(buf + ((int64_t)i * K + k) * 16,
+                                   wvec(&W, W.fmt, p0 + i, k, &G), 16);
                     }
                 const Weights F = {buf, FMT_F32, NULL, NULL, K, 0, 0};
                 /* panels of buf are numbered from 0; shift y so its columns line up */
