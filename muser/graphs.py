@@ -38,7 +38,6 @@ class GraphBuffers:
     layout: DecodeLayout
     meta: torch.Tensor  # int32 [layout.size] on the device: what the graphs read
     host: torch.Tensor  # pinned twin, packed on the host each step
-    logit_rows: torch.Tensor  # [max_bs] arange
     feed: torch.Tensor  # int32 [max_bs]: the ids of rows packed as -1
     logits: dict[int, torch.Tensor]  # bucket -> captured output [bs, vocab]
 
@@ -51,8 +50,7 @@ class DecodeGraphs:
         self.buf = GraphBuffers(
             layout, torch.zeros(layout.size, dtype=torch.int32, device=device),
             torch.zeros(layout.size, dtype=torch.int32).pin_memory(),
-            torch.arange(max_bs, device=device), torch.zeros(max_bs, dtype=torch.int32,
-                                                             device=device), {},
+            torch.zeros(max_bs, dtype=torch.int32, device=device), {},
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_s = 0.0
@@ -63,10 +61,9 @@ class DecodeGraphs:
         layout, meta = self.buf.layout, self.buf.meta
         plan = StepPlan({"sliding": [], "global": []}, [], self.cfg.sliding_window, 64, {},
                         decode=layout.metas(meta, bs))
-        ids = layout.view(meta, "input_ids", bs)
-        ids = torch.where(ids < 0, self.buf.feed[:bs], ids)
-        return self.model.forward(ids, layout.view(meta, "positions", bs), plan,
-                                  self.buf.logit_rows[:bs])
+        return self.model.forward(layout.view(meta, "input_ids", bs),
+                                  layout.view(meta, "positions", bs), plan, None,
+                                  self.buf.feed[:bs])
 
     @property
     def is_captured(self) -> bool:

@@ -26,12 +26,14 @@ class Decoder:
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, plan: StepPlan,
-        logit_rows: torch.Tensor,
+        logit_rows: torch.Tensor | None, feed: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32 (no LM head
-        at all when logit_rows is empty: a chunk in the middle of a prompt)."""
+        """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32 (every row's
+        when logit_rows is None; no LM head at all when it is empty: a chunk in the middle of a
+        prompt). feed: the ids of rows whose input_ids are negative, on the device."""
         cfg, w, ops = self.cfg, self.weights, self.ops
-        h = ops.embed(w.embed, input_ids) * math.sqrt(cfg.hidden_size)  # residual stream, f32
+        # the residual stream, float32: Gemma scales the embedding by sqrt(hidden)
+        h = ops.embed(w.embed, input_ids, math.sqrt(cfg.hidden_size), feed)
         # NOTE: a NoPE kind rotates every row by angle 0 (cos 1, sin 0): the identity, exactly
         at = {kind: torch.zeros_like(positions) if kind in cfg.nope_kinds else positions
               for kind in ("sliding", "global")}
@@ -47,9 +49,11 @@ class Decoder:
                 w.final_norm
             )
             h, x = self.layer(layer_id, layer, h, x, rope, plan, next_norm)
-        if logit_rows.numel() == 0:
-            return h.new_empty((0, cfg.vocab_size))
-        logits = ops.linear(x[logit_rows], w.head).float()
+        if logit_rows is not None:
+            if logit_rows.numel() == 0:
+                return h.new_empty((0, cfg.vocab_size))
+            x = x[logit_rows]
+        logits = ops.linear(x, w.head).float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

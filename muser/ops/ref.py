@@ -29,14 +29,20 @@ def prepare_weights(weights: ModelWeights) -> ModelWeights:
     return weights
 
 
-def embed(table: torch.Tensor | PackedMatrix | Fp8Matrix, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of the embedding table -> [N, D] float32 (a packed or FP8 table dequantizes
-    only those rows)."""
+def embed(table: torch.Tensor | PackedMatrix | Fp8Matrix, ids: torch.Tensor, scale: float = 1.0,
+          feed: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows `ids` of the embedding table times `scale` -> [N, D] float32 (a packed or FP8 table
+    dequantizes only those rows). feed: where an id is negative, the row takes feed's id (a
+    decode step queued before the host knows its tokens)."""
+    if feed is not None:
+        ids = torch.where(ids < 0, feed[:ids.shape[0]].to(ids.dtype), ids)
     if isinstance(table, PackedMatrix):
-        return table.dequantize(ids)
-    if isinstance(table, Fp8Matrix):  # a tied FP8 head: the rows' codes times their scales
-        return table.dequantize(rows=ids)
-    return table[ids].float()
+        rows = table.dequantize(ids)
+    elif isinstance(table, Fp8Matrix):  # a tied FP8 head: the rows' codes times their scales
+        rows = table.dequantize(rows=ids)
+    else:
+        rows = table[ids].float()
+    return rows if scale == 1.0 else rows * scale
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:

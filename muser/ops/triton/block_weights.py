@@ -37,8 +37,10 @@ import torch
 from muser.graph.weights import ModelWeights
 from muser.ops import ref
 from muser.ops.blocks import BlockMatrix, Blocks, block_tensors, segments
+from muser.ops.fp8 import Fp8Matrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
+from muser.ops.triton.embed import embed_rows
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import NormEpilogue
 from muser.ops.triton.gemv_blocks import (
@@ -84,12 +86,16 @@ def reserve(device: torch.device, dtype: torch.dtype, size: int) -> torch.Tensor
     return _WORKSPACE[key]
 
 
-def embed(table: torch.Tensor | Blocks, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of the embedding table -> [N, D] float32 (blocks: only those rows are
-    dequantized)."""
+def embed(table: torch.Tensor | Fp8Matrix | Blocks, ids: torch.Tensor, scale: float = 1.0,
+          feed: torch.Tensor | None = None) -> torch.Tensor:
+    """ref.embed on the device: a dense or FP8 table in one launch (embed.py); blocks: only the
+    rows asked for are gathered as blocks and dequantized (float32)."""
     if not isinstance(table, BlockMatrix):
-        return ref.embed(table, ids)
-    return dequantize_blocks(table.take(ids), torch.float32)
+        return embed_rows(table, ids, scale, feed)
+    if feed is not None:
+        ids = torch.where(ids < 0, feed[:ids.shape[0]].to(ids.dtype), ids)
+    rows = dequantize_blocks(table.take(ids), torch.float32)
+    return rows if scale == 1.0 else rows * scale
 
 
 def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue | None,
