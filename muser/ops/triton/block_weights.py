@@ -35,7 +35,6 @@ from functools import partial
 import torch
 
 from muser.graph.weights import ModelWeights
-from muser.ops import ref
 from muser.ops.blocks import BlockMatrix, Blocks, block_tensors, segments
 from muser.ops.fp8 import Fp8Matrix
 from muser.ops.triton.alloc import empty
