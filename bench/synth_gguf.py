@@ -7,16 +7,17 @@ like a converted checkpoint.
 
 Metadata: llama.cpp's gemma3 keys from the preset's ModelConfig, the tokenizer's keys copied
 from --tokenizer (a GGUF holding Gemma 3's vocabulary). Tensors: llama.cpp's gemma3 names and
-shapes; norms float32 (ones plus noise); every matrix one block type (--type bf16, q8_0, q4_k,
-q6_k) or, with q4_k_m, llama.cpp's Q4_K_M mix (Q6_K for attn_v and ffn_down, Q4_K for the
-rest, Q6_K for the embedding); rows not made of 256-value blocks take llama.cpp's fallback
-(Q5_0 for Q4_K, Q8_0 for Q6_K). Quantizing a 27B in numpy takes hours, so a matrix is a small
-random [64, K] matrix whose blocks are repeated down the rows: quantized by `gguf.quants`
-where it can (bf16, Q8_0), random bytes with small finite f16 scales for the K-quants (which
-`gguf.quants` only dequantizes). Valid blocks, the file's real byte count and layout, not
+shapes; norms float32 (ones plus noise); every matrix one block type (--type bf16, q8_0, q4_0,
+q4_k, q5_k, q6_k) or, with q4_k_m, llama.cpp's Q4_K_M mix (Q6_K for attn_v and ffn_down, Q4_K
+for the rest, Q6_K for the embedding); rows not made of 256-value blocks take llama.cpp's
+fallback (Q5_0 for Q4_K, Q8_0 for Q6_K; Q5_0 for Q5_K, where llama.cpp takes Q5_1).
+Quantizing a 27B in numpy takes hours, so a matrix is a small random [64, K] matrix whose
+blocks are repeated down the rows: quantized by `gguf.quants` where it can (bf16, Q8_0, Q4_0),
+random bytes with small finite f16 scales for the K-quants (which `gguf.quants` only
+dequantizes). Valid blocks, the file's real byte count and layout, not
 independent values: enough to time kernels, not to judge accuracy. Every type but bf16 (the
 fallbacks included) is one the GPU keeps as blocks (muser/ops/blocks.py KERNEL_TYPES), so a
-file of q8_0, q4_k, q6_k or q4_k_m loads at its own size on the device.
+file of any --type but bf16 loads at its own size on the device.
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ from gguf import GGMLQuantizationType as Q
 
 from muser.presets import preset
 
-TYPES = {"bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K, "q6_k": Q.Q6_K}
+TYPES = {"bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_k": Q.Q4_K, "q5_k": Q.Q5_K,
+         "q6_k": Q.Q6_K}
 SEED_ROWS = 64
-# byte offsets of the f16 super-block scales in a K-quant block: Q4_K d, dmin; Q6_K d
-SCALES = {Q.Q4_K: ((0, 2e-3), (2, 1e-3)), Q.Q6_K: ((208, 2e-3),)}
+# byte offsets of the f16 super-block scales in a K-quant block: Q4_K, Q5_K d, dmin; Q6_K d
+SCALES = {Q.Q4_K: ((0, 2e-3), (2, 1e-3)), Q.Q5_K: ((0, 1e-3), (2, 1e-3)), Q.Q6_K: ((208, 2e-3),)}
 
 
-FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}  # llama.cpp's, for rows not of 256-value blocks
+# for rows not of 256-value blocks: llama.cpp's (for Q5_K it takes Q5_1, which no GPU kernel
+# reads: Q5_0 here)
+FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}
 
 
 def _matrix_type(kind: str, name: str, cols: int) -> Q:

@@ -70,6 +70,8 @@ def test_fused_rows_are_the_parts_rows(gguf_reader):
 @pytest.mark.parametrize("kind,types", [
     ("q8_0", {"embed": ["Q8_0"], "qkv": ["Q8_0"], "down": ["Q8_0"]}),
     ("q4_k", {"embed": ["Q4_K"], "qkv": ["Q4_K"], "down": ["Q4_K"]}),
+    ("q5_k", {"embed": ["Q5_K"], "qkv": ["Q5_K"], "down": ["Q5_K"]}),
+    ("q4_0", {"embed": ["Q4_0"], "qkv": ["Q4_0"], "down": ["Q4_0"]}),
     ("q4_k_m", {"embed": ["Q6_K"], "qkv": ["Q4_K", "Q6_K"], "gate_up": ["Q4_K"],
                 "down": ["Q6_K"]}),
 ])

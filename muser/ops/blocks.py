@@ -12,8 +12,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 # Block types whose fp16 d BlockMatrix keeps apart, and its byte offset in the file's block
 D_AT = {GGMLQuantizationType.Q8_0: 0, GGMLQuantizationType.Q6_K: 208}
 # The block types the Triton kernels read; the others stay CPU-only (or dequantized) for now.
-KERNEL_TYPES = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
-                GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
+KERNEL_TYPES = tuple(GGMLQuantizationType[name]
+                     for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
 
 
 @dataclass(slots=True)

@@ -55,6 +55,7 @@ def _dense(w, dtype: torch.dtype) -> torch.Tensor:
 
 MIXED = ((QT.Q5_0, 16), (QT.Q8_0, 8), (QT.Q4_K, 13), (QT.Q6_K, 8))  # like a Q4_K_M QKV
 SINGLE = ((QT.Q4_K, 37),)
+OTHERS = ((QT.Q5_K, 21), (QT.Q4_0, 11))  # the types of files other than Q4_K_M (Q5_K_M, Q4_0)
 
 
 def _bound(x: torch.Tensor, w, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -79,7 +80,7 @@ def _bound(x: torch.Tensor, w, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     return exact, (g * (mags + quant) + quant) * (1 + u) + u * exact.abs()
 
 
-@pytest.mark.parametrize("parts", [SINGLE, MIXED], ids=["single", "mixed"])
+@pytest.mark.parametrize("parts", [SINGLE, MIXED, OTHERS], ids=["single", "mixed", "others"])
 @pytest.mark.parametrize("n,dtype", [(1, torch.float32), (3, torch.float16), (8, torch.float32),
                                      (17, torch.float32)])
 def test_linear_over_blocks(gen, parts, n, dtype):

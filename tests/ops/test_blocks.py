@@ -1,6 +1,6 @@
-"""GGUF blocks read inside Triton kernels (Q5_0, Q8_0, Q4_K, Q6_K) on random blocks: the
-dequantization kernel equals `gguf.quants.dequantize` bit for bit; the decode GEMV over them
-is within the error bound of its per-sub-block float32 sums of the float64 product, the
+"""GGUF blocks read inside Triton kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) on random
+blocks: the dequantization kernel equals `gguf.quants.dequantize` bit for bit; the decode GEMV
+over them is within the error bound of its per-sub-block float32 sums of the float64 product, the
 K-quants' of x as two int8 levels (int8_rows, equal to its reference bit for bit, within its
 own bound)."""
 
@@ -29,16 +29,18 @@ from tests.error_bounds import gamma
 
 QT = GGMLQuantizationType
 # K: 3 blocks of 32 (a partial BLOCK_K), or 2 of 256
-SHAPES = {QT.Q5_0: (37, 96), QT.Q8_0: (37, 96), QT.Q4_K: (37, 512), QT.Q6_K: (37, 512)}
+SHAPES = {QT.Q5_0: (37, 96), QT.Q8_0: (37, 96), QT.Q4_K: (37, 512), QT.Q6_K: (37, 512),
+          QT.Q4_0: (37, 96), QT.Q5_K: (37, 512)}
 
 
 def _random_blocks(gen: torch.Generator, qtype: QT, m: int, k: int) -> np.ndarray:
     """[m, row bytes] of random blocks: every code and packed scale byte random, the fp16
-    super-scales (d, and dmin for Q4_K; at the block's end for Q6_K) random finite values."""
+    super-scales (d, and dmin for Q4_K and Q5_K; at the block's end for Q6_K) random finite
+    values."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     nb = k // block_size
     raw = torch.randint(0, 256, (m, nb, type_size), generator=gen, dtype=torch.uint8)
-    halves = 2 if qtype == QT.Q4_K else 1
+    halves = 2 if qtype in (QT.Q4_K, QT.Q5_K) else 1
     at = type_size - 2 if qtype == QT.Q6_K else 0
     scales = (torch.rand(m, nb, halves, generator=gen) - 0.5) * 0.2
     raw[..., at:at + 2 * halves] = scales.half().view(torch.uint8).view(m, nb, 2 * halves)
@@ -71,12 +73,15 @@ def test_dequantize_gguf_quantized_q8_0(gen):
 
 # the block GEMV: M = 37 (a partial BLOCK_M at every tile), K: several blocks per row, enough
 # for SPLIT_K > 1 and a partial last iteration (20 blocks of 32, 6 of 256: 4 per iteration)
-GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 1536), QT.Q6_K: (37, 768)}
-CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192)}  # code bytes
+GEMV_SHAPES = {QT.Q5_0: (37, 640), QT.Q8_0: (37, 640), QT.Q4_K: (37, 1536), QT.Q6_K: (37, 768),
+               QT.Q4_0: (37, 640), QT.Q5_K: (37, 1536)}
+CODES = {QT.Q5_0: (2, 22), QT.Q8_0: (2, 34), QT.Q4_K: (16, 144), QT.Q6_K: (0, 192),
+         QT.Q4_0: (2, 18), QT.Q5_K: (16, 176)}  # code bytes (Q5_K's high bits included)
 # The kernels' sums (gemv_blocks.py), per type: B values per sub-block (0: the K-quants' integer
 # sums, exact); T additions into an accumulator element per iteration; E accumulator elements
 # per output and block
-SUMS = {QT.Q5_0: (32, 1, 8), QT.Q8_0: (1, 1, 2), QT.Q4_K: (0, 2, 4), QT.Q6_K: (0, 4, 4)}
+SUMS = {QT.Q5_0: (32, 1, 8), QT.Q8_0: (1, 1, 2), QT.Q4_K: (0, 2, 4), QT.Q6_K: (0, 4, 4),
+        QT.Q4_0: (32, 1, 8), QT.Q5_K: (0, 2, 4)}
 
 
 def _depth(qtype: QT, k: int, c: BlockGemvConfig) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 from sm90 import GDC, compile_ptx
 
+from muser.ops.blocks import KERNEL_TYPES
+
 COMPILE = r'''
 from muser.ops.blocks import KERNEL_TYPES
 # NOTE: modules, not the ops of the same names that muser.ops.triton exports
@@ -24,7 +26,7 @@ types = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "part_ptr": "*fp3
          "eps": "fp32"}
 out = {}
 for qtype in KERNEL_TYPES:
-    words = {"w_ptr": "*i16" if qtype.name == "Q5_0" else "*i32", "wd_ptr": "*fp16"}
+    words = {"w_ptr": "*i16" if qtype.name in ("Q4_0", "Q5_0") else "*i32", "wd_ptr": "*fp16"}
     # split over K: the partials and the last arriver; the epilogues: GeGLU, add + RMSNorm
     for pdl, split, epilogue in ((True, 1, ""), (False, 4, ""), (True, 2, "GEGLU"),
                                  (True, 2, "NORM")):
@@ -51,7 +53,7 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 22
+    assert len(ptx) == 5 * len(KERNEL_TYPES) + 2
 
 
 def test_pdl_waits_and_releases_only_when_asked(ptx):
@@ -61,11 +63,12 @@ def test_pdl_waits_and_releases_only_when_asked(ptx):
 
 
 def test_integer_dot_in_dp4a(ptx):
-    """Q8_0, Q4_K and Q6_K sum codes times x's int8 levels four at a time in dp4a (Q4_K's high
-    nibbles in place, as unsigned bytes); Q5_0 multiplies in float32."""
+    """Q8_0 and the K-quants sum codes times x's int8 levels four at a time in dp4a (Q4_K's
+    high nibbles in place, as unsigned bytes); Q5_0 and Q4_0 multiply in float32."""
     for name, code in ptx.items():
         if name.startswith("gemv"):
-            assert ("dp4a.s32.s32" in code) == ("Q5_0" not in name), name
+            floats = "Q5_0" in name or "Q4_0" in name
+            assert ("dp4a.s32.s32" in code) == (not floats), name
             assert ("dp4a.u32.s32" in code) == ("Q4_K" in name), name
 
 

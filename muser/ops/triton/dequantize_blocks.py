@@ -30,7 +30,7 @@ def _dequantize_blocks_kernel(w_ptr, d_ptr, out_ptr, M, K, row_bytes, d_row,
 
 def dequantize_blocks(weight: BlockMatrix, dtype: torch.dtype,
                       out: torch.Tensor | None = None) -> torch.Tensor:
-    """weight: [M, K] as Q5_0 / Q8_0 / Q4_K / Q6_K blocks -> [M, K] in `dtype`
+    """weight: [M, K] as blocks of a KERNEL_TYPES type -> [M, K] in `dtype`
     (ref.dequantize_blocks), or written into `out` (contiguous [M, K] of `dtype`: e.g. rows
     of a reused workspace)."""
     assert weight.qtype in KERNEL_TYPES and weight.data.is_contiguous()

@@ -6,23 +6,26 @@ w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
     y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k).
 
-Q8_0 and the K-quants (Q4_K, Q6_K) take x as two int8 levels per group of 32 values
+Q8_0 and the K-quants (Q4_K, Q5_K, Q6_K) take x as two int8 levels per group of 32 values
 (int8_rows.py, made once per x for every matrix that reads it: x^ = s_g (128 h + l)), so both
 inner sums are int32 sums: of codes times h and times l in PTX dp4a (four an instruction, codes
 as bytes cut out of 32-bit words: Q8_0's as they are, signed; Q4_K's high nibbles read in place
-as 16 q, unsigned; Q6_K's 2-bit highs shifted onto its low nibbles), and of 128 h + l
+as 16 q, unsigned; Q5_K's and Q6_K's high bits shifted onto their nibbles), and of 128 h + l
 (int8_rows' sums). Per sub-block and row the float work is a few multiplies. (x as one int16 in
 dp2a, two codes an instruction, measured slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q5_0
-multiplies x in float32 by codes made floats by shifts and masks (int16 loads: its blocks are
-2-byte aligned).
+and Q4_0 multiply x in float32 by codes made floats by shifts and masks (int16 loads: their
+blocks are 2-byte aligned).
 
     type  B   words                                  s_j, t_j
     Q4_K  32  int32 0: d|dmin, 1-3: 12 scale bytes,   d sc_j, dmin m_j (6-bit sc, m)
               4 + 8g + i: codes of sub-blocks 2g (low nibbles) and 2g + 1 (high)
+    Q5_K  32  int32 as Q4_K, with 4-11: high bits      as Q4_K
+              (bit j of a byte: sub-block j), codes at 12 + 8g + i
     Q6_K  16  int32 0-31: low nibbles, 32-47: 2-bit   d sc_j, 32 d sc_j (int8 sc)
               highs, 48-51: 16 int8 scales (d apart: BlockMatrix)
     Q8_0  16  int32 0-7: 32 int8 codes (d apart)      d, 0  (a half block a sub-block)
     Q5_0  32  int16 0: d, 1-2: 32 high bits, 3-10     d, 16 d
+    Q4_0  32  int16 0: d, 1-8: nibbles                d, 8 d
 
 Tiles are 5-d, [n, block, group, m, word]: the words' axis (4) is in each thread, so a
 sub-block's sums are summed in it. Every load of the loop is made in the code words' shape
@@ -59,7 +62,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import counters
-from muser.ops.triton.block_values import Q4_K, Q5_0, Q6_K, Q8_0
+from muser.ops.triton.block_values import Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0
 from muser.ops.triton.gemv import NormEpilogue, finish, outputs, weight_rows
 from muser.ops.triton.int8_rows import Int8Rows, int8_rows
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
@@ -67,7 +70,7 @@ from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 QT = GGMLQuantizationType
-INT8_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q6_K)  # the types that read x as Int8Rows
+INT8_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)  # the types that read x as Int8Rows
 
 
 @triton.jit
@@ -178,10 +181,7 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         # (ggml's get_scale_min_k4, four sub-blocks a word); x sums and scales of sub-blocks
         # 2g + i // 2
         head = _like(blk + i, zero)
-        w0, w1, w2 = _pick(head, i, 1), _pick(head, i, 2), _pick(head, i, 3)
-        sc4 = tl.where(gg < 2, w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030))
-        m4 = tl.where(gg < 2, w1 & 0x3F3F3F3F,
-                      ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030))
+        sc4, m4 = _k4_scales(head, i, gg)
         sums = _like(xsum + 8 * b + 2 * g + i // 2, zero)
         scales = tl.where(valid, _like(xs + 8 * b + 2 * g + i // 2, zero), 0.0)
         d, dmin = _f16(_pick(head, i, 0)), _f16(_pick(head, i, 0) >> 16)
@@ -190,6 +190,58 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
                 t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
             else:
                 t = tl.sum(128 * h1 + l1, axis=4) >> 4
+            at = 8 * (2 * (gg % 2) + hi)
+            sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
+            x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
+            acc += _pick(scales, i, 2 * hi) * ((d * sc) * t.to(tl.float32) - (dmin * m) * x_sum)
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
+
+
+@triton.jit
+def _k4_scales(head, i, gg):
+    """The 6-bit scales and mins of a Q4_K / Q5_K block's sub-blocks 4 (gg // 2)..+3, one a byte,
+    from its words 1-3 (`head`: words 0-3 along the words' axis; ggml's get_scale_min_k4)."""
+    w0, w1, w2 = _pick(head, i, 1), _pick(head, i, 2), _pick(head, i, 3)
+    sc4 = tl.where(gg < 2, w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030))
+    m4 = tl.where(gg < 2, w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030))
+    return sc4, m4
+
+
+@triton.jit
+def _q5_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
+    # as Q4_K's, with the 32 bytes of high bits (words 4-11) before the nibbles (words 12-43):
+    # word 4 + 4u + i holds in bit s of each byte the high bit of the same values of sub-block
+    # s, shifted onto bit 4 of the code bytes (codes 0-31, so both nibbles read as signed)
+    g, i = _ax(4, 2), _ax(4, 4)
+    zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
+    gg = tl.sum(g, axis=4)  # g along the sums' axes
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        valid = b0 + _ax(BLOCKS, 1) < b_hi  # past the range: as Q4_K's
+        b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
+        blk = wrow + b * 44
+        h0, l0, h1, l1 = zero, zero, zero, zero  # sum q h, q l of sub-blocks 2g, 2g + 1
+        for u in tl.static_range(2):
+            words = _like(blk + 12 + 8 * g + 4 * u + i, zero)
+            qh = _like(blk + 4 + 4 * u + i, zero) >> (2 * g)
+            at = 64 * b + 16 * g + 4 * u + i  # x words of sub-block 2g; 2g + 1: 8 further
+            low = (words & 0x0F0F0F0F) | ((qh & 0x01010101) << 4)
+            high = ((words >> 4) & 0x0F0F0F0F) | ((qh & 0x02020202) << 3)
+            h0 = _dp4a(low, _like(xh + at, zero), h0, ASM)
+            l0 = _dp4a(low, _like(xl + at, zero), l0, ASM)
+            h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM)
+            l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM)
+        head = _like(blk + i, zero)
+        sc4, m4 = _k4_scales(head, i, gg)
+        sums = _like(xsum + 8 * b + 2 * g + i // 2, zero)
+        scales = tl.where(valid, _like(xs + 8 * b + 2 * g + i // 2, zero), 0.0)
+        d, dmin = _f16(_pick(head, i, 0)), _f16(_pick(head, i, 0) >> 16)
+        for hi in tl.static_range(2):  # sub-block j = 2g + hi: byte 2 (g % 2) + hi
+            if hi == 0:
+                t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
+            else:
+                t = tl.sum(128 * h1 + l1, axis=4)
             at = 8 * (2 * (gg % 2) + hi)
             sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
             x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
@@ -287,6 +339,31 @@ def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
+def _q4_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCKS: tl.constexpr):
+    # as Q5_0's without the high bits: int16 words 0: d, 1-8: the nibbles; x = d (q - 8)
+    i = _ax(8, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
+    off = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+    for b0 in range(b_lo, b_hi, BLOCKS):
+        b = b0 + _ax(BLOCKS, 1)
+        blk = wrow + b * 9
+        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
+        d = _f16(tl.load(blk, mask=mask, other=0))
+        words = tl.load(blk + 1 + i, mask=mask, other=0).to(tl.int32)
+        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
+        for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
+            for e in tl.static_range(2):
+                j = 2 * i + e + 16 * half
+                q = (words >> (8 * e + 4 * half)) & 0xF
+                x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
+                p += x * _f32(q)
+        acc += d * p
+        off += (8.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
+    return _total(acc) - _total(off)
+
+
+@triton.jit
 def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_ptr,
                         like_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
                         res_out_ptr, N, M, row_words, stride_xn, stride_on, stride_rn, blocks,
@@ -303,14 +380,17 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
     xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
     wmask = valid[None, None, None, :, None]
     enter(PDL)
-    if QTYPE == Q4_K or QTYPE == Q6_K:  # x as Int8Rows: per row and block 64 words of h and
-        # of l, 8 scales, 8 sums, 16 half sums; rows past N and M read the last ones (not
-        # stored): no load needs a mask
+    if QTYPE == Q4_K or QTYPE == Q5_K or QTYPE == Q6_K:
+        # x as Int8Rows: per row and block 64 words of h and of l, 8 scales, 8 sums, 16 half
+        # sums; rows past N and M read the last ones (not stored): no load needs a mask
         xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
         xh, xl = xh_ptr + xn * (64 * blocks), xl_ptr + xn * (64 * blocks)
         xs = xs_ptr + xn * (8 * blocks)
         if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
             acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
+                        xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
+        elif QTYPE == Q5_K:  # 176-byte blocks: as Q4_K's
+            acc = _q5_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
                         xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
         else:
             acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xh, xl, xs,
@@ -321,8 +401,11 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
         acc = _q8_0(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks,
                     xh_ptr + xn * (8 * blocks), xl_ptr + xn * (8 * blocks), xs_ptr + xn * blocks,
                     b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
+    elif QTYPE == Q4_0:
+        wrow = w_ptr + m5.to(tl.int64) * row_words
+        acc = _q4_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
     else:
-        tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q5_0, Q8_0, Q4_K and Q6_K")
+        tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q4_0, Q5_0, Q8_0 and the K-quants")
         wrow = w_ptr + m5.to(tl.int64) * row_words
         acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
     # y rounded to like_ptr's dtype (the projection's) before an epilogue, as the ops apart
@@ -347,7 +430,9 @@ class BlockGemvConfig:
 _TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],
           QT.Q6_K: [(32, 4, 4), (16, 4, 2), (32, 2, 4), (64, 1, 4)],
           QT.Q8_0: [(32, 16, 4), (16, 16, 2), (64, 8, 4), (32, 32, 8)],
-          QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}
+          QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)],
+          QT.Q5_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],  # Q4_K's, not yet timed
+          QT.Q4_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}  # Q5_0's, not yet timed
 _CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
 
 
@@ -396,8 +481,8 @@ def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
 def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig | None = None,
                   out: torch.Tensor | None = None, rows: Int8Rows | None = None,
                   geglu: bool = False, norm: NormEpilogue | None = None):
-    """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as Q5_0 / Q8_0 /
-    Q4_K / Q6_K blocks -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
+    """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as blocks of a
+    KERNEL_TYPES type -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
     any float dtype, rows of any stride: e.g. a column slice of a wider output). The K-quants
     read x as `rows` (int8_rows(x), made here when not given: one per x serves every matrix).
     With `geglu` or `norm`, gemv.gemv's epilogues on y in weight.dtype, and its results."""
