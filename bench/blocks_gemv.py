@@ -40,7 +40,7 @@ from muser.ops.triton.launch import cdiv, next_power_of_2
 from muser.ops.triton.timing import graph_ms, rotation
 
 QT = GGMLQuantizationType
-TYPES = [QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0]
+TYPES = [QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K, QT.Q4_0]
 SHAPES = {"qkv": (8192, 5376), "o_proj": (5376, 4096), "gate_up": (43008, 5376),
           "down": (5376, 21504)}  # gemma3-27b: [M, K]
 ROWS = (1, 8)
@@ -60,7 +60,7 @@ def random_blocks(qtype: QT, m: int, k: int, gen: torch.Generator) -> BlockMatri
     nb = k // block_size
     raw = torch.randint(0, 256, (m, nb, type_size), generator=gen, dtype=torch.uint8,
                         device=DEVICE)
-    halves = 2 if qtype == QT.Q4_K else 1
+    halves = 2 if qtype in (QT.Q4_K, QT.Q5_K) else 1
     at = type_size - 2 if qtype == QT.Q6_K else 0
     scales = (torch.rand(m, nb, halves, generator=gen, device=DEVICE) - 0.5) * 0.02
     raw[..., at:at + 2 * halves] = scales.half().view(torch.uint8).view(m, nb, 2 * halves)
