@@ -152,11 +152,25 @@ def _pick(v, i, k: tl.constexpr):
 
 
 @triton.jit
-def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
-    # group g: code words 4 + 8g + 4u + i (two 16-byte loads, u) hold the codes of values
-    # 32j + 16u + 4i + byte of sub-blocks j = 2g (low nibbles) and 2g + 1 (high, read in
-    # place as 16 q: a multiple of 16 in every sum, shifted out exactly)
+def _k4_scales(head, i, gg):
+    """The 6-bit scales and mins of a Q4_K / Q5_K block's sub-blocks 4 (gg // 2)..+3, one a byte,
+    from its words 1-3 (`head`: words 0-3 along the words' axis; ggml's get_scale_min_k4)."""
+    w0, w1, w2 = _pick(head, i, 1), _pick(head, i, 2), _pick(head, i, 3)
+    sc4 = tl.where(gg < 2, w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030))
+    m4 = tl.where(gg < 2, w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030))
+    return sc4, m4
+
+
+@triton.jit
+def _k4(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCKS: tl.constexpr, ASM: tl.constexpr, HIGH: tl.constexpr):
+    """Q4_K, or Q5_K (HIGH): 256 values a block, 8 sub-blocks of 32 with 6-bit scales and mins.
+    Q4_K: group g: code words 4 + 8g + 4u + i (two 16-byte loads, u) hold the codes of values
+    32j + 16u + 4i + byte of sub-blocks j = 2g (low nibbles) and 2g + 1 (high, read in place
+    as 16 q: a multiple of 16 in every sum, shifted out exactly). Q5_K: the same codes at words
+    12 + 8g + 4u + i, after 32 bytes of high bits (words 4-11): word 4 + 4u + i holds in bit j
+    of each byte the high bit of the same values of sub-block j, shifted onto bit 4 of the code
+    bytes (codes 0-31, so both nibbles are read as signed bytes)."""
     g, i = _ax(4, 2), _ax(4, 4)
     zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
     acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
@@ -166,16 +180,25 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         # reads as 0, so they add 0: no load needs a mask (the ones of x rows past N neither)
         valid = b0 + _ax(BLOCKS, 1) < b_hi
         b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
-        blk = wrow + b * 36
+        blk = wrow + b * (44 if HIGH else 36)
         h0, l0, h1, l1 = zero, zero, zero, zero  # sum q h, q l of sub-blocks 2g, 2g + 1
         for u in tl.static_range(2):
-            words = _like(blk + 4 + 8 * g + 4 * u + i, zero)
+            words = _like(blk + (12 if HIGH else 4) + 8 * g + 4 * u + i, zero)
             at = 64 * b + 16 * g + 4 * u + i  # x words of sub-block 2g; 2g + 1: 8 further
-            low, high = words & 0x0F0F0F0F, words & ~0x0F0F0F0F
+            if HIGH:
+                qh = _like(blk + 4 + 4 * u + i, zero) >> (2 * g)
+                low = (words & 0x0F0F0F0F) | ((qh & 0x01010101) << 4)
+                high = ((words >> 4) & 0x0F0F0F0F) | ((qh & 0x02020202) << 3)
+            else:
+                low, high = words & 0x0F0F0F0F, words & ~0x0F0F0F0F
             h0 = _dp4a(low, _like(xh + at, zero), h0, ASM)
             l0 = _dp4a(low, _like(xl + at, zero), l0, ASM)
-            h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM, True)
-            l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM, True)
+            if HIGH:
+                h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM)
+                l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM)
+            else:
+                h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM, True)
+                l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM, True)
         # words 0-3 of the block: d | dmin, then the 12 bytes of 6-bit scales and mins: bytes
         # j, j + 4 for j < 4; for j >= 4, low nibbles of byte j + 4 and the top bits of j - 4, j
         # (ggml's get_scale_min_k4, four sub-blocks a word); x sums and scales of sub-blocks
@@ -188,60 +211,10 @@ def _q4_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
         for hi in tl.static_range(2):  # sub-block j = 2g + hi: byte 2 (g % 2) + hi
             if hi == 0:
                 t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
+            elif HIGH:
+                t = tl.sum(128 * h1 + l1, axis=4)
             else:
                 t = tl.sum(128 * h1 + l1, axis=4) >> 4
-            at = 8 * (2 * (gg % 2) + hi)
-            sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
-            x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
-            acc += _pick(scales, i, 2 * hi) * ((d * sc) * t.to(tl.float32) - (dmin * m) * x_sum)
-    return tl.sum(tl.sum(acc, axis=2), axis=1)
-
-
-@triton.jit
-def _k4_scales(head, i, gg):
-    """The 6-bit scales and mins of a Q4_K / Q5_K block's sub-blocks 4 (gg // 2)..+3, one a byte,
-    from its words 1-3 (`head`: words 0-3 along the words' axis; ggml's get_scale_min_k4)."""
-    w0, w1, w2 = _pick(head, i, 1), _pick(head, i, 2), _pick(head, i, 3)
-    sc4 = tl.where(gg < 2, w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030))
-    m4 = tl.where(gg < 2, w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030))
-    return sc4, m4
-
-
-@triton.jit
-def _q5_k(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, ASM: tl.constexpr):
-    # as Q4_K's, with the 32 bytes of high bits (words 4-11) before the nibbles (words 12-43):
-    # word 4 + 4u + i holds in bit s of each byte the high bit of the same values of sub-block
-    # s, shifted onto bit 4 of the code bytes (codes 0-31, so both nibbles read as signed)
-    g, i = _ax(4, 2), _ax(4, 4)
-    zero = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M, 4), tl.int32)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 4, BLOCK_M), tl.float32)
-    gg = tl.sum(g, axis=4)  # g along the sums' axes
-    for b0 in range(b_lo, b_hi, BLOCKS):
-        valid = b0 + _ax(BLOCKS, 1) < b_hi  # past the range: as Q4_K's
-        b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
-        blk = wrow + b * 44
-        h0, l0, h1, l1 = zero, zero, zero, zero  # sum q h, q l of sub-blocks 2g, 2g + 1
-        for u in tl.static_range(2):
-            words = _like(blk + 12 + 8 * g + 4 * u + i, zero)
-            qh = _like(blk + 4 + 4 * u + i, zero) >> (2 * g)
-            at = 64 * b + 16 * g + 4 * u + i  # x words of sub-block 2g; 2g + 1: 8 further
-            low = (words & 0x0F0F0F0F) | ((qh & 0x01010101) << 4)
-            high = ((words >> 4) & 0x0F0F0F0F) | ((qh & 0x02020202) << 3)
-            h0 = _dp4a(low, _like(xh + at, zero), h0, ASM)
-            l0 = _dp4a(low, _like(xl + at, zero), l0, ASM)
-            h1 = _dp4a(high, _like(xh + at + 8, zero), h1, ASM)
-            l1 = _dp4a(high, _like(xl + at + 8, zero), l1, ASM)
-        head = _like(blk + i, zero)
-        sc4, m4 = _k4_scales(head, i, gg)
-        sums = _like(xsum + 8 * b + 2 * g + i // 2, zero)
-        scales = tl.where(valid, _like(xs + 8 * b + 2 * g + i // 2, zero), 0.0)
-        d, dmin = _f16(_pick(head, i, 0)), _f16(_pick(head, i, 0) >> 16)
-        for hi in tl.static_range(2):  # sub-block j = 2g + hi: byte 2 (g % 2) + hi
-            if hi == 0:
-                t = tl.sum(128 * h0 + l0, axis=4)  # sum q (128 h + l): exact
-            else:
-                t = tl.sum(128 * h1 + l1, axis=4)
             at = 8 * (2 * (gg % 2) + hi)
             sc, m = ((sc4 >> at) & 0xFF).to(tl.float32), ((m4 >> at) & 0xFF).to(tl.float32)
             x_sum = _pick(sums, i, 2 * hi).to(tl.float32)
@@ -313,53 +286,33 @@ def _q8_0(wrow, drow, xh, xl, xs, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl
 
 
 @triton.jit
-def _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCKS: tl.constexpr):
+def _q32(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+         BLOCKS: tl.constexpr, HIGH: tl.constexpr):
+    """Blocks of 32 values of 4-bit codes in int16 words: Q5_0 (HIGH: words 0: d, 1-2: 32 high
+    bits, 3-10: the nibbles; x = d (q - 16)) or Q4_0 (0: d, 1-8: the nibbles; x = d (q - 8))."""
     i = _ax(8, 4)
     acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
     off = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
         b = b0 + _ax(BLOCKS, 1)
-        blk = wrow + b * 11
+        blk = wrow + b * (11 if HIGH else 9)
         mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
         d = _f16(tl.load(blk, mask=mask, other=0))
-        qh = ((tl.load(blk + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF)
-              | (tl.load(blk + 2, mask=mask, other=0).to(tl.int32) << 16))
-        words = tl.load(blk + 3 + i, mask=mask, other=0).to(tl.int32)
-        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
-        for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
-            for e in tl.static_range(2):
-                j = 2 * i + e + 16 * half
-                q = ((words >> (8 * e + 4 * half)) & 0xF) | (((qh >> j) & 1) << 4)
-                x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
-                p += x * _f32(q)
-        acc += d * p
-        off += (16.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
-    return _total(acc) - _total(off)
-
-
-@triton.jit
-def _q4_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCKS: tl.constexpr):
-    # as Q5_0's without the high bits: int16 words 0: d, 1-8: the nibbles; x = d (q - 8)
-    i = _ax(8, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
-    off = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
-    for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 1)
-        blk = wrow + b * 9
-        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
-        d = _f16(tl.load(blk, mask=mask, other=0))
-        words = tl.load(blk + 1 + i, mask=mask, other=0).to(tl.int32)
+        if HIGH:
+            qh = ((tl.load(blk + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF)
+                  | (tl.load(blk + 2, mask=mask, other=0).to(tl.int32) << 16))
+        words = tl.load(blk + (3 if HIGH else 1) + i, mask=mask, other=0).to(tl.int32)
         p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
         for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
             for e in tl.static_range(2):
                 j = 2 * i + e + 16 * half
                 q = (words >> (8 * e + 4 * half)) & 0xF
+                if HIGH:
+                    q = q | (((qh >> j) & 1) << 4)
                 x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
                 p += x * _f32(q)
         acc += d * p
-        off += (8.0 * d) * _x_sums(xrow, 32 * b, xm, 32)
+        off += ((16.0 if HIGH else 8.0) * d) * _x_sums(xrow, 32 * b, xm, 32)
     return _total(acc) - _total(off)
 
 
@@ -386,12 +339,11 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
         xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
         xh, xl = xh_ptr + xn * (64 * blocks), xl_ptr + xn * (64 * blocks)
         xs = xs_ptr + xn * (8 * blocks)
-        if QTYPE == Q4_K:  # 144-byte blocks: rows of 16-byte multiples (the loads' alignment)
-            acc = _q4_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
-                        xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
-        elif QTYPE == Q5_K:  # 176-byte blocks: as Q4_K's
-            acc = _q5_k(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
-                        xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
+        if QTYPE == Q4_K or QTYPE == Q5_K:  # 144- / 176-byte blocks: rows of 16-byte multiples
+            # (the loads' alignment)
+            acc = _k4(w_ptr + row * (row_words // 4 * 4), xh, xl, xs,
+                      xsum_ptr + xn * (8 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM,
+                      QTYPE == Q5_K)
         else:
             acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xh, xl, xs,
                         xhalf_ptr + xn * (16 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS,
@@ -401,13 +353,11 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
         acc = _q8_0(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks,
                     xh_ptr + xn * (8 * blocks), xl_ptr + xn * (8 * blocks), xs_ptr + xn * blocks,
                     b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
-    elif QTYPE == Q4_0:
-        wrow = w_ptr + m5.to(tl.int64) * row_words
-        acc = _q4_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
     else:
-        tl.static_assert(QTYPE == Q5_0, "the block GEMV reads Q4_0, Q5_0, Q8_0 and the K-quants")
+        tl.static_assert(QTYPE == Q5_0 or QTYPE == Q4_0,
+                         "the block GEMV reads Q4_0, Q5_0, Q8_0 and the K-quants")
         wrow = w_ptr + m5.to(tl.int64) * row_words
-        acc = _q5_0(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS)
+        acc = _q32(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, QTYPE == Q5_0)
     # y rounded to like_ptr's dtype (the projection's) before an epilogue, as the ops apart
     finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
            stride_on, stride_rn, eps, like_ptr.dtype.element_ty, GEGLU, NORM, NORM_BLOCK,
