@@ -34,8 +34,7 @@ def embed(table: torch.Tensor | PackedMatrix | Fp8Matrix, ids: torch.Tensor, sca
     """Rows `ids` of the embedding table times `scale` -> [N, D] float32 (a packed or FP8 table
     dequantizes only those rows). feed: where an id is negative, the row takes feed's id (a
     decode step queued before the host knows its tokens)."""
-    if feed is not None:
-        ids = torch.where(ids < 0, feed[:ids.shape[0]].to(ids.dtype), ids)
+    ids = fed(ids, feed)
     if isinstance(table, PackedMatrix):
         rows = table.dequantize(ids)
     elif isinstance(table, Fp8Matrix):  # a tied FP8 head: the rows' codes times their scales
@@ -43,6 +42,13 @@ def embed(table: torch.Tensor | PackedMatrix | Fp8Matrix, ids: torch.Tensor, sca
     else:
         rows = table[ids].float()
     return rows if scale == 1.0 else rows * scale
+
+
+def fed(ids: torch.Tensor, feed: torch.Tensor | None) -> torch.Tensor:
+    """ids with each negative one replaced by feed's id of the same row (feed None: ids)."""
+    if feed is None:
+        return ids
+    return torch.where(ids < 0, feed[:ids.shape[0]].to(ids.dtype), ids)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedMatrix) -> torch.Tensor:

@@ -141,9 +141,16 @@ def test_head_in_workspace_tiles(gen, monkeypatch):
 
 
 def test_embed_dequantizes_the_rows_asked_for(gen):
+    """The rows asked for; with a scale, each value times it (rounded once); with a feed, the
+    rows whose id is negative read the feed's."""
     w = _blocks(gen, torch.float32, (QT.Q6_K, 40))
     ids = torch.tensor([3, 0, 39, 3], device=DEVICE)
-    assert torch.equal(embed(w, ids).cpu(), _values(w).cpu()[ids.cpu()])
+    values = _values(w).cpu()
+    assert torch.equal(embed(w, ids).cpu(), values[ids.cpu()])
+    feed = torch.tensor([7, 8, 9, 10], device=DEVICE)
+    got = embed(w, torch.tensor([3, -1, 39, -1], device=DEVICE), 25.3, feed).cpu()
+    want = (values[[3, 8, 39, 10]].double() * torch.tensor(25.3).float().double()).float()
+    assert torch.equal(got, want)
 
 
 def _logits(path, blocks: bool, ops) -> torch.Tensor:

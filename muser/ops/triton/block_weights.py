@@ -35,6 +35,7 @@ from functools import partial
 import torch
 
 from muser.graph.weights import ModelWeights
+from muser.ops import ref
 from muser.ops.blocks import BlockMatrix, Blocks, block_tensors, segments
 from muser.ops.fp8 import Fp8Matrix
 from muser.ops.triton.alloc import empty
@@ -91,9 +92,7 @@ def embed(table: torch.Tensor | Fp8Matrix | Blocks, ids: torch.Tensor, scale: fl
     rows asked for are gathered as blocks and dequantized (float32)."""
     if not isinstance(table, BlockMatrix):
         return embed_rows(table, ids, scale, feed)
-    if feed is not None:
-        ids = torch.where(ids < 0, feed[:ids.shape[0]].to(ids.dtype), ids)
-    rows = dequantize_blocks(table.take(ids), torch.float32)
+    rows = dequantize_blocks(table.take(ref.fed(ids, feed)), torch.float32)
     return rows if scale == 1.0 else rows * scale
 
 
