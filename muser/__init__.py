@@ -3,4 +3,4 @@
 from muser.core import SamplingParams
 from muser.llm import LLM, Completion
 
-__all__ = ["LLM", "SamplingParams", "Completion"]
+__all__ = ["LLM", "Completion", "SamplingParams"]

@@ -100,11 +100,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     if args.fp8_head is not None and args.quantization != "fp8":
         raise MuserError("--fp8-head / --no-fp8-head apply with --quantization fp8 only")
-    kwargs = dict(prefill_chunk=args.prefill_chunk, max_model_len=args.max_model_len,
-                  gpu_memory_utilization=args.gpu_memory_utilization, num_threads=args.threads,
-                  prefix_cache=args.prefix_cache, prefix_cache_gb=args.prefix_cache_gb,
-                  quantization=args.quantization, fp8_head=args.fp8_head,
-                  gguf_weights=args.gguf_weights, decode_ahead=args.decode_ahead)
+    kwargs = {"prefill_chunk": args.prefill_chunk, "max_model_len": args.max_model_len,
+              "gpu_memory_utilization": args.gpu_memory_utilization,
+              "num_threads": args.threads, "prefix_cache": args.prefix_cache,
+              "prefix_cache_gb": args.prefix_cache_gb, "quantization": args.quantization,
+              "fp8_head": args.fp8_head, "gguf_weights": args.gguf_weights,
+              "decode_ahead": args.decode_ahead}
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):
@@ -116,7 +117,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 def model_kwargs(args: argparse.Namespace) -> dict:
     """How LLM loads the model: a checkpoint (GGUF or Hugging Face), or random weights of a
     named shape."""
-    return dict(load_format=args.load_format, model_config=args.model_config)
+    return {"load_format": args.load_format, "model_config": args.model_config}
 
 
 def build_parser() -> argparse.ArgumentParser:

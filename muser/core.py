@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -59,7 +60,7 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.n >= 1, "n must be >= 1"),
-            (all(t >= 0 and b == b and b != float("inf") for t, b in self.logit_bias),
+            (all(t >= 0 and not math.isnan(b) and b != math.inf for t, b in self.logit_bias),
              "logit_bias: token ids must be >= 0, biases numbers or -inf"),
         ]
         for ok, message in checks:

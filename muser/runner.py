@@ -292,4 +292,4 @@ class Runner:
         return max(0, -(-num_positions // self.engine.page_size) - len(seq.page_ids))
 
 
-__all__ = ["Ahead", "Runner", "SeqState", "OutOfPages"]
+__all__ = ["Ahead", "OutOfPages", "Runner", "SeqState"]

@@ -12,7 +12,7 @@ import pytest
 
 def _muser(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "muser", *args], input=stdin,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
 
 
 def _assert_clean_error(proc: subprocess.CompletedProcess, needle: str) -> None:

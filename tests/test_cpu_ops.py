@@ -16,7 +16,6 @@ from tests.error_bounds import U, attention_bound, gamma
 from tests.test_packed import QT, _packed
 
 
-
 def _bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """attention_bound of one query row per head over all of k (attention.c: the scaling, then
     16-lane FMA chains of D / 16 steps and a 4-level tree: D / 16 + 5 roundings)."""
@@ -115,7 +114,7 @@ def test_norms_within_their_error_bound_and_row_independent(rows):
     x = torch.randn(rows, 640, generator=gen)
     post, nxt = 1 + 0.1 * torch.randn(640, generator=gen), 1 + 0.1 * torch.randn(640, generator=gen)
     h, y = native.add_rms_norm(res, x, post, nxt, 1e-6)
-    h64, y64 = ref.add_rms_norm(res.double(), x.double(), post.double(), nxt.double(), 1e-6)
+    h64, _ = ref.add_rms_norm(res.double(), x.double(), post.double(), nxt.double(), 1e-6)
     normed = ref.rms_norm(x.double(), post.double(), 1e-6)
     # h = res + normed (normed within its bound, then one addition)
     assert ((h.double() - h64).abs() <= norm_bound(normed, 640) + U * h64.abs()).all()

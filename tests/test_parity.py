@@ -43,8 +43,8 @@ TOP1_DTYPES = ("float32", "float16")  # the CPU default, and float16 weights
 FP16_ATOL = ATOL  # float16 weights (float32 cache) are held to the float32 parity contract
 
 VARIANTS = {  # name -> EngineConfig fields
-    "float32": dict(dtype="float32", kv_dtype="float32"),
-    "float16": dict(dtype="float16", kv_dtype="float32"),
+    "float32": {"dtype": "float32", "kv_dtype": "float32"},
+    "float16": {"dtype": "float16", "kv_dtype": "float32"},
 }
 LABELS = {"float32": "f32", "float16": "f16"}
 

@@ -200,11 +200,16 @@ def test_cuda_chooses_the_cpu_tokens() -> None:
 @pytest.mark.parametrize("kwargs", [
     {"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": 2.0}, {"max_tokens": 0},
     {"top_k": -1}, {"repeat_penalty": 0.0}, {"stop": ("",)}, {"presence_penalty": 2.5},
-    {"frequency_penalty": -2.1},
+    {"frequency_penalty": -2.1}, {"logit_bias": ((5, math.nan),)},
+    {"logit_bias": ((5, math.inf),)}, {"logit_bias": ((-1, 1.0),)},
 ])
 def test_bad_sampling_values_are_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_a_bias_of_minus_infinity_is_allowed() -> None:
+    assert SamplingParams(logit_bias=((5, -math.inf), (6, 2.5))).logit_bias[0][1] == -math.inf
 
 
 def test_stop_strings_hold_back_partial_matches() -> None:

@@ -32,7 +32,7 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
         raise ModelLoadError(f"model file not found: {path}")
     try:
         reader = FastGGUFReader(path)
-    except Exception as exc:  # the reader raises many types on corrupt input
+    except Exception as exc:  # noqa: BLE001 (the reader raises many types on corrupt input)
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from None
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     if end > path.stat().st_size:

@@ -131,7 +131,7 @@ class Shards:
             raise ModelLoadError(f"no model.safetensors or model.safetensors.index.json in "
                                  f"{directory}")
         self.files = {name: _open(directory / name) for name in files}
-        self.where = {t: f for f, h in self.files.items() for t in h.keys()}
+        self.where = {t: f for f, h in self.files.items() for t in h.keys()}  # noqa: SIM118 (safe_open has keys(), no __iter__)
 
     def prefix(self) -> str:
         """The text model's name prefix: whatever precedes 'embed_tokens.weight'."""

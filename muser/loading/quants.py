@@ -7,8 +7,8 @@ Every kernel reproduces ggml's (and gguf-py's) arithmetic order in float32, e.g.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType

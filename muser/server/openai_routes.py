@@ -19,8 +19,8 @@ from muser.server.generation import Generation, GenerationStream
 from muser.server.logprob_shapes import Entry, Pieces
 from muser.server.protocol import ChatRequest, CompletionRequest
 from muser.server.results import timings
-from muser.server.structured import with_grammar
 from muser.server.samples import best, check_samples, prompt_entries, split
+from muser.server.structured import with_grammar
 
 router = APIRouter()
 

@@ -76,7 +76,7 @@ def test_every_route_matches_float64_reference() -> None:
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(CFG, num_slots=4, ring_capacity=WINDOW, num_pages=32, page_size=PAGE,
                   dtype=torch.float32, device="cpu")
-    a, b, c = Sequence(2, list(range(0, 8))), Sequence(0, list(range(8, 16))), Sequence(
+    a, b, c = Sequence(2, list(range(8))), Sequence(0, list(range(8, 16))), Sequence(
         1, list(range(23, 15, -1)))
     d = Sequence(3, list(range(24, 32)))  # one chunk longer than two windows
     seen: set[Route] = set()

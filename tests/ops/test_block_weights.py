@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from opcheck import DEVICE, UNIT_ROUNDOFF, rand
 from test_blocks import _random_blocks, x_hat
 from test_layer_graph import GRAPH_ATOL, GRAPH_RTOL
 
@@ -30,6 +29,8 @@ from muser.ops.triton.gemv_blocks import INT8_TYPES, MAX_ROWS
 from muser.runner import Runner
 from tests.error_bounds import gamma
 from tests.tiny_gguf import tiny_gguf
+
+from opcheck import DEVICE, UNIT_ROUNDOFF, rand
 
 QT = GGMLQuantizationType
 K = 512  # two 256-value super-blocks, sixteen 32-value blocks

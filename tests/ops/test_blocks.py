@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from opcheck import DEVICE, rand
 
 from muser.ops import ref
 from muser.ops.blocks import BlockMatrix
@@ -26,6 +25,8 @@ from muser.ops.triton.gemv_blocks import (
 from muser.ops.triton.int8_rows import int8_rows
 from muser.ops.triton.launch import cdiv
 from tests.error_bounds import gamma
+
+from opcheck import DEVICE, rand
 
 QT = GGMLQuantizationType
 # K: 3 blocks of 32 (a partial BLOCK_K), or 2 of 256

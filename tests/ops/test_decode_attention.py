@@ -6,8 +6,8 @@ import torch
 from muser.attention.dense_ref import attention_dense
 from muser.ops import ref
 from muser.ops.triton import decode_attention
-from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
+from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
 
 def _reference(q, k_rows, v_rows, table, starts, lens, origins, block_size, scale):

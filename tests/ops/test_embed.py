@@ -8,11 +8,12 @@ import math
 
 import pytest
 import torch
-from opcheck import DEVICE, DTYPES, rand
 
 from muser.ops import ref
 from muser.ops.fp8 import quantize_fp8
 from muser.ops.triton import embed
+
+from opcheck import DEVICE, DTYPES, rand
 
 SCALE = math.sqrt(640.0)
 

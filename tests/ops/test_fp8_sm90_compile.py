@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from sm90 import GDC, compile_ptx
 
 COMPILE = r'''

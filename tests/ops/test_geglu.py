@@ -4,6 +4,7 @@ import pytest
 
 from muser.ops import ref
 from muser.ops.triton import geglu
+
 from opcheck import DTYPES, check, rand
 
 

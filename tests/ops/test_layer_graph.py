@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import muser.ops.triton as triton_ops
-from muser.ops import ref
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
 from muser.graph.weights import LayerWeights, ModelWeights, random_weights, with_fp8_head
+from muser.ops import ref
 from muser.ops.fp8 import Fp8Matrix
 from muser.runner import Runner
+
 from opcheck import DEVICE, TOL
 
 # Both graphs run float32; each op on a logit's path (per layer: norm, QKV, QK-norm + RoPE,

@@ -5,6 +5,7 @@ import torch
 
 from muser.ops import ref
 from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
+
 from opcheck import DTYPES, check, rand
 
 

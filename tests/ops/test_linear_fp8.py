@@ -13,6 +13,7 @@ import torch
 from muser.ops import ref
 from muser.ops.fp8 import FP8, Fp8Matrix, quantize_activations, quantize_fp8
 from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
+
 from opcheck import DEVICE, DTYPES, check, rand
 
 NAN_CODES = (0x7F, 0xFF)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from opcheck import DEVICE, TOL
 
 import muser.ops.triton as triton_ops
 from muser.config import EngineConfig, gemma3_layer_kinds
@@ -15,6 +14,8 @@ from muser.graph.weights import LayerWeights, ModelWeights, random_weights
 from muser.runner import Runner
 from tests.graph.reference import reference_logits
 from tests.graph.test_nope import TINY
+
+from opcheck import DEVICE, TOL
 
 CFG = dataclasses.replace(TINY, num_layers=4, layer_kinds=gemma3_layer_kinds(4, 4))
 

@@ -5,6 +5,7 @@ import torch
 
 from muser.ops import ref
 from muser.ops.triton import add_rms_norm, rms_norm
+
 from opcheck import DTYPES, check, rand
 
 
@@ -34,6 +35,7 @@ def test_norm_output_in_projection_dtype(gen, dtype):
     r_out, y = add_rms_norm(res, x, post, nxt, 1e-6, dtype)
     assert r_out.dtype == torch.float32 and y.dtype == dtype
     r_ref, y_ref = ref.add_rms_norm(res.double(), x.double(), post.double(), nxt.double(), 1e-6)
+    check(r_out, r_ref, torch.float32, scale=4.0)
     check(y.float(), y_ref, dtype, scale=4.0)
     assert rms_norm(x, nxt, 1e-6, dtype).dtype == dtype
     assert ref.rms_norm(x, nxt, 1e-6, dtype).dtype == dtype

@@ -8,8 +8,8 @@ from muser.attention.routes import Route
 from muser.attention.tiles import classify_tiles
 from muser.ops.triton import prefill_attention
 from muser.ops.triton.prefill_attention import FlashConfig, launch_config
-from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
+from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
 
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)

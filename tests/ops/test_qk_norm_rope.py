@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from opcheck import DEVICE, DTYPES, check, rand
 
 from muser.ops import ref
 from muser.ops.triton import qk_norm_rope
+
+from opcheck import DEVICE, DTYPES, check, rand
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

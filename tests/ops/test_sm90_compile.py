@@ -6,6 +6,7 @@ kernels under TRITON_INTERPRET=1."""
 from __future__ import annotations
 
 import pytest
+
 from sm90 import GDC, compile_ptx
 
 COMPILE = r'''

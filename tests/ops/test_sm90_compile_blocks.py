@@ -8,9 +8,10 @@ interpreter runs their arithmetic instead)."""
 from __future__ import annotations
 
 import pytest
-from sm90 import GDC, compile_ptx
 
 from muser.ops.blocks import KERNEL_TYPES
+
+from sm90 import GDC, compile_ptx
 
 COMPILE = r'''
 from muser.ops.blocks import KERNEL_TYPES

@@ -5,6 +5,7 @@ import torch
 
 from muser.ops import ref
 from muser.ops.triton import stage_gather, store_kv
+
 from opcheck import DEVICE, DTYPES, rand
 
 

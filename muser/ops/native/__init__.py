@@ -54,7 +54,7 @@ def _build(cc: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         proc = subprocess.run([cc, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise NativeUnavailable(f"building the CPU kernels with {cc} failed:\n"
                                     f"{proc.stderr.strip()}")
@@ -69,7 +69,8 @@ def library() -> ctypes.CDLL:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             check=False).stdout
     key = hashlib.sha256("\0".join(
         [*(src.read_text() for src in SOURCES + HEADERS), " ".join(FLAGS), version, _cpu_flags(),
          platform.machine()]

@@ -186,7 +186,7 @@ def _pick(
     for config, fn in runs.items():
         try:
             ms = graph_ms(fn, copies)
-        except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
+        except Exception:  # noqa: BLE001, S112  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)
         score = ms * margin if config is None else ms
@@ -206,7 +206,7 @@ def _pick_gemm(
     for config in _candidates(x, weight, geglu_out, norm):
         try:
             ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
-        except Exception:  # noqa: BLE001  (a config that fails to compile is skipped)
+        except Exception:  # noqa: BLE001, S112  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)
         if ms < best_ms:
