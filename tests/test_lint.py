@@ -1,0 +1,15 @@
+"""The package and its tests stay clean under the pinned ruff (its rules in pyproject.toml)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_finds_nothing_in_muser_and_tests():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "muser", "tests"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
