@@ -29,7 +29,6 @@ from muser.ops.blocks import BlockMatrix, block_tensors
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv import gemv
 from muser.ops.triton.gemv_blocks import (
-    INT8_TYPES,
     BlockGemvConfig,
     candidates_blocks,
     default_config,
@@ -122,10 +121,10 @@ def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
     x = torch.randn(n, k, generator=gen, device=DEVICE).to(torch.bfloat16)
     expect = x.float() @ dequantize_blocks(w, torch.float32).t()
     scale = expect.abs().max().item()
-    rows_x = int8_rows(x) if qtype in INT8_TYPES else None
+    rows_x = int8_rows(x)
     nbytes = nbytes_w + x.numel() * x.element_size()
     configs = candidates_blocks(n, m, k, qtype) if every else [default_config(n, m, k, qtype)]
-    if wide and qtype in INT8_TYPES:
+    if wide:
         configs += explore(n, m, k, qtype)
     rows = time_configs(lambda b, c, o: linear_blocks(x, b, c, out=o, rows=rows_x), configs,
                         copies, expect, scale)
@@ -138,8 +137,7 @@ def bench_shape(qtype: QT, name: str, m: int, k: int, n: int, copy: float,
     res = {"qtype": qtype.name, "shape": name, "m": m, "k": k, "n": n, "bytes": nbytes,
            "default": default_config(n, m, k, qtype).__dict__, "configs": rows,
            "dense_bf16_us": dense, "dense_bf16_bytes": m * k * 2 + x.numel() * 2}
-    if rows_x is not None:
-        res["int8_rows_us"] = graph_ms(lambda _: int8_rows(x), [x]) * 1e3
+    res["int8_rows_us"] = graph_ms(lambda _: int8_rows(x), [x]) * 1e3
     if dense_err:
         res["dense_error"] = dense_err
     if base is not None:  # reading the blocks as the file has them, or as BlockMatrix does

@@ -25,7 +25,7 @@ from muser.ops.triton import (
     linear_geglu,
 )
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
-from muser.ops.triton.gemv_blocks import INT8_TYPES, MAX_ROWS
+from muser.ops.triton.gemv_blocks import MAX_ROWS
 from muser.runner import Runner
 from tests.error_bounds import gamma
 from tests.tiny_gguf import tiny_gguf
@@ -64,18 +64,16 @@ def _bound(x: torch.Tensor, w, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     block readers and the dequantization are gguf's, bit for bit; a float32 workspace holds
     them exactly), so the roundings are the K float32 products and the K-term sum, in any
     order: gamma_K * sum |x w| (plus the float64 reference's own K 2^-53 of it), then one
-    rounding of the output to `dtype`: u * |y|. Decode rows (<= 8) through K-quant segments
-    multiply x^, int8_rows' values (test_blocks.py): sum |x - x^| |w| more, and the sums
-    run over |x^| <= |x| + |x - x^|."""
+    rounding of the output to `dtype`: u * |y|. Decode rows (<= 8) multiply x^, int8_rows'
+    values (test_blocks.py): sum |x - x^| |w| more, and the sums run over
+    |x^| <= |x| + |x - x^|."""
     wd = _values(w).double()
     exact = x.double() @ wd.t()
     mags = x.double().abs() @ wd.abs().t()
     quant = torch.zeros_like(mags)
     if x.shape[0] <= MAX_ROWS:
-        quantized = torch.cat([torch.full((p.shape[0],), p.qtype in INT8_TYPES)
-                               for _, p in segments(w)])
         err = (x_hat(x.float().cpu()) - x.double().cpu()).abs().to(wd.device)
-        quant = err @ (wd.abs() * quantized[:, None].to(wd.device)).t()
+        quant = err @ wd.abs().t()
     u = UNIT_ROUNDOFF[dtype]
     g = gamma(K) + K * 2.0**-53
     return exact, (g * (mags + quant) + quant) * (1 + u) + u * exact.abs()

@@ -2,7 +2,7 @@
 the workspace) compile for sm_90 on a machine without a GPU, at the dtypes the GPU runs
 (bfloat16 activations and workspace, which the interpreter computes wrongly), with and
 without programmatic dependent launch: as test_sm90_compile.py, in a fresh process, with the
-ptxas Triton ships. The integer dot products (Q8_0, the K-quants) are PTX's dp4a there (the
+ptxas Triton ships. The integer dot products (every type's) are PTX's dp4a there (the
 interpreter runs their arithmetic instead)."""
 
 from __future__ import annotations
@@ -64,12 +64,11 @@ def test_pdl_waits_and_releases_only_when_asked(ptx):
 
 
 def test_integer_dot_in_dp4a(ptx):
-    """Q8_0 and the K-quants sum codes times x's int8 levels four at a time in dp4a (Q4_K's
-    high nibbles in place, as unsigned bytes); Q5_0 and Q4_0 multiply in float32."""
+    """Every type sums codes times x's int8 levels four at a time in dp4a (Q4_K's high nibbles
+    in place, as unsigned bytes), no float FMA per weight."""
     for name, code in ptx.items():
         if name.startswith("gemv"):
-            floats = "Q5_0" in name or "Q4_0" in name
-            assert ("dp4a.s32.s32" in code) == (not floats), name
+            assert "dp4a.s32.s32" in code, name
             assert ("dp4a.u32.s32" in code) == ("Q4_K" in name), name
 
 

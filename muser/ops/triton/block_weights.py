@@ -4,7 +4,7 @@ embedding lookup and the prefill workspace. Weights stay the file's bytes on the
 - decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads a matrix of one block type in
   place, GeGLU or the residual add + RMSNorm in its epilogue (gemv.py's); a matrix of row
   segments of several types (a Q4_K_M QKV) reads each into its columns of one output in the
-  engine's dtype (x quantized once, int8_rows.py, for the K-quants' segments), and an epilogue
+  engine's dtype (x quantized once, int8_rows.py, for every segment), and an epilogue
   then runs as its own kernel;
 - more rows (prefill chunks, decode batches of more than 8): the matrix is dequantized into
   one reused workspace in the engine's dtype (dequantize_blocks.py, gguf's values rounded
@@ -44,7 +44,6 @@ from muser.ops.triton.embed import embed_rows
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import NormEpilogue
 from muser.ops.triton.gemv_blocks import (
-    INT8_TYPES,
     MAX_ROWS,
     BlockGemvConfig,
     candidates_blocks,
@@ -108,8 +107,7 @@ def project(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue
     if n <= MAX_ROWS:
         y = empty((n, m), weight.dtype, x.device)
         parts = segments(weight)
-        # x quantized once for every segment that reads it so
-        rows = int8_rows(x) if any(p.qtype in INT8_TYPES for _, p in parts) else None
+        rows = int8_rows(x)  # x quantized once for every segment
         for row, part in parts:
             run = partial(linear_blocks, x, out=y[:, row:row + part.shape[0]], rows=rows)
             run(part, gemv_config(x, part, run))

@@ -6,15 +6,15 @@ w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,
 
     y = sum_j s_j * (sum_{k in j} x_k q_k) - t_j * (sum_{k in j} x_k).
 
-Q8_0 and the K-quants (Q4_K, Q5_K, Q6_K) take x as two int8 levels per group of 32 values
-(int8_rows.py, made once per x for every matrix that reads it: x^ = s_g (128 h + l)), so both
-inner sums are int32 sums: of codes times h and times l in PTX dp4a (four an instruction, codes
-as bytes cut out of 32-bit words: Q8_0's as they are, signed; Q4_K's high nibbles read in place
-as 16 q, unsigned; Q5_K's and Q6_K's high bits shifted onto their nibbles), and of 128 h + l
-(int8_rows' sums). Per sub-block and row the float work is a few multiplies. (x as one int16 in
-dp2a, two codes an instruction, measured slower for Q4_K on the H200: bench/GPU_NOTES.md.) Q5_0
-and Q4_0 multiply x in float32 by codes made floats by shifts and masks (int16 loads: their
-blocks are 2-byte aligned).
+Every type takes x as two int8 levels per group of 32 values (int8_rows.py, made once per x
+for every matrix that reads it: x^ = s_g (128 h + l)), so both inner sums are int32 sums: of
+codes times h and times l in PTX dp4a (four an instruction, codes as bytes cut out of 32-bit
+words: Q8_0's as they are, signed; Q4_K's high nibbles read in place as 16 q, unsigned; Q5_K's,
+Q6_K's and Q5_0's high bits shifted onto their nibbles; Q4_0's and Q5_0's words joined from
+int16 loads, their blocks being 2-byte aligned), and of 128 h + l (int8_rows' sums). Per
+sub-block and row the float work is a few multiplies. (x as one int16 in dp2a, two codes an
+instruction, measured slower for Q4_K on the H200: bench/GPU_NOTES.md; Q5_0 and Q4_0 in float32
+FMAs on x ran at 0.2-0.3 of copy bandwidth there.)
 
     type  B   words                                  s_j, t_j
     Q4_K  32  int32 0: d|dmin, 1-3: 12 scale bytes,   d sc_j, dmin m_j (6-bit sc, m)
@@ -35,14 +35,13 @@ read the last ones in range and add 0 (their x scale reads as 0) or are not stor
 at N = 1, the loop's instructions per weight at the first tile: Q4_K ~1.7, Q6_K ~2.7 (3.1 and
 3.3 per byte).
 
-Error: y is the product with x^ (Q8_0, the K-quants: |x - x^| <= s_g / 2, int8_rows.py) or x.
-Its scales are exact (an fp16 times a code of at most 8 bits), so a product x q rounds once and
-a float partial sum of at most B codes (or B x values for X_j) adds B - 1 roundings; an integer
-sum is exact and rounds at most once made a float (Q8_0's, up to 16 * 128 * 8256 > 2^24: B = 1;
-the K-quants' stay below 2^24: B = 0). Then the scale multiply and offset subtraction, one each,
-the accumulators (T additions per element and iteration), their final sum (at most BLOCKS E
-elements per output), the split's partials and acc - off: any tree, each product reaching y
-through at most D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so
+Error: y is the product with x^ (|x - x^| <= s_g / 2, int8_rows.py). An integer sum is exact
+and rounds at most once made a float (Q8_0's, up to 16 * 128 * 8256 > 2^24: B = 1; the
+others' stay below 2^24: B = 0; Q4_0's and Q5_0's offsets are subtracted in the integers).
+Then the scale multiply and offset subtraction, one each, the accumulators (T additions per
+element and iteration), their final sum (at most BLOCKS E elements per output), the split's
+partials and acc - off: any tree, each product reaching y through at most
+D = B + 2 + T iterations + BLOCKS E + SPLIT_K + 1 roundings, so
 |y - exact| <= gamma_D * sum_k |x_k| (|s_j q_k| + |t_j|) (tests/ops/test_blocks.py _depth).
 
 A program handles BLOCK_M rows over its range of blocks (SPLIT_K ranges per row block), BLOCKS
@@ -70,13 +69,7 @@ from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 QT = GGMLQuantizationType
-INT8_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)  # the types that read x as Int8Rows
-
-
-@triton.jit
-def _f32(q):
-    """Integer codes 0 <= q < 2^23 -> float32, exactly."""
-    return (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+WORD16_TYPES = (QT.Q5_0, QT.Q4_0)  # 2-byte aligned blocks, read as int16 words
 
 
 @triton.jit
@@ -98,19 +91,6 @@ def _ax(n: tl.constexpr, axis: tl.constexpr):
     else:
         tl.static_assert(axis == 4)
         return r[None, None, None, None, :]
-
-
-@triton.jit
-def _total(acc):
-    """[n, block, group, m, word] sums -> [n, m]."""
-    return tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=1)
-
-
-@triton.jit
-def _x_sums(xrow, start, xmask, B: tl.constexpr):
-    """sum_{l < B} x[:, start + l]: the x sums of sub-blocks (one contiguous load each)."""
-    x = tl.load(xrow + start + _ax(B, 4), mask=xmask, other=0.0).to(tl.float32)
-    return tl.sum(x, axis=4, keep_dims=True)
 
 
 @triton.jit
@@ -286,57 +266,62 @@ def _q8_0(wrow, drow, xh, xl, xs, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl
 
 
 @triton.jit
-def _q32(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-         BLOCKS: tl.constexpr, HIGH: tl.constexpr):
-    """Blocks of 32 values of 4-bit codes in int16 words: Q5_0 (HIGH: words 0: d, 1-2: 32 high
-    bits, 3-10: the nibbles; x = d (q - 16)) or Q4_0 (0: d, 1-8: the nibbles; x = d (q - 8))."""
-    i = _ax(8, 4)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
-    off = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 1), tl.float32)
+def _q32(wrow, xh, xl, xs, xsum, b_lo, b_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+         BLOCKS: tl.constexpr, ASM: tl.constexpr, HIGH: tl.constexpr):
+    """Blocks of 32 values of 4-bit codes in int16 words (2-byte aligned blocks): Q5_0 (HIGH:
+    words 0: d, 1-2: 32 high bits, 3-10: the nibbles; x = d (q - 16)) or Q4_0 (0: d, 1-8: the
+    nibbles; x = d (q - 8)). Code word i (int16 words 2i, 2i + 1 of the nibbles, joined) holds
+    values 4i + byte in its low nibbles and 16 + 4i + byte in its high ones; Q5_0's high bits
+    4i..4i + 3 and 16 + 4i.. are spread onto bit 4 of its bytes by one multiply (bit e to bit 8e:
+    the shifts 7e of 1 + 2^7 + 2^14 + 2^21 never overlap for e < 4)."""
+    i = _ax(4, 4)
+    zero = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 4), tl.int32)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M), tl.float32)
     for b0 in range(b_lo, b_hi, BLOCKS):
-        b = b0 + _ax(BLOCKS, 1)
+        valid = b0 + _ax(BLOCKS, 1) < b_hi  # past the range: as Q4_K's
+        b = tl.minimum(b0 + _ax(BLOCKS, 1), b_hi - 1)
         blk = wrow + b * (11 if HIGH else 9)
-        mask, xm = wmask & (b < b_hi), xmask & (b < b_hi)
-        d = _f16(tl.load(blk, mask=mask, other=0))
+        at = (3 if HIGH else 1) + 2 * i
+        words = (_like(blk + at, zero).to(tl.int32) & 0xFFFF) | (
+            _like(blk + at + 1, zero).to(tl.int32) << 16)
+        low, high = words & 0x0F0F0F0F, (words >> 4) & 0x0F0F0F0F
         if HIGH:
-            qh = ((tl.load(blk + 1, mask=mask, other=0).to(tl.int32) & 0xFFFF)
-                  | (tl.load(blk + 2, mask=mask, other=0).to(tl.int32) << 16))
-        words = tl.load(blk + (3 if HIGH else 1) + i, mask=mask, other=0).to(tl.int32)
-        p = tl.zeros((BLOCK_N, BLOCKS, 1, BLOCK_M, 8), tl.float32)
-        for half in tl.static_range(2):  # values j = 2i + e (low nibbles), j + 16 (high)
-            for e in tl.static_range(2):
-                j = 2 * i + e + 16 * half
-                q = (words >> (8 * e + 4 * half)) & 0xF
-                if HIGH:
-                    q = q | (((qh >> j) & 1) << 4)
-                x = tl.load(xrow + 32 * b + j, mask=xm, other=0.0).to(tl.float32)
-                p += x * _f32(q)
-        acc += d * p
-        off += ((16.0 if HIGH else 8.0) * d) * _x_sums(xrow, 32 * b, xm, 32)
-    return _total(acc) - _total(off)
+            qh = (_like(blk + 1, zero).to(tl.int32) & 0xFFFF) | (
+                _like(blk + 2, zero).to(tl.int32) << 16)
+            low |= ((((qh >> 4 * i) & 0xF) * 0x00204081) & 0x01010101) << 4
+            high |= ((((qh >> (16 + 4 * i)) & 0xF) * 0x00204081) & 0x01010101) << 4
+        hs = _dp4a(high, _like(xh + 8 * b + 4 + i, zero), _dp4a(low, _like(xh + 8 * b + i, zero),
+                                                                 zero, ASM), ASM)
+        ls = _dp4a(high, _like(xl + 8 * b + 4 + i, zero), _dp4a(low, _like(xl + 8 * b + i, zero),
+                                                                 zero, ASM), ASM)
+        # sum (q - 16 or 8)(128 h + l) over the block: exact in int32 (|.| <= 32 16 8256)
+        t = tl.sum(128 * hs + ls, axis=4) - (16 if HIGH else 8) * _pick(
+            _like(xsum + b, zero), i, 0)
+        # d times the x scale (a power of two): exact
+        scale = _f16(_like(blk, zero).to(tl.int32)) * tl.where(valid, _like(xs + b, zero), 0.0)
+        scale = _pick(scale, i, 0)
+        acc += scale * t.to(tl.float32)
+    return tl.sum(tl.sum(acc, axis=2), axis=1)
 
 
 @triton.jit
-def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_ptr,
-                        like_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
-                        res_out_ptr, N, M, row_words, stride_xn, stride_on, stride_rn, blocks,
-                        blocks_per_split, eps, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCKS: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
-                        ASM: tl.constexpr, PDL: tl.constexpr):
+def _gemv_blocks_kernel(xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_ptr, wd_ptr, like_ptr,
+                        out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+                        row_words, stride_on, stride_rn, blocks, blocks_per_split, eps,
+                        QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCKS: tl.constexpr, SPLIT_K: tl.constexpr, GEGLU: tl.constexpr,
+                        NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, ASM: tl.constexpr,
+                        PDL: tl.constexpr):
     rn = tl.arange(0, BLOCK_N)
-    rm, valid = weight_rows(M, BLOCK_M, GEGLU)
+    rm, _ = weight_rows(M, BLOCK_M, GEGLU)
     b_lo = tl.program_id(1) * blocks_per_split
     b_hi = tl.minimum(b_lo + blocks_per_split, blocks)
-    n5 = rn[:, None, None, None, None]
-    m5 = rm[None, None, None, :, None]
-    xrow, xmask = x_ptr + n5 * stride_xn, n5 < N
-    wmask = valid[None, None, None, :, None]
+    # rows past N and M read the last ones (not stored): no load needs a mask
+    xn = tl.minimum(rn[:, None, None, None, None], N - 1)
+    row = tl.minimum(rm[None, None, None, :, None], M - 1).to(tl.int64)
     enter(PDL)
     if QTYPE == Q4_K or QTYPE == Q5_K or QTYPE == Q6_K:
-        # x as Int8Rows: per row and block 64 words of h and of l, 8 scales, 8 sums, 16 half
-        # sums; rows past N and M read the last ones (not stored): no load needs a mask
-        xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
+        # x per row and block: 64 words of h and of l, 8 scales, 8 sums, 16 half sums
         xh, xl = xh_ptr + xn * (64 * blocks), xl_ptr + xn * (64 * blocks)
         xs = xs_ptr + xn * (8 * blocks)
         if QTYPE == Q4_K or QTYPE == Q5_K:  # 144- / 176-byte blocks: rows of 16-byte multiples
@@ -348,16 +333,16 @@ def _gemv_blocks_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, xsum_ptr, xhalf_ptr, w_pt
             acc = _q6_k(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks, xh, xl, xs,
                         xhalf_ptr + xn * (16 * blocks), b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS,
                         ASM)
-    elif QTYPE == Q8_0:  # x as Int8Rows of K / 32 groups; rows past N and M: as above
-        xn, row = tl.minimum(n5, N - 1), tl.minimum(m5, M - 1).to(tl.int64)
+    elif QTYPE == Q8_0:  # x per row and block of 32: 8 words of h and of l, a scale
         acc = _q8_0(w_ptr + row * (row_words // 4 * 4), wd_ptr + row * blocks,
                     xh_ptr + xn * (8 * blocks), xl_ptr + xn * (8 * blocks), xs_ptr + xn * blocks,
                     b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, ASM)
-    else:
+    else:  # as Q8_0's, and a sum per block of 32
         tl.static_assert(QTYPE == Q5_0 or QTYPE == Q4_0,
                          "the block GEMV reads Q4_0, Q5_0, Q8_0 and the K-quants")
-        wrow = w_ptr + m5.to(tl.int64) * row_words
-        acc = _q32(wrow, wmask, xrow, xmask, b_lo, b_hi, BLOCK_N, BLOCK_M, BLOCKS, QTYPE == Q5_0)
+        acc = _q32(w_ptr + row * row_words, xh_ptr + xn * (8 * blocks), xl_ptr + xn * (8 * blocks),
+                   xs_ptr + xn * blocks, xsum_ptr + xn * blocks, b_lo, b_hi, BLOCK_N, BLOCK_M,
+                   BLOCKS, ASM, QTYPE == Q5_0)
     # y rounded to like_ptr's dtype (the projection's) before an epilogue, as the ops apart
     finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
            stride_on, stride_rn, eps, like_ptr.dtype.element_ty, GEGLU, NORM, NORM_BLOCK,
@@ -375,14 +360,14 @@ class BlockGemvConfig:
 
 # (block_m, blocks, num_warps) worth timing per type, best first: the K-quants' by H200 times
 # at the gemma3-27b shapes (bench/blocks_gemv.py --explore); Q8_0's load as many bytes of codes
-# a thread per iteration as Q4_K's first tile (128 at N = 1; not yet timed on a GPU); Q5_0's by
-# the sm_90 code's count of the loop's instructions per weight at N = 1 (~12)
+# a thread per iteration as Q4_K's first tile (128 at N = 1); Q5_0's and Q4_0's (32 values a
+# block too) are Q8_0's, not yet timed
 _TILES = {QT.Q4_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],
           QT.Q6_K: [(32, 4, 4), (16, 4, 2), (32, 2, 4), (64, 1, 4)],
           QT.Q8_0: [(32, 16, 4), (16, 16, 2), (64, 8, 4), (32, 32, 8)],
-          QT.Q5_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)],
+          QT.Q5_0: [(32, 16, 4), (16, 16, 2), (64, 8, 4), (32, 32, 8)],
           QT.Q5_K: [(32, 4, 4), (16, 4, 2), (64, 1, 4), (64, 4, 8)],  # Q4_K's, not yet timed
-          QT.Q4_0: [(32, 8, 4), (128, 4, 8), (64, 4, 4), (64, 2, 4)]}  # Q5_0's, not yet timed
+          QT.Q4_0: [(32, 16, 4), (16, 16, 2), (64, 8, 4), (32, 32, 8)]}
 _CODES_PER_THREAD = 256  # register budget: x rows x codes a thread holds per iteration
 
 
@@ -420,9 +405,9 @@ def candidates_blocks(n: int, m: int, k: int, qtype: QT) -> list[BlockGemvConfig
 
 
 def _words(data: torch.Tensor, qtype: QT) -> torch.Tensor:
-    """The blocks' bytes as the words the kernel loads: int32 for the K-quants (Q6_K's rows of
-    208-byte blocks without d), int16 otherwise."""
-    dtype = torch.int32 if qtype in INT8_TYPES else torch.int16
+    """The blocks' bytes as the words the kernel loads: int16 for Q5_0 and Q4_0, int32 for the
+    others (Q8_0's codes and Q6_K's 208-byte blocks without d)."""
+    dtype = torch.int16 if qtype in WORD16_TYPES else torch.int32
     size = dtype.itemsize
     assert data.data_ptr() % size == 0 and data.shape[1] % size == 0, "blocks not word aligned"
     return data.view(dtype)
@@ -433,8 +418,8 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig 
                   geglu: bool = False, norm: NormEpilogue | None = None):
     """x: [N, K] (float32, or 16-bit: read as float32), N <= 8; weight: [M, K] as blocks of a
     KERNEL_TYPES type -> [N, M] float32 (ref.linear_blocks), or written into `out` ([N, M] of
-    any float dtype, rows of any stride: e.g. a column slice of a wider output). The K-quants
-    read x as `rows` (int8_rows(x), made here when not given: one per x serves every matrix).
+    any float dtype, rows of any stride: e.g. a column slice of a wider output). x is read as
+    `rows` (int8_rows(x), made here when not given: one per x serves every matrix).
     With `geglu` or `norm`, gemv.gemv's epilogues on y in weight.dtype, and its results."""
     n, (m, k), qtype = x.shape[0], weight.shape, weight.qtype
     assert n <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1 and x.dtype.is_floating_point
@@ -443,11 +428,8 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig 
         geglu or norm))
     c = config or default_config(n, m, k, qtype)
     dev = x.device
-    if qtype in INT8_TYPES:
-        rows = rows if rows is not None else int8_rows(x)
-        assert rows.hi.shape == (n, k // 4)
-    else:
-        rows = (x, x, x, x, x)  # unread
+    rows = rows if rows is not None else int8_rows(x)
+    assert rows.hi.shape == (n, k // 4)
     words = _words(weight.data, qtype)
     blocks = k // GGML_QUANT_SIZES[qtype][0]
     block_m = max(c.block_m, 2) if geglu else c.block_m  # a gate and an up row at least
@@ -467,8 +449,8 @@ def linear_blocks(x: torch.Tensor, weight: BlockMatrix, config: BlockGemvConfig 
         args, result, like = (out, part, cnt, out, out, out, out), out, out
         o = None
     d = weight.d if weight.d is not None else words  # Q6_K's d (unread otherwise)
-    launch(_gemv_blocks_kernel, (row_blocks, splits), x, *rows, words, d, like, *args, n, m,
-           words.shape[1], x.stride(0), args[0].stride(0), 0 if o is None else o.stride_rn,
+    launch(_gemv_blocks_kernel, (row_blocks, splits), *rows, words, d, like, *args, n, m,
+           words.shape[1], args[0].stride(0), 0 if o is None else o.stride_rn,
            blocks, per_split, 0.0 if o is None else o.eps, QTYPE=int(qtype),
            BLOCK_N=max(1, next_power_of_2(n)), BLOCK_M=block_m, BLOCKS=c.blocks,
            SPLIT_K=splits, GEGLU=geglu, NORM=norm is not None,
