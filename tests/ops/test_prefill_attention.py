@@ -7,7 +7,7 @@ from muser.attention.dense_ref import attention_dense
 from muser.attention.routes import Route
 from muser.attention.tiles import classify_tiles
 from muser.ops.triton import prefill_attention
-from muser.ops.triton.prefill_attention import FlashConfig, launch_config
+from muser.ops.triton.prefill_attention import SHARED, FlashConfig, launch_config, shared_bytes
 
 from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
@@ -94,6 +94,49 @@ def test_launch_rule_splits_only_deep_narrow_chunks():
     assert launch_config(8, 4, 1, 2048, 256, 64).splits > 1  # 131k keys, gemma3-1b's 4 heads
     deep = launch_config(8, 32, 16, 2048, 128, 64)  # gemma3-27b: 32 heads over 16 kv heads
     assert deep.pack == 2 and deep.splits <= 2
+
+
+def test_launch_rule_fits_shared_memory():
+    """bfloat16 keys keep the measured configs (two heads a program at head_dim 128, three
+    stages at 256); float32 keys (--dtype float32) take one head a program, and fewer stages
+    where three buffers would not fit: every config the rule picks fits an SM's shared memory
+    by the kernel's count (458,752 bytes asked at float32, pack 2, in place: the error that
+    a launch then raised)."""
+    bf16_27b = launch_config(8, 32, 16, 64, 128, 64, True)
+    assert (bf16_27b.pack, bf16_27b.wide, bf16_27b.num_stages) == (2, 2, 5)
+    assert launch_config(8, 4, 1, 64, 256, 64, False).num_stages == 3
+    assert shared_bytes(2, 2, 5, 128, 64, 4) == 458752
+    f32_27b = launch_config(8, 32, 16, 64, 128, 64, True, itemsize=4)
+    assert (f32_27b.pack, f32_27b.wide, f32_27b.num_stages) == (1, 1, 3)
+    assert launch_config(8, 4, 1, 64, 256, 64, True, itemsize=4).num_stages == 1
+    for heads, kv_heads, dim in [(32, 16, 128), (4, 1, 256), (8, 4, 256), (2, 1, 128)]:
+        for in_place in (False, True):
+            for itemsize in (2, 4):
+                c = launch_config(8, heads, kv_heads, 64, dim, 64, in_place, itemsize)
+                assert shared_bytes(c.pack, c.wide, c.num_stages, dim, 64, itemsize) <= SHARED
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 128), (4, 1, 256)])
+def test_flash_float32_at_model_widths(gen, heads, kv_heads, head_dim):
+    """float32 keys and values (--dtype float32 on a GPU) at gemma3-27b's and -1b's head widths
+    in 64-row tiles, read in place from pages, with the launch rule's own config: within the
+    float32 bound against the float64 dense reference."""
+    num_q, num_prev, tile = 70, 60, 64
+    num_k, page = num_prev + num_q, 2 * tile
+    pages = 2 * -(-num_k // page)
+    k_store = rand(gen, pages * page, kv_heads, head_dim)
+    v_store = rand(gen, pages * page, kv_heads, head_dim)
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(head_dim))
+    pos = torch.arange(num_k)
+    read = order[pos // page] * page + pos % page
+    q = rand(gen, num_q, heads, head_dim)
+    tiles = classify_tiles(num_prev, num_q, 0, num_k, None, tile, tile)
+    out = prefill_attention(q, k_store, v_store, num_prev, 0, None, 0.0625, tiles.to(DEVICE),
+                            tile, Route.TILED, read_rows=read.to(DEVICE))
+    expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
+                             v_store.cpu()[read].double(), torch.arange(num_prev, num_k),
+                             torch.arange(num_k), None, 0.0625, torch.float64)
+    check(out.float(), expect, torch.float32)
 
 
 @pytest.mark.parametrize("q_start,num_q,k_start,num_k,window",

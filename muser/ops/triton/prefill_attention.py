@@ -188,10 +188,19 @@ class FlashConfig:
 # idle: 8 splits took gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms.
 MIN_TILES_PER_SPLIT = 16
 SMS = 132  # an H200's multiprocessors
+SHARED = 232448  # bytes of shared memory a program may take on sm_90 (227 KB)
+
+
+def shared_bytes(pack: int, wide: int, stages: int, head_dim: int, tile: int,
+                 itemsize: int) -> int:
+    """Shared memory the compiled kernel holds: up to three key + value buffers of `wide` tiles
+    (three from num_stages 3 on), and the program's query rows (Triton 3.6's count for sm_90:
+    458,752 bytes at pack 2, wide 2, num_stages 5, head_dim 128, 64-row tiles of float32)."""
+    return (min(stages, 3) * 2 * wide + pack) * tile * head_dim * itemsize
 
 
 def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_dim: int,
-                  tile: int, in_place: bool = False) -> FlashConfig:
+                  tile: int, in_place: bool = False, itemsize: int = 2) -> FlashConfig:
     """The launch rule. Two query heads of a key/value head per program where their rows fit
     one 128-row tile of head_dim <= 128 (half the key/value loads, a taller tensor-core tile),
     on eight warps (two warpgroups of 64 rows; ~245 registers a thread, one program per SM)
@@ -199,16 +208,20 @@ def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_di
     num_stages 3, or 5 reading the store in place, whose per-tile row number is a load of its
     own and takes pipeline stages before the tile's loads (the compiled kernel holds three
     buffers either way; 5 on contiguous keys would need more shared memory than an SM has).
-    Otherwise four warps (eight for head_dim > 128), two programs per SM. Then split the key
-    range while the grid stays within the programs the SMs hold at once and each split walks at
-    least MIN_TILES_PER_SPLIT tiles. Measured on the H200 (bench/results/prefill_depth_h200.json,
-    27B, 512 rows at 131k keys in place): 2.92 ms a layer, where the previous kernel and rule
-    (one tile a block, four warps, two buffers, two splits) took 3.93."""
+    Otherwise four warps (eight for head_dim > 128), two programs per SM. Where the buffers of
+    `itemsize`-byte keys (float32) would not fit SHARED: one head a program, then fewer stages.
+    Then split the key range while the grid stays within the programs the SMs hold at once and
+    each split walks at least MIN_TILES_PER_SPLIT tiles. Measured on the H200
+    (bench/results/prefill_depth_h200.json, 27B, 512 rows at 131k keys in place): 2.92 ms a
+    layer, where the previous kernel and rule (one tile a block, four warps, two buffers, two
+    splits) took 3.93."""
     pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
-    if pack == 2:
+    if pack == 2 and shared_bytes(2, 2, 3, head_dim, tile, itemsize) <= SHARED:
         warps, stages, room, wide = 8, 5 if in_place else 3, SMS, 2
     else:
-        warps, stages, room, wide = 8 if head_dim > 128 else 4, 3, 2 * SMS, 1
+        pack, warps, stages, room, wide = 1, 8 if head_dim > 128 else 4, 3, 2 * SMS, 1
+        while stages > 1 and shared_bytes(1, 1, stages, head_dim, tile, itemsize) > SHARED:
+            stages -= 1
     programs, splits = q_tiles * heads // pack, 1
     while (programs * splits * 2 <= room and splits < 8
            and k_tiles >= 2 * splits * MIN_TILES_PER_SPLIT):
@@ -266,7 +279,7 @@ def prefill_attention(
     assert FULL == 2 and q_tiles == cdiv(num_q, tile) and k_tiles == cdiv(num_k, tile)
     assert tiles.is_contiguous()
     cfg = config or launch_config(q_tiles, heads, kv_heads, k_tiles, head_dim, tile,
-                                  read_rows is not None)
+                                  read_rows is not None, keys.element_size())
     assert (heads // kv_heads) % cfg.pack == 0, "packed heads must share a key/value head"
     assert cfg.wide in (1, 2), "the FULL run's blocks are one or two key tiles"
     out = empty((num_q, heads, head_dim), keys.dtype, dev)
