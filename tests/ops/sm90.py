@@ -9,16 +9,16 @@ import os
 import subprocess
 import sys
 
-# The compiling process's first lines: `ptx(fn, types, constexprs, sixteen=None, **options)`
-# compiles one specialization -> its PTX; `sixteen` (names) marks those arguments and every
-# pointer divisible by 16, as the launcher specializes them.
+# The compiling process's first lines: `compiled(fn, types, constexprs, sixteen=None, **options)`
+# compiles one specialization (`ptx(...)`: its PTX); `sixteen` (names) marks those arguments and
+# every pointer divisible by 16, as the launcher specializes them.
 PRELUDE = r'''
 import importlib, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-def ptx(fn, types, constexprs, sixteen=None, **options):
+def compiled(fn, types, constexprs, sixteen=None, **options):
     signature = {p: "constexpr" if p in constexprs else types.get(p, "i32") for p in fn.arg_names}
     attrs = {} if sixteen is None else {
         (i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.arg_names)
@@ -26,7 +26,10 @@ def ptx(fn, types, constexprs, sixteen=None, **options):
     src = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v
                                                for k, v in constexprs.items()}, attrs=attrs)
     opts = {"num_warps": 4, "launch_pdl": constexprs.get("PDL", False)} | options
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+def ptx(fn, types, constexprs, sixteen=None, **options):
+    return compiled(fn, types, constexprs, sixteen, **options).asm["ptx"]
 '''
 GDC = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")  # PDL's wait and release
 

@@ -50,6 +50,40 @@ out["prefill attention in place"] = ptx(prefill._flash_kernel, flash_types,
     num_stages=5)
 out["prefill attention combine"] = ptx(prefill._combine_kernel, flash_types | {"o_ptr": "*bf16"},
     dict(D=128), num_warps=1)
+# a float32 model (or KV cache): its operands as they are
+f32 = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "k_ptr": "*fp32",
+       "v_ptr": "*fp32", "kn_ptr": "*fp32", "vn_ptr": "*fp32", "o_ptr": "*fp32"}
+out["float32 gemv dot"] = ptx(gemv._gemv_dot_kernel, gemv_types | f32, dict(
+    GEGLU=False, NORM=False, NORM_BLOCK=2048, BLOCK_N=16, BLOCK_M=64, BLOCK_K=64, SPLIT_K=1,
+    PDL=False), num_stages=2)
+out["float32 gemm"] = ptx(gemm._gemm_kernel, gemv_types | f32, dict(
+    GEGLU=False, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=64, BLOCK_M=64, BLOCK_K=32,
+    PDL=False), num_warps=4, num_stages=2)
+out["float32 attention"] = ptx(decode_attention._decode_split_kernel, attn_types | f32,
+    dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
+         PDL=False))
+out["float32 prefill attention"] = ptx(prefill._flash_kernel, flash_types | f32,
+    dict(G=1, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=1, WIDE=1), num_warps=4,
+    num_stages=3)
+json.dump(out, sys.stdout)
+'''
+
+
+# Shared memory of the flash kernel at the launch rule's own float32 configs (gemma3-27b's and
+# -1b's head widths, reading the store in place or not)
+SHARED = r'''
+prefill = importlib.import_module("muser.ops.triton.prefill_attention")
+types = {"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "rows_ptr": "*i64",
+         "o_ptr": "*fp32", "part_ptr": "*fp32", "ml_ptr": "*fp32", "tiles_ptr": "*i8",
+         "ranges_ptr": "*i32", "scale_log2": "fp32"}
+out = {}
+for name, heads, kv_heads, dim in (("27b", 32, 16, 128), ("1b", 4, 1, 256)):
+    for in_place in (True, False):
+        c = prefill.launch_config(8, heads, kv_heads, 64, dim, 64, in_place, 4)
+        out[f"{name} in_place={in_place}"] = compiled(prefill._flash_kernel, types, dict(
+            G=heads // kv_heads, D=dim, BLOCK=64, HAS_WINDOW=False, INDEXED=in_place,
+            PACK=c.pack, WIDE=c.wide), num_warps=c.num_warps, num_stages=c.num_stages
+        ).metadata.shared
 json.dump(out, sys.stdout)
 '''
 
@@ -59,8 +93,27 @@ def ptx() -> dict[str, str]:
     return compile_ptx(COMPILE)
 
 
+def test_float32_prefill_attention_fits_shared_memory():
+    """The launch rule's float32 configs compile to what an SM's shared memory holds (its
+    count of the buffers is an upper bound: prefill_attention.shared_bytes)."""
+    from muser.ops.triton.prefill_attention import SHARED as LIMIT
+
+    shared = compile_ptx(SHARED)
+    assert len(shared) == 4
+    assert all(0 < v <= LIMIT for v in shared.values()), shared
+
+
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 10
+    assert len(ptx) == 14
+
+
+def test_float32_operands_multiply_in_float32(ptx):
+    """float32 operands (a float32 model or KV cache) multiply in IEEE float32, not in TF32
+    (Triton's default for them: 10-bit mantissas, past the float32 bounds the kernel tests
+    hold); 16-bit ones keep their tensor cores (the tests above)."""
+    for name, code in ptx.items():
+        assert "tf32" not in code, name
+    assert sum(name.startswith("float32") for name in ptx) == 4
 
 
 def test_prefill_gemm_runs_on_hopper_tensor_cores(ptx):

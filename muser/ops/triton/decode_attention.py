@@ -56,19 +56,20 @@ def _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, 
 
 @triton.jit
 def _fold(q, acc, m, l, k, v, valid, scale_log2, MASKED: tl.constexpr):
-    """One tile of keys (k, v) folded into the online softmax (m, l, acc)."""
+    """One tile of keys (k, v) folded into the online softmax (m, l, acc); float32 keys (a
+    float32 cache) multiply in float32, not Triton's default TF32."""
     if MASKED:
-        s = tl.where(valid[None, :], tl.dot(q, tl.trans(k)) * scale_log2, float("-inf"))
+        s = tl.where(valid[None, :], tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # NOTE: a tile of no key
     else:
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = m_new
     alpha = tl.exp2(m - m_use)
     p = tl.exp2(s - m_use[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return acc, m_new, l
 
 

@@ -87,7 +87,9 @@ def _gemm_kernel(
         k_in = rk[None, :] < K - k0
         x = tl.load(x_at, mask=(rn[:, None] < N) & k_in, other=0.0)
         w = tl.load(w_at, mask=valid[:, None] & k_in, other=0.0)
-        acc = tl.dot(x.to(w_dtype), tl.trans(w), acc)
+        # NOTE: "ieee": float32 weights multiply in float32 (Triton's default for them is TF32,
+        # 10-bit mantissas); 16-bit ones are unaffected
+        acc = tl.dot(x.to(w_dtype), tl.trans(w), acc, input_precision="ieee")
         x_at += BLOCK_K
         w_at += BLOCK_K
     if NORM:

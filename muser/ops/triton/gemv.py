@@ -192,7 +192,7 @@ def _gemv_dot_kernel(
                     mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
         x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
                     mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
-        acc = tl.dot(w, tl.trans(x.to(w_dtype)), acc)
+        acc = tl.dot(w, tl.trans(x.to(w_dtype)), acc, input_precision="ieee")  # as gemm.py's
     finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
            BLOCK_N, BLOCK_M, SPLIT_K)

@@ -42,7 +42,8 @@ def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, nu
               MASKED: tl.constexpr, TILES: tl.constexpr):
     """Key tiles kt .. kt + TILES - 1 folded into the online softmax (m, l, acc) as one block.
     MASKED (TILES = 1): a PARTIAL tile (or the last one, past S), positions checked; else FULL
-    tiles of S's keys, no mask at all."""
+    tiles of S's keys, no mask at all. Float32 keys (a float32 cache) multiply in float32, not
+    Triton's default TF32."""
     r = tl.arange(0, TILES * BLOCK)
     rk = kt * BLOCK + r
     if INDEXED:  # a tile's rows are consecutive store rows: read where each tile's first is
@@ -59,7 +60,7 @@ def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, nu
     if MASKED:
         k_mask = rk < S
         k = tl.load(k_at, mask=k_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
         full = tl.load(tiles_ptr + qt * num_k_tiles + kt) == 2  # FULL
         k_pos = k_start + rk
         visible = (k_pos[None, :] <= q_pos[:, None]) | full
@@ -72,14 +73,14 @@ def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, nu
         v = tl.load(v_at, mask=k_mask[:, None], other=0.0)
     else:
         k = tl.load(k_at)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = m_new
         v = tl.load(v_at)
     alpha = tl.exp2(m - m_use)
     p = tl.exp2(s - m_use[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return acc, m_new, l
 
 
@@ -193,9 +194,11 @@ SHARED = 232448  # bytes of shared memory a program may take on sm_90 (227 KB)
 
 def shared_bytes(pack: int, wide: int, stages: int, head_dim: int, tile: int,
                  itemsize: int) -> int:
-    """Shared memory the compiled kernel holds: up to three key + value buffers of `wide` tiles
-    (three from num_stages 3 on), and the program's query rows (Triton 3.6's count for sm_90:
-    458,752 bytes at pack 2, wide 2, num_stages 5, head_dim 128, 64-row tiles of float32)."""
+    """An upper bound of the shared memory the compiled kernel holds: three key + value buffers
+    of `wide` tiles (fewer below num_stages 3) and the program's query rows. The H200 refused
+    this count, 458,752 bytes, for pack 2, wide 2, num_stages 5, head_dim 128 and 64-row tiles
+    of float32 multiplied in TF32; in IEEE float32 that config compiles to 393,248, still past
+    SHARED; the rule's own float32 configs compile within it (tests/ops/test_sm90_compile.py)."""
     return (min(stages, 3) * 2 * wide + pack) * tile * head_dim * itemsize
 
 
