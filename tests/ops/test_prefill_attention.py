@@ -56,34 +56,38 @@ def test_flash_strided_rows(gen, dtype):
     check(out.float(), expect, dtype)
 
 
+def _in_place(gen, dtype, heads, kv_heads, head_dim, tile, num_q, num_prev, window, scale,
+              seed, config=None):
+    """A chunk at depth attending the store where its rows are (read_rows: pages of two tiles
+    in a random order) against the float64 dense reference of the same rows gathered."""
+    num_k, page = num_prev + num_q, 2 * tile
+    pages = 2 * -(-num_k // page)
+    k_store = rand(gen, pages * page, kv_heads, head_dim, dtype=dtype)
+    v_store = rand(gen, pages * page, kv_heads, head_dim, dtype=dtype)
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed))
+    pos = torch.arange(num_k)
+    read = order[pos // page] * page + pos % page
+    q = rand(gen, num_q, heads, head_dim)
+    tiles = classify_tiles(num_prev, num_q, 0, num_k, window, tile, tile)
+    out = prefill_attention(q, k_store, v_store, num_prev, 0, window, scale, tiles.to(DEVICE),
+                            tile, Route.TILED, read_rows=read.to(DEVICE), config=config)
+    expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
+                             v_store.cpu()[read].double(), torch.arange(num_prev, num_k),
+                             torch.arange(num_k), window, scale, torch.float64)
+    check(out.float(), expect, dtype)
+
+
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("splits,pack,wide", [(1, 1, 1), (3, 1, 2), (4, 2, 2), (1, 2, 1),
                                               (1, 2, 2)])
 @pytest.mark.parametrize("num_q,num_prev,window", [(40, 120, None), (33, 70, 48)])
 def test_flash_in_place_and_split(gen, dtype, splits, pack, wide, num_q, num_prev, window):
-    """A chunk at depth attends the store where its rows are (read_rows: pages of two tiles
-    in a random order), its key range split over several programs whose partials are
-    combined, two query heads of a key/value head in one program (pack), the FULL tiles two
-    at a time (wide: each tile's rows from its own first row, so a pair may straddle pages);
-    against the float64 dense reference of the same rows gathered."""
-    heads, kv_heads, head_dim, tile = 4, 2, 64, 16
-    num_k, page = num_prev + num_q, 2 * tile
-    pages = 2 * -(-num_k // page)
-    k_store = rand(gen, pages * page, kv_heads, head_dim, dtype=dtype)
-    v_store = rand(gen, pages * page, kv_heads, head_dim, dtype=dtype)
-    order = torch.randperm(pages, generator=torch.Generator().manual_seed(num_q))
-    pos = torch.arange(num_k)
-    read = order[pos // page] * page + pos % page
-    q = rand(gen, num_q, heads, head_dim)
-    tiles = classify_tiles(num_prev, num_q, 0, num_k, window, tile, tile)
-    out = prefill_attention(q, k_store, v_store, num_prev, 0, window, 0.125, tiles.to(DEVICE),
-                            tile, Route.TILED, read_rows=read.to(DEVICE),
-                            config=FlashConfig(splits=splits, pack=pack, wide=wide))
-    q_pos = torch.arange(num_prev, num_prev + num_q)
-    expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
-                             v_store.cpu()[read].double(), q_pos, torch.arange(num_k), window,
-                             0.125, torch.float64)
-    check(out.float(), expect, dtype)
+    """A chunk at depth attends the store in place (_in_place), its key range split over
+    several programs whose partials are combined, two query heads of a key/value head in one
+    program (pack), the FULL tiles two at a time (wide: each tile's rows from its own first
+    row, so a pair may straddle pages)."""
+    _in_place(gen, dtype, 4, 2, 64, 16, num_q, num_prev, window, 0.125, num_q,
+              FlashConfig(splits=splits, pack=pack, wide=wide))
 
 
 def test_launch_rule_splits_only_deep_narrow_chunks():
@@ -119,24 +123,9 @@ def test_launch_rule_fits_shared_memory():
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 128), (4, 1, 256)])
 def test_flash_float32_at_model_widths(gen, heads, kv_heads, head_dim):
     """float32 keys and values (--dtype float32 on a GPU) at gemma3-27b's and -1b's head widths
-    in 64-row tiles, read in place from pages, with the launch rule's own config: within the
-    float32 bound against the float64 dense reference."""
-    num_q, num_prev, tile = 70, 60, 64
-    num_k, page = num_prev + num_q, 2 * tile
-    pages = 2 * -(-num_k // page)
-    k_store = rand(gen, pages * page, kv_heads, head_dim)
-    v_store = rand(gen, pages * page, kv_heads, head_dim)
-    order = torch.randperm(pages, generator=torch.Generator().manual_seed(head_dim))
-    pos = torch.arange(num_k)
-    read = order[pos // page] * page + pos % page
-    q = rand(gen, num_q, heads, head_dim)
-    tiles = classify_tiles(num_prev, num_q, 0, num_k, None, tile, tile)
-    out = prefill_attention(q, k_store, v_store, num_prev, 0, None, 0.0625, tiles.to(DEVICE),
-                            tile, Route.TILED, read_rows=read.to(DEVICE))
-    expect = attention_dense(q.cpu().double(), k_store.cpu()[read].double(),
-                             v_store.cpu()[read].double(), torch.arange(num_prev, num_k),
-                             torch.arange(num_k), None, 0.0625, torch.float64)
-    check(out.float(), expect, torch.float32)
+    in 64-row tiles, in place (_in_place), with the launch rule's own config: within the
+    float32 bound."""
+    _in_place(gen, torch.float32, heads, kv_heads, head_dim, 64, 70, 60, None, 0.0625, head_dim)
 
 
 @pytest.mark.parametrize("q_start,num_q,k_start,num_k,window",
