@@ -142,7 +142,8 @@ def _bench(args: argparse.Namespace) -> int:
         for name, side in sides.items():
             side.prefill(_prompt(vocab, 8))  # warm-up
             if regime == "prefill":
-                rate, runs = _median_rate(n, lambda s=side, p=ids: lambda: s.prefill(p), args.repeats)
+                rate, runs = _median_rate(n, lambda s=side, p=ids: lambda: s.prefill(p),
+                                          args.repeats)
             else:  # each run decodes from a fresh prefill of the prompt (set up untimed)
                 rate, runs = _median_rate(
                     args.decode_tokens, lambda s=side, p=ids: s.decode(p, args.decode_tokens),

@@ -131,7 +131,8 @@ class Shards:
             raise ModelLoadError(f"no model.safetensors or model.safetensors.index.json in "
                                  f"{directory}")
         self.files = {name: _open(directory / name) for name in files}
-        self.where = {t: f for f, h in self.files.items() for t in h.keys()}  # noqa: SIM118 (safe_open has keys(), no __iter__)
+        # NOTE: safe_open has keys() and no __iter__
+        self.where = {t: f for f, h in self.files.items() for t in h.keys()}  # noqa: SIM118
 
     def prefix(self) -> str:
         """The text model's name prefix: whatever precedes 'embed_tokens.weight'."""

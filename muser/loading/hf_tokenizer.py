@@ -36,7 +36,7 @@ def tokenizer_from_hf(directory: Path, num_ids: int = 0) -> Tokenizer:
         raise ModelLoadError(f"Hugging Face checkpoint lacks tokenizer.json: {path}")
     try:
         encoder = HFTokenizer.from_file(str(path))
-    except Exception as exc:  # noqa: BLE001 (the library raises a bare Exception on malformed files)
+    except Exception as exc:  # noqa: BLE001 (a bare Exception on malformed files)
         raise ModelLoadError(f"{path}: not a readable tokenizer.json ({exc})") from None
     tokens, types = _vocabulary(encoder, num_ids)
     ids = {t: i for i, t in enumerate(tokens)}

@@ -59,7 +59,8 @@ def _fold(q, acc, m, l, k, v, valid, scale_log2, MASKED: tl.constexpr):
     """One tile of keys (k, v) folded into the online softmax (m, l, acc); float32 keys (a
     float32 cache) multiply in float32, not Triton's default TF32."""
     if MASKED:
-        s = tl.where(valid[None, :], tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2, float("-inf"))
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # NOTE: a tile of no key
     else:
