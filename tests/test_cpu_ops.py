@@ -5,6 +5,8 @@ and each bitwise the same however its rows are grouped — decode rows in place 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,6 +99,47 @@ def test_prefill_rows_equal_decode_rows(window):
         err = (one.double() - _float64(q[i], keys[first:pos + 1], values[first:pos + 1],
                                        0.2)).abs()
         assert (err <= _bound(q[i], keys[first:pos + 1], values[first:pos + 1], 0.2)).all()
+
+
+def _team_work() -> int:
+    """attention.c's TEAM_WORK: T * H * keys * D from which the threads share one task."""
+    text = (Path(native.__file__).parent / "attention.c").read_text()
+    return 1 << int(re.search(r"#define TEAM_WORK \(1 << (\d+)\)", text)[1])
+
+
+@pytest.mark.parametrize("heads, kv_heads, d, window", [
+    (4, 1, 256, None), (4, 1, 256, 100), (8, 2, 64, None), (2, 1, 256, None)])
+def test_decode_row_shared_by_threads(heads, kv_heads, d, window):
+    """A decode row over enough keys is shared by the threads (the keys split for the scores,
+    the heads for the softmax, the head dims for the values): the bits of the same row on one
+    thread and inside a prefill chunk, within the error bound of float64."""
+    gen = torch.Generator().manual_seed(heads * d)
+    keys = 600
+    assert heads * keys * d >= _team_work()  # the shapes form a team
+    k = torch.randn(keys, kv_heads, d, generator=gen)
+    v = torch.randn(keys, kv_heads, d, generator=gen)
+    q = torch.randn(3, heads, d, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        chunk = native.attention(q, k, v, keys - 3, 0, window, 0.1)
+        alone = [native.attention(q[i : i + 1], k, v, keys - 3 + i, 0, window, 0.1)
+                 for i in range(3)]
+        for team in (2, 4):  # 4 threads over kv_heads = 2 tasks: each task shared
+            torch.set_num_threads(team)
+            for i in range(3):
+                row = native.attention(q[i : i + 1], k, v, keys - 3 + i, 0, window, 0.1)
+                assert torch.equal(row, alone[i]) and torch.equal(row[0], chunk[i])
+    finally:
+        torch.set_num_threads(threads)
+    first = 0 if window is None else keys - window
+    for h in range(0, heads, kv_heads):  # one head of each KV head's group
+        kv = h * kv_heads // heads
+        seen = slice(first, keys)
+        got = alone[-1][0, h : h + 1]
+        expect = _float64(q[-1, h : h + 1], k[seen, kv : kv + 1], v[seen, kv : kv + 1], 0.1)
+        bound = _bound(q[-1, h : h + 1], k[seen, kv : kv + 1], v[seen, kv : kv + 1], 0.1)
+        assert ((got.double() - expect).abs() <= bound).all()
 
 
 def norm_bound(y: torch.Tensor, d: int) -> torch.Tensor:
@@ -238,6 +281,7 @@ def test_other_builds_compute_the_same_bits(march, variant_builds, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(37, 256, generator=gen)
     q, k = torch.randn(9, 4, 64, generator=gen), torch.randn(50, 1, 64, generator=gen)
+    long = torch.randn(600, 1, 64, generator=gen)  # a decode row the threads share
     # float32 values, and codes with float16 scales (Q8_0), float32 scales and mins (Q4_K)
     # and float32 scales alone (Q6_K): each build's tiles at every width it has
     mats = [PackedMatrix.from_dense(torch.randn(70, 256, generator=gen))] + [
@@ -250,7 +294,8 @@ def test_other_builds_compute_the_same_bits(march, variant_builds, monkeypatch):
             native.rms_norm(x, x[0], 1e-6), native.geglu(x),
             native.attention(q, k, k, 41, 0, 16, 0.1),  # 4 heads on a KV head, D = 64
             native.attention(q.reshape(9, 1, 256), k.repeat(1, 1, 4), k.repeat(1, 1, 4), 41, 0,
-                             0, 0.1)]  # one head, D = 256
+                             0, 0.1),  # one head, D = 256
+            native.attention(q[:1], long, long, 599, 0, 0, 0.1)]
 
     ours = outputs()
     monkeypatch.setattr(native, "library", lambda: variant)

@@ -13,10 +13,14 @@
  *                                            element; denominator: 16 lanes by d mod 16, tree
  *
  * The heads that share a KV head are computed together (each key row is read once for all of
- * them), which changes no head's arithmetic. Keys are located through the cache placement of
+ * them), which changes no head's arithmetic. Tiles of rows and KV heads are shared out among
+ * the threads; when there are fewer than threads (a decode step), the threads share each one
+ * instead: keys for the scores, heads for the softmax, head dims for the weighted values, each
+ * a set of whole outputs computed as above. Keys are located through the cache placement of
  * muser.ops.ref.decode_rows (a block table, block size and physical origin), or are
  * contiguous. GQA: head h reads KV head h / (H / KVH).
  */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -111,18 +115,20 @@ static inline __attribute__((always_inline)) void scores(
 }
 
 #define KEY_BLOCK 128 /* keys whose value rows stay in L2 while every row of a tile reads them */
+#define TEAM_KEYS 32  /* keys per share of a team's scores */
+#define TEAM_WORK (1 << 17) /* T * H * keys * D from which a team shares a task */
 
 /* o[g] += sum_d e[g * n + d] v_{last - d} over the row's keys in [i_lo, i_hi], in turn over d
- * (keys from i_hi down), 16 * DB dims at a time: the G x DB accumulators stay in registers,
+ * (keys from i_hi down), for dims [x_lo, x_hi), 16 * DB at a time: the G x DB accumulators stay in registers,
  * loaded from and stored back to o exactly, so a sum split across key blocks is the same
  * chain. */
 static inline __attribute__((always_inline)) void weighted_values(
     const Row *w, int G, int DB, int64_t D, const Keys *K, int64_t kvh, int64_t i_lo,
-    int64_t i_hi)
+    int64_t i_hi, int64_t x_lo, int64_t x_hi)
 {
     const int64_t top = w->last < i_hi ? w->last : i_hi;
     const int64_t bottom = w->first > i_lo ? w->first : i_lo;
-    for (int64_t x0 = 0; x0 < D; x0 += 16 * DB) {
+    for (int64_t x0 = x_lo; x0 < x_hi; x0 += 16 * DB) {
         v16 acc[8][4];
         for (int g = 0; g < G; g++)
             for (int b = 0; b < DB; b++) acc[g][b] = vload(w->o + g * D + x0 + 16 * b);
@@ -140,25 +146,73 @@ static inline __attribute__((always_inline)) void weighted_values(
     }
 }
 
-/* Softmax weights of one row's G heads in place (e_d = exp(s_d - m)) -> their sums. */
-static void softmax(Row *w, int G, float *sums)
+/* Softmax weights of one head's n scores in place (e_d = exp(s_d - m)) -> their sum. */
+static float softmax(float *e, int64_t n)
 {
-    for (int g = 0; g < G; g++) {
-        float *eg = w->e + g * w->n;
-        float top[16]; /* the max in 16 lanes (exact in any order) */
-        for (int l = 0; l < 16; l++) top[l] = -INFINITY;
-        int64_t d = 0;
-        for (; d + 16 <= w->n; d += 16)
-            for (int l = 0; l < 16; l++) top[l] = eg[d + l] > top[l] ? eg[d + l] : top[l];
-        for (int l = 0; d + l < w->n; l++) top[l] = eg[d + l] > top[l] ? eg[d + l] : top[l];
-        float m = top[0];
-        for (int l = 1; l < 16; l++) m = top[l] > m ? top[l] : m;
-        for (int64_t d = 0; d < w->n; d++) eg[d] = muser_exp(eg[d] - m);
-        float lane[16] = {0};
-        for (d = 0; d + 16 <= w->n; d += 16)
-            for (int l = 0; l < 16; l++) lane[l] += eg[d + l];
-        for (int l = 0; d + l < w->n; l++) lane[l] += eg[d + l];
-        sums[g] = muser_tree16(lane);
+    float top[16]; /* the max in 16 lanes (exact in any order) */
+    for (int l = 0; l < 16; l++) top[l] = -INFINITY;
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        for (int l = 0; l < 16; l++) top[l] = e[d + l] > top[l] ? e[d + l] : top[l];
+    for (int l = 0; d + l < n; l++) top[l] = e[d + l] > top[l] ? e[d + l] : top[l];
+    float m = top[0];
+    for (int l = 1; l < 16; l++) m = top[l] > m ? top[l] : m;
+    for (d = 0; d < n; d++) e[d] = muser_exp(e[d] - m);
+    float lane[16] = {0};
+    for (d = 0; d + 16 <= n; d += 16)
+        for (int l = 0; l < 16; l++) lane[l] += e[d + l];
+    for (int l = 0; d + l < n; l++) lane[l] += e[d + l];
+    return muser_tree16(lane);
+}
+
+/* Value dims per step of weighted_values: its G x DB accumulators and DB value vectors stay
+ * in registers. */
+static inline int value_block(int G, int64_t D)
+{
+#if VEC_REGS >= 32
+    return D % 64 == 0 && G <= 4 ? 4 : D % 32 == 0 ? 2 : 1;
+#else /* within 16 registers (AVX2) */
+    return D % 32 == 0 && G <= 2 ? 2 : 1;
+#endif
+}
+
+/* The smallest and largest key index any row of the tile sees (lo > hi: none). */
+static void key_span(const Row *rows, int nr, int64_t *lo, int64_t *hi)
+{
+    *lo = INT64_MAX, *hi = INT64_MIN;
+    for (int r = 0; r < nr; r++)
+        if (rows[r].n > 0) {
+            *lo = rows[r].first < *lo ? rows[r].first : *lo;
+            *hi = rows[r].last > *hi ? rows[r].last : *hi;
+        }
+}
+
+/* o = (sum_d e_d v) / sum for every row of the tile, dims [x_lo, x_hi) of each head. */
+static inline __attribute__((always_inline)) void outputs(
+    Row *rows, int nr, int G, int64_t D, const Keys *K, int64_t kvh, int64_t lo, int64_t hi,
+    float (*sums)[8], int64_t x_lo, int64_t x_hi)
+{
+    for (int r = 0; r < nr; r++)
+        for (int g = 0; g < G; g++)
+            for (int64_t x = x_lo; x < x_hi; x++) rows[r].o[g * D + x] = 0.0f;
+    const int db = value_block(G, D);
+    for (int64_t i_hi = hi; i_hi >= lo; i_hi -= KEY_BLOCK) {
+        const int64_t i_lo = i_hi - KEY_BLOCK + 1 > lo ? i_hi - KEY_BLOCK + 1 : lo;
+        for (int r = 0; r < nr; r++) {
+            const Row *w = &rows[r];
+            if (w->n <= 0 || w->last < i_lo || w->first > i_hi) continue;
+            if (db == 4) weighted_values(w, G, 4, D, K, kvh, i_lo, i_hi, x_lo, x_hi);
+            else if (db == 2) weighted_values(w, G, 2, D, K, kvh, i_lo, i_hi, x_lo, x_hi);
+            else weighted_values(w, G, 1, D, K, kvh, i_lo, i_hi, x_lo, x_hi);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        if (rows[r].n <= 0) continue; /* o stays zero: no visible key */
+        for (int g = 0; g < G; g++) {
+            float *o = rows[r].o + g * D;
+            const v16 s = vsplat(sums[r][g]);
+            for (int64_t x = x_lo; x < x_hi; x += 16) vstore16(o + x, vdiv(vload(o + x), s));
+        }
     }
 }
 
@@ -167,43 +221,53 @@ static inline __attribute__((always_inline)) void attend(
     Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int64_t kvh,
     float scale)
 {
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    for (int r = 0; r < nr; r++) {
-        Row *w = &rows[r];
+    for (int r = 0; r < nr; r++)
         for (int g = 0; g < G; g++)
-            for (int64_t x = 0; x < D; x++) w->qs[g * D + x] = w->q[g * sq_h + x] * scale;
-        if (w->n > 0) {
-            lo = w->first < lo ? w->first : lo;
-            hi = w->last > hi ? w->last : hi;
-        }
-    }
+            for (int64_t x = 0; x < D; x++)
+                rows[r].qs[g * D + x] = rows[r].q[g * sq_h + x] * scale;
+    int64_t lo, hi;
+    key_span(rows, nr, &lo, &hi);
     scores(rows, nr, G, D, K, kvh, lo, hi);
     float sums[TILE_ROWS][8];
-    for (int r = 0; r < nr; r++) softmax(&rows[r], G, sums[r]);
     for (int r = 0; r < nr; r++)
-        for (int64_t x = 0; x < G * D; x++) rows[r].o[x] = 0.0f;
-#if VEC_REGS >= 32
-    const int db = D % 64 == 0 && G <= 4 ? 4 : D % 32 == 0 ? 2 : 1;
-#else /* G x DB accumulators and DB value vectors within 16 registers (AVX2) */
-    const int db = D % 32 == 0 && G <= 2 ? 2 : 1;
-#endif
-    for (int64_t i_hi = hi; i_hi >= lo; i_hi -= KEY_BLOCK) {
-        const int64_t i_lo = i_hi - KEY_BLOCK + 1 > lo ? i_hi - KEY_BLOCK + 1 : lo;
-        for (int r = 0; r < nr; r++) {
-            if (rows[r].n <= 0 || rows[r].last < i_lo || rows[r].first > i_hi) continue;
-            if (db == 4) weighted_values(&rows[r], G, 4, D, K, kvh, i_lo, i_hi);
-            else if (db == 2) weighted_values(&rows[r], G, 2, D, K, kvh, i_lo, i_hi);
-            else weighted_values(&rows[r], G, 1, D, K, kvh, i_lo, i_hi);
-        }
+        for (int g = 0; g < G; g++) sums[r][g] = softmax(rows[r].e + g * rows[r].n, rows[r].n);
+    outputs(rows, nr, G, D, K, kvh, lo, hi, sums, 0, D);
+}
+
+/* attend() by every thread of the team together, for a tile too few to share out (a decode
+ * step): the keys split for the scores, the heads for the softmax, the head dims for the
+ * weighted values. Each part computes whole outputs by attend()'s arithmetic, so the bits are
+ * the same. sums: shared by the team. */
+static inline __attribute__((always_inline)) void attend_team(
+    Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int64_t kvh,
+    float scale, float (*sums)[8])
+{
+#pragma omp for schedule(static)
+    for (int rg = 0; rg < nr * G; rg++) {
+        const Row *w = &rows[rg / G];
+        const int g = rg % G;
+        for (int64_t x = 0; x < D; x++) w->qs[g * D + x] = w->q[g * sq_h + x] * scale;
     }
-    for (int r = 0; r < nr; r++) {
-        if (rows[r].n <= 0) continue; /* o stays zero: no visible key */
-        for (int g = 0; g < G; g++) {
-            float *o = rows[r].o + g * D;
-            const v16 s = vsplat(sums[r][g]);
-            for (int64_t x = 0; x < D; x += 16) vstore16(o + x, vdiv(vload(o + x), s));
-        }
+    int64_t lo, hi;
+    key_span(rows, nr, &lo, &hi);
+    const int64_t chunks = hi >= lo ? (hi - lo) / TEAM_KEYS + 1 : 0;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t top = hi - c * TEAM_KEYS;
+        scores(rows, nr, G, D, K, kvh, top - TEAM_KEYS + 1 > lo ? top - TEAM_KEYS + 1 : lo, top);
     }
+#pragma omp for schedule(static)
+    for (int rg = 0; rg < nr * G; rg++) {
+        const Row *w = &rows[rg / G];
+        sums[rg / G][rg % G] = softmax(w->e + (rg % G) * w->n, w->n);
+    }
+    /* each thread's dims in one range: its part of a key block's value rows stays in L2
+     * while it runs every step of its dims over them */
+    const int64_t step = 16 * value_block(G, D), steps = D / step;
+    const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
+    const int64_t x_lo = steps * me / team * step, x_hi = steps * (me + 1) / team * step;
+    if (x_lo < x_hi) outputs(rows, nr, G, D, K, kvh, lo, hi, sums, x_lo, x_hi);
+#pragma omp barrier
 }
 
 static void attend_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K,
@@ -226,6 +290,36 @@ static void attend_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D, const 
         }
     }
     }
+}
+
+static void attend_team_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D,
+                            const Keys *K, int64_t kvh, float scale, float (*sums)[8])
+{
+    switch (G) { /* muser_attention forms a team for these G only */
+    case 1: attend_team(rows, nr, sq_h, 1, D, K, kvh, scale, sums); break;
+    case 2: attend_team(rows, nr, sq_h, 2, D, K, kvh, scale, sums); break;
+    case 4: attend_team(rows, nr, sq_h, 4, D, K, kvh, scale, sums); break;
+    case 8: attend_team(rows, nr, sq_h, 8, D, K, kvh, scale, sums); break;
+    }
+}
+
+/* The rows of task `task` (a tile of TILE_ROWS query rows, one KV head) in `tile`, their
+ * scaled queries and scores in `scratch` -> the number of rows. */
+static int make_tile(Row *tile, int64_t task, int64_t T, int64_t H, int G, int64_t D,
+                     int64_t KVH, const float *q, int64_t sq_t, int64_t sq_h, int64_t last0,
+                     int64_t first_min, int64_t window, float *scratch, float *out)
+{
+    const int64_t t0 = task / KVH * TILE_ROWS, kvh = task % KVH;
+    const int nr = T - t0 < TILE_ROWS ? (int)(T - t0) : TILE_ROWS;
+    for (int r = 0; r < nr; r++) {
+        const int64_t t = t0 + r, last = last0 + t;
+        int64_t first = first_min;
+        if (window > 0 && last - window + 1 > first) first = last - window + 1;
+        tile[r] = (Row){first, last, last - first + 1, q + t * sq_t + kvh * G * sq_h, scratch,
+                        scratch + (size_t)G * D, out + (t * H + kvh * G) * D};
+        scratch += (size_t)G * D + (size_t)G * (tile[r].n > 0 ? tile[r].n : 0);
+    }
+    return nr;
 }
 
 /* q: [T, H, D] (rows `sq_t`, heads `sq_h` apart, unit inner stride); k, v: key rows
@@ -261,36 +355,47 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
     }
     int failed = 0;
     const int64_t tiles = (T + TILE_ROWS - 1) / TILE_ROWS, tasks = tiles * KVH;
-    if (tasks < 2 || T * H * span * D < (1 << 18)) threads = 1;
+    const int64_t work = T * H * span * D;
+    /* fewer tasks than threads (a decode step): the team shares each task */
+    const int team = threads > 1 && tasks < threads && work >= TEAM_WORK
+                     && (G == 1 || G == 2 || G == 4 || G == 8);
+    if (!team && (tasks < 2 || work < (1 << 18))) threads = 1;
+    /* per row of a tile: scaled queries and output [G, D] (o is `out` itself), scores */
+    const size_t scratch_floats = (size_t)(T < TILE_ROWS ? T : TILE_ROWS)
+                                  * ((size_t)G * D + (size_t)G * span + 16);
+    float *shared = team ? malloc(scratch_floats * sizeof(float)) : NULL;
+    if (team && !shared) {
+        free(rows);
+        return -2;
+    }
+    float sums[TILE_ROWS][8]; /* the team's softmax sums */
 #pragma omp parallel num_threads(threads)
     {
-        /* per row of a tile: scaled queries and output [G, D] (o is `out` itself), scores */
-        float *scratch = malloc((size_t)TILE_ROWS * ((size_t)G * D + (size_t)G * span + 16)
-                                * sizeof(float));
+        float *scratch = team ? shared : malloc(scratch_floats * sizeof(float));
         if (!scratch) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            if (!scratch) continue;
-            const int64_t t0 = task / KVH * TILE_ROWS, kvh = task % KVH;
-            const int nr = T - t0 < TILE_ROWS ? (int)(T - t0) : TILE_ROWS;
-            Row tile[TILE_ROWS];
-            float *free_at = scratch;
-            for (int r = 0; r < nr; r++) {
-                const int64_t t = t0 + r, last = last0 + t;
-                int64_t first = first_min;
-                if (window > 0 && last - window + 1 > first) first = last - window + 1;
-                tile[r] = (Row){first, last, last - first + 1, q + t * sq_t + kvh * G * sq_h,
-                                free_at, free_at + (size_t)G * D,
-                                out + (t * H + kvh * G) * D};
-                free_at += (size_t)G * D + (size_t)G * (tile[r].n > 0 ? tile[r].n : 0);
+        if (team) {
+            for (int64_t task = 0; task < tasks; task++) {
+                Row tile[TILE_ROWS];
+                const int nr = make_tile(tile, task, T, H, G, D, KVH, q, sq_t, sq_h, last0,
+                                         first_min, window, scratch, out);
+                attend_team_any(tile, nr, sq_h, G, D, &K, task % KVH, scale, sums);
             }
-            attend_any(tile, nr, sq_h, G, D, &K, kvh, scale);
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < tasks; task++) {
+                if (!scratch) continue;
+                Row tile[TILE_ROWS];
+                const int nr = make_tile(tile, task, T, H, G, D, KVH, q, sq_t, sq_h, last0,
+                                         first_min, window, scratch, out);
+                attend_any(tile, nr, sq_h, G, D, &K, task % KVH, scale);
+            }
+            free(scratch);
         }
-        free(scratch);
     }
+    free(shared);
     free(rows);
     return failed ? -2 : 0;
 }
