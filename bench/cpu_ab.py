@@ -3,7 +3,8 @@ side in one process, each timed alternately in both builds (best of --rounds) an
 checked bitwise equal: projections (gemm.c) of one layer's four matrices of the embedded model
 at 1 to 512 rows (decode batches, then prefill chunks) and of its tied LM head up to 16 rows;
 attention (attention.c) of a 512-row chunk and of one decode row over 2,048 keys, global and
-sliding (the model's window).
+sliding (the model's window), and a decode step of 8 sequences in one call against the base
+build's attention called per sequence.
 
     python bench/cpu_ab.py --base 2944a9b --out bench/results/cpu_ab.json
 
@@ -86,7 +87,47 @@ def attention_cells(llm: LLM, libs: dict, rounds: int) -> list[dict]:
             print(f"attention rows {rows:3} keys {keys} window {window}: "
                   f"{cell['muser_ms']:8.3f} ms, base {cell['base_ms']:8.3f} ms "
                   f"({cell['speedup']:.2f}x)", flush=True)
+    cells.append(decode_batch_cell(llm, libs, rounds))
     return cells
+
+
+def decode_batch_cell(llm: LLM, libs: dict, rounds: int, seqs: int = 8, keys: int = 1024
+                      ) -> dict:
+    """A decode step's attention over `seqs` sequences of `keys` keys in 256-row pages: one
+    native.decode_attention call (this build) against the base build's native.attention called
+    per sequence, as muser.ops.cpu.decode_attention did before the batched call."""
+    cfg, gen = llm.model_config, torch.Generator().manual_seed(2)
+    pages = keys // 256
+    k = torch.randn(seqs * pages * 256, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+    v = torch.randn(seqs * pages * 256, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+    q = torch.randn(seqs, cfg.num_heads, cfg.head_dim, generator=gen)
+    tables = torch.randperm(seqs * pages, generator=gen).to(torch.int32).view(seqs, pages)
+    zeros, lens = torch.zeros(seqs, dtype=torch.int64), torch.full((seqs,), keys)
+
+    def batched() -> torch.Tensor:
+        return native.decode_attention(q, k, v, tables, zeros, lens, zeros, 256,
+                                       cfg.attn_scale)
+
+    def per_sequence() -> torch.Tensor:
+        with using(libs["base"]):
+            return torch.stack([native.attention(q[b : b + 1], k, v, keys - 1, 0, None,
+                                                 cfg.attn_scale, (tables[b], 256, 0))[0]
+                                for b in range(seqs)])
+
+    runs, best, outs = {"muser": batched, "base": per_sequence}, {}, {}
+    for _ in range(rounds):
+        for label, fn in runs.items():
+            start = time.perf_counter()
+            for _ in range(20):
+                outs[label] = fn()
+            best[label] = min(best.get(label, float("inf")), (time.perf_counter() - start) / 20)
+    assert torch.equal(outs["muser"], outs["base"])
+    cell = {"op": "decode_attention", "sequences": seqs, "keys": keys,
+            "muser_ms": best["muser"] * 1e3, "base_ms": best["base"] * 1e3,
+            "speedup": best["base"] / best["muser"]}
+    print(f"decode attention {seqs} sequences x {keys} keys: {cell['muser_ms']:8.3f} ms, base "
+          f"{cell['base_ms']:8.3f} ms per sequence ({cell['speedup']:.2f}x)", flush=True)
+    return cell
 
 
 def main() -> None:

@@ -55,14 +55,21 @@ def _pages(gen: torch.Generator, dtype: torch.dtype):
     return q, k_rows, v_rows, table, z, lens, z, 16, d**-0.5
 
 
+@pytest.mark.parametrize("threads", [1, 2, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("make", [_rings, _pages], ids=["rings", "pages"])
-def test_decode_attention_in_place_equals_gathered_keys(dtype, make):
+def test_decode_attention_in_place_equals_gathered_keys(dtype, make, threads):
     """Keys read in place through the block table give the bits of the same keys gathered
-    into logical order, and both are within the error bound of float64."""
+    into logical order, and both are within the error bound of float64, whether each thread
+    takes whole sequences (fewer threads than sequences) or the threads share each."""
     args = make(torch.Generator().manual_seed(0), dtype)
     q, k_rows, v_rows, table, starts, lens, origins, block_size, scale = args
-    out = cpu.decode_attention(*args)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = cpu.decode_attention(*args)
+    finally:
+        torch.set_num_threads(before)
     for b in range(q.shape[0]):
         if lens[b] <= starts[b]:
             assert (out[b] == 0).all()

@@ -144,19 +144,18 @@ def decode_attention(
         q, new = ref.with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:
         store_kv(k_rows, v_rows, *new)
+    if k_rows.dtype == torch.float32:
+        return native.decode_attention(q.float(), k_rows, v_rows, block_table, starts, lens,
+                                       origins, block_size, scale)
     out = torch.zeros(q.shape, dtype=torch.float32)
     meta = zip(starts.tolist(), lens.tolist(), origins.tolist())
     for b, (start, length, origin) in enumerate(meta):
         if length <= start:
             continue
-        if k_rows.dtype == torch.float32:
-            out[b] = native.attention(q[b : b + 1].float(), k_rows, v_rows, length - 1, start,
-                                      None, scale, (block_table[b], block_size, origin))[0]
-        else:
-            rows = ref.decode_rows(block_table[b], start, length, origin, block_size)
-            keys, values = k_rows[rows].float(), v_rows[rows].float()
-            out[b] = native.attention(q[b : b + 1].float(), keys, values, len(rows) - 1, 0,
-                                      None, scale)[0]
+        rows = ref.decode_rows(block_table[b], start, length, origin, block_size)
+        keys, values = k_rows[rows].float(), v_rows[rows].float()
+        out[b] = native.attention(q[b : b + 1].float(), keys, values, len(rows) - 1, 0, None,
+                                  scale)[0]
     return out
 
 

@@ -87,12 +87,15 @@ def library() -> ctypes.CDLL:
     lib.muser_gemm.argtypes = [p, i64, i64, i64, p, c_int, p, p, i64, i64, p, i64, c_int]
     lib.muser_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, i64, i64, p, i64,
                                     i64, i64, i64, i64, i64, f32, c_int, p]
+    lib.muser_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, i64, i64, p,
+                                           i64, i64, p, p, p, f32, c_int, p]
     lib.muser_rms_norm.argtypes = [p, i64, i64, i64, p, f32, p]
     lib.muser_add_rms_norm.argtypes = [p, p, i64, i64, p, p, f32, p, p]
     lib.muser_qk_norm_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, f32, p]
     lib.muser_rope_cos_sin.argtypes = [p, i64, p, i64, p, p]
     lib.muser_geglu.argtypes = [p, i64, i64, p]
     lib.muser_gemm.restype = lib.muser_attention.restype = c_int
+    lib.muser_decode_attention.restype = c_int
     for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
                lib.muser_rope_cos_sin, lib.muser_geglu):
         fn.restype = None
@@ -211,4 +214,28 @@ def attention(
         k.stride(0), k.stride(1), kv_heads, None if table is None else table.data_ptr(),
         0 if table is None else table.shape[0], block_size, origin, last0, first_min,
         window or 0, scale, torch.get_num_threads(), out.data_ptr()), "attention")
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor,
+    starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """One decode row a sequence: q [B, H, D] float32 (unit inner stride); k, v: float32 cache
+    rows [R, KVH, D] with equal strides; tables [B, blocks] int32. Row b sees key indices
+    [starts[b], lens[b]) placed as ref.decode_rows places them (zero when it sees none) ->
+    [B, H, D] float32: attention() of each row, the sequences shared out among the threads
+    (attention.c)."""
+    b, heads, d = q.shape
+    assert q.dtype == k.dtype == v.dtype == torch.float32 and k.stride() == v.stride()
+    assert q.stride(2) == 1 and k.stride(2) == 1 and heads % k.shape[1] == 0
+    tables = tables.to(torch.int32).contiguous()
+    starts, lens, origins = (t.to(torch.int64).contiguous() for t in (starts, lens, origins))
+    out = torch.empty(b, heads, d)
+    _check(library().muser_decode_attention(
+        q.data_ptr(), b, heads, d, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
+        k.stride(0), k.stride(1), k.shape[1], tables.data_ptr(), tables.shape[1], block_size,
+        starts.data_ptr(), lens.data_ptr(), origins.data_ptr(), scale,
+        torch.get_num_threads(), out.data_ptr()), "decode attention")
     return out

@@ -399,3 +399,51 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
     free(rows);
     return failed ? -2 : 0;
 }
+
+/* Sequence b's decode row for muser_decode_attention, on `threads` threads. */
+static int decode_row(const float *q, int64_t b, int64_t H, int64_t D, int64_t sq_b,
+                      int64_t sq_h, const float *k, const float *v, int64_t stride_s,
+                      int64_t stride_h, int64_t KVH, const int32_t *tables, int64_t blocks,
+                      int64_t block_size, const int64_t *starts, const int64_t *lens,
+                      const int64_t *origins, float scale, int threads, float *out)
+{
+    float *o = out + b * H * D;
+    if (lens[b] <= starts[b]) {
+        for (int64_t x = 0; x < H * D; x++) o[x] = 0.0f;
+        return 0;
+    }
+    return muser_attention(q + b * sq_b, 1, H, D, sq_b, sq_h, k, v, stride_s, stride_h, KVH,
+                           tables + b * blocks, blocks, block_size, origins[b], lens[b] - 1,
+                           starts[b], 0, scale, threads, o);
+}
+
+/* One decode row for each of B sequences of a paged cache: row b, q[b] (rows `sq_b` apart),
+ * sees key indices [starts[b], lens[b] - 1] placed by tables[b] ([B, blocks]) and origins[b]
+ * as in muser_attention; a row with lens[b] <= starts[b] sees nothing and is zero. With at
+ * least as many sequences as threads each thread takes whole sequences, else the threads share
+ * each in turn: muser_attention of the row either way, so the bits are the same. out: [B, H, D]
+ * contiguous. Returns 0, -1 or -2 as muser_attention. */
+int muser_decode_attention(const float *q, int64_t B, int64_t H, int64_t D, int64_t sq_b,
+                           int64_t sq_h, const float *k, const float *v, int64_t stride_s,
+                           int64_t stride_h, int64_t KVH, const int32_t *tables, int64_t blocks,
+                           int64_t block_size, const int64_t *starts, const int64_t *lens,
+                           const int64_t *origins, float scale, int threads, float *out)
+{
+    int rc = 0;
+    if (B < threads) { /* the threads share each sequence in turn */
+        for (int64_t b = 0; b < B && !rc; b++)
+            rc = decode_row(q, b, H, D, sq_b, sq_h, k, v, stride_s, stride_h, KVH, tables,
+                            blocks, block_size, starts, lens, origins, scale, threads, out);
+        return rc;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t b = 0; b < B; b++) { /* whole sequences a thread */
+        const int r = decode_row(q, b, H, D, sq_b, sq_h, k, v, stride_s, stride_h, KVH, tables,
+                                 blocks, block_size, starts, lens, origins, scale, 1, out);
+        if (r) {
+#pragma omp atomic write
+            rc = r;
+        }
+    }
+    return rc;
+}
