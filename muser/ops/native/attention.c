@@ -119,9 +119,9 @@ static inline __attribute__((always_inline)) void scores(
 #define TEAM_WORK (1 << 17) /* T * H * keys * D from which a team shares a task */
 
 /* o[g] += sum_d e[g * n + d] v_{last - d} over the row's keys in [i_lo, i_hi], in turn over d
- * (keys from i_hi down), for dims [x_lo, x_hi), 16 * DB at a time: the G x DB accumulators stay in registers,
- * loaded from and stored back to o exactly, so a sum split across key blocks is the same
- * chain. */
+ * (keys from i_hi down), for dims [x_lo, x_hi), 16 * DB at a time: the G x DB accumulators
+ * stay in registers, loaded from and stored back to o exactly, so a sum split across key
+ * blocks is the same chain. */
 static inline __attribute__((always_inline)) void weighted_values(
     const Row *w, int G, int DB, int64_t D, const Keys *K, int64_t kvh, int64_t i_lo,
     int64_t i_hi, int64_t x_lo, int64_t x_hi)
