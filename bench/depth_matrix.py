@@ -46,6 +46,7 @@ from muser import LLM, SamplingParams
 
 name, depths, reps, steps = sys.argv[2], [int(t) for t in sys.argv[3].split(",")], int(sys.argv[4]), int(sys.argv[5])
 device, model = sys.argv[6], (sys.argv[7] or None)
+kv = {"kv_dtype": sys.argv[8]} if sys.argv[8] else {}
 cuda = device == "cuda"
 x = torch.empty(2**30 if cuda else 2**27, device=device, dtype=torch.bfloat16)
 y = torch.empty_like(x)
@@ -68,7 +69,7 @@ copy_bw = 2 * x.nbytes * 10 / seconds
 del x, y
 source = dict(load_format="dummy", model_config=name) if model is None else {}
 llm = LLM(model, device=device, max_num_seqs=1, max_model_len=max(depths) + 512 + steps + 8,
-          prefix_cache=True, progress=False, **source)
+          prefix_cache=True, progress=False, **source, **kv)
 cache, llm.runner.prefix = llm.runner.prefix, None  # NOTE: on only for the appended chunk
 cfg = llm.model_config
 for depth in [d for d in depths if d + steps + 1 > llm.config.max_model_len]:
@@ -106,7 +107,8 @@ for depth in depths:
     cache.reset(llm.runner.pages)
     llm.runner.prefix = None
     step_bytes = weight_bytes + row_bytes * (n_full * depth + n_sliding * min(depth, cfg.sliding_window))
-    cells.append({"model": name, "depth": depth, "reps": reps, "ttft_s": ttft,
+    cells.append({"model": name, "depth": depth, "kv_dtype": llm.config.kv_dtype, "reps": reps,
+                  "ttft_s": ttft,
                   "tpot_ms": tpot * 1e3, "ttft_samples_s": [r.ttft_s for r in runs],
                   "tpot_samples_ms": [r.tpot_s * 1e3 for r in runs],
                   "prefill_tok_s": depth / ttft, "step_bytes": step_bytes,
@@ -257,6 +259,8 @@ def main() -> int:
     ap.add_argument("--llama-cpp-python", action="store_true",
                     help="llama.cpp through llama-cpp-python on --model's file (the CPU run)")
     ap.add_argument("--gguf", help="the GGUF llama-bench reads (the preset's shape)")
+    ap.add_argument("--kv-dtype", choices=["float32", "bfloat16", "float16"],
+                    help="the KV cache's dtype in every version (default: the engine's)")
     ap.add_argument("--plot", type=Path, help="a PNG of the receipt")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -269,7 +273,8 @@ def main() -> int:
         version, folder = entry.split("=", 1)
         proc = subprocess.run([sys.executable, "-c", CHILD, str(Path(folder).resolve()),
                                args.model_config, args.depths, str(args.reps),
-                               str(args.decode_steps), args.device, args.model or ""],
+                               str(args.decode_steps), args.device, args.model or "",
+                               args.kv_dtype or ""],
                               stdout=subprocess.PIPE, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:

@@ -51,7 +51,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "weights hold dequantized values)")
     p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
                    help="KV cache dtype (default: float32 on the CPU, where attention computes "
-                   "in float32 anyway; bfloat16 on the GPU)")
+                   "in float32 anyway: a 16-bit cache there holds and reads half the bytes, "
+                   "widened exactly as the kernel reads it; bfloat16 on the GPU)")
     p.add_argument("--quantization", choices=["none", "fp8"], default="none",
                    help="fp8: the projections (QKV, O, gate/up, down) as FP8 e4m3 weights with "
                    "one float32 scale per output row, quantized at load, or as stored in an FP8 "

@@ -149,6 +149,24 @@ def test_decode_row_shared_by_threads(heads, kv_heads, d, window):
         assert ((got.double() - expect).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_keys_widened_in_the_kernel(dtype):
+    """16-bit key and value rows read by the kernel give the bits of the same rows widened to
+    float32 first (widening is exact): a chunk, a decode row the threads share, a sliding
+    window, and the prefill path over a 16-bit cache."""
+    gen = torch.Generator().manual_seed(5)
+    keys, heads, d = 600, 4, 64
+    k = torch.randn(keys, 1, d, generator=gen).to(dtype)
+    v = torch.randn(keys, 1, d, generator=gen).to(dtype)
+    q = torch.randn(9, heads, d, generator=gen)
+    for rows, window in ((q, None), (q[:1], None), (q, 100)):
+        narrow = native.attention(rows, k, v, keys - rows.shape[0], 0, window, 0.1)
+        wide = native.attention(rows, k.float(), v.float(), keys - rows.shape[0], 0, window, 0.1)
+        assert torch.equal(narrow, wide)
+    chunk = cpu.prefill_attention(q, k, v, keys - 9, 0, None, 0.1, None, 0, None)
+    assert torch.equal(chunk, native.attention(q, k.float(), v.float(), keys - 9, 0, None, 0.1))
+
+
 def norm_bound(y: torch.Tensor, d: int) -> torch.Tensor:
     """|dy| for y = x * (1 / sqrt(sum(x^2) / d + eps)) * w: the sum of squares (positive terms)
     in 16 lanes and a tree, gamma(d / 16 + 5) relative; /d, +eps, sqrt, 1/: 4 roundings, the

@@ -138,25 +138,14 @@ def decode_attention(
     scale: float, new: tuple | None = None, norm_rope: tuple | None = None,
 ) -> torch.Tensor:
     """ref.decode_attention: the new rows stored first, then each sequence's query over its
-    keys [start, len), read in place through the block table (a 16-bit cache is widened
-    first, exactly)."""
+    keys [start, len), read in place through the block table (a 16-bit cache widened exactly
+    as the kernel reads it)."""
     if norm_rope is not None:
         q, new = ref.with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:
         store_kv(k_rows, v_rows, *new)
-    if k_rows.dtype == torch.float32:
-        return native.decode_attention(q.float(), k_rows, v_rows, block_table, starts, lens,
-                                       origins, block_size, scale)
-    out = torch.zeros(q.shape, dtype=torch.float32)
-    meta = zip(starts.tolist(), lens.tolist(), origins.tolist())
-    for b, (start, length, origin) in enumerate(meta):
-        if length <= start:
-            continue
-        rows = ref.decode_rows(block_table[b], start, length, origin, block_size)
-        keys, values = k_rows[rows].float(), v_rows[rows].float()
-        out[b] = native.attention(q[b : b + 1].float(), keys, values, len(rows) - 1, 0, None,
-                                  scale)[0]
-    return out
+    return native.decode_attention(q.float(), k_rows, v_rows, block_table, starts, lens,
+                                   origins, block_size, scale)
 
 
 def prefill_attention(
@@ -169,7 +158,8 @@ def prefill_attention(
     do not change a bit)."""
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
-    keys, values = keys.float(), values.float()
+    if keys.dtype != values.dtype or keys.dtype not in native.KV_KINDS:
+        keys, values = keys.float(), values.float()  # a 16-bit cache is widened in the kernel
     if keys.stride() != values.stride():
         # NOTE: not .contiguous(): torch calls a tensor with one row contiguous whatever its
         # row stride, and the kernel takes one set of strides for keys and values

@@ -36,6 +36,7 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fo
          "-fPIC"]
 FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # FMT_* in gemm.c
 FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # KV_* in attention.c
 
 
 class NativeUnavailable(MuserError):
@@ -85,10 +86,10 @@ def library() -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     f32, c_int = ctypes.c_float, ctypes.c_int
     lib.muser_gemm.argtypes = [p, i64, i64, i64, p, c_int, p, p, i64, i64, p, i64, c_int]
-    lib.muser_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, i64, i64, p, i64,
-                                    i64, i64, i64, i64, i64, f32, c_int, p]
-    lib.muser_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, i64, i64, p,
-                                           i64, i64, p, p, p, f32, c_int, p]
+    lib.muser_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, c_int, i64, i64, i64, p,
+                                    i64, i64, i64, i64, i64, i64, f32, c_int, p]
+    lib.muser_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, c_int, i64, i64,
+                                           i64, p, i64, i64, p, p, p, f32, c_int, p]
     lib.muser_rms_norm.argtypes = [p, i64, i64, i64, p, f32, p]
     lib.muser_add_rms_norm.argtypes = [p, p, i64, i64, p, p, f32, p, p]
     lib.muser_qk_norm_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, f32, p]
@@ -197,13 +198,13 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, last0: int, first_min: int,
     window: int | None, scale: float, placement: tuple[torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D] float32 (unit inner stride); k, v: float32 key rows [R, KVH, D] with equal
-    strides. Query t sees key indices [max(first_min, last0 + t - window + 1), last0 + t];
+    """q: [T, H, D] float32 (unit inner stride); k, v: key rows [R, KVH, D] of one dtype,
+    float32, float16 or bfloat16 (widened exactly as read), with equal strides. Query t sees key indices [max(first_min, last0 + t - window + 1), last0 + t];
     key index i is row i, or, with placement = (block_table [blocks] int32, block_size,
     origin), the row ref.decode_rows gives. -> [T, H, D] float32 (attention.c)."""
     t, heads, d = q.shape
     kv_heads = k.shape[1]
-    assert q.dtype == k.dtype == v.dtype == torch.float32 and k.stride() == v.stride()
+    assert q.dtype == torch.float32 and k.dtype == v.dtype and k.stride() == v.stride()
     assert q.stride(2) == 1 and k.stride(2) == 1 and heads % kv_heads == 0
     out = torch.empty(t, heads, d)
     table, block_size, origin = (None, 0, 0) if placement is None else placement
@@ -211,7 +212,7 @@ def attention(
         assert table.dtype == torch.int32 and table.is_contiguous()
     _check(library().muser_attention(
         q.data_ptr(), t, heads, d, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
-        k.stride(0), k.stride(1), kv_heads, None if table is None else table.data_ptr(),
+        KV_KINDS[k.dtype], k.stride(0), k.stride(1), kv_heads, None if table is None else table.data_ptr(),
         0 if table is None else table.shape[0], block_size, origin, last0, first_min,
         window or 0, scale, torch.get_num_threads(), out.data_ptr()), "attention")
     return out
@@ -222,20 +223,20 @@ def decode_attention(
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float,
 ) -> torch.Tensor:
-    """One decode row a sequence: q [B, H, D] float32 (unit inner stride); k, v: float32 cache
-    rows [R, KVH, D] with equal strides; tables [B, blocks] int32. Row b sees key indices
+    """One decode row a sequence: q [B, H, D] float32 (unit inner stride); k, v: cache rows
+    [R, KVH, D] as attention() takes them; tables [B, blocks] int32. Row b sees key indices
     [starts[b], lens[b]) placed as ref.decode_rows places them (zero when it sees none) ->
     [B, H, D] float32: attention() of each row, the sequences shared out among the threads
     (attention.c)."""
     b, heads, d = q.shape
-    assert q.dtype == k.dtype == v.dtype == torch.float32 and k.stride() == v.stride()
+    assert q.dtype == torch.float32 and k.dtype == v.dtype and k.stride() == v.stride()
     assert q.stride(2) == 1 and k.stride(2) == 1 and heads % k.shape[1] == 0
     tables = tables.to(torch.int32).contiguous()
     starts, lens, origins = (t.to(torch.int64).contiguous() for t in (starts, lens, origins))
     out = torch.empty(b, heads, d)
     _check(library().muser_decode_attention(
         q.data_ptr(), b, heads, d, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
-        k.stride(0), k.stride(1), k.shape[1], tables.data_ptr(), tables.shape[1], block_size,
+        KV_KINDS[k.dtype], k.stride(0), k.stride(1), k.shape[1], tables.data_ptr(), tables.shape[1], block_size,
         starts.data_ptr(), lens.data_ptr(), origins.data_ptr(), scale,
         torch.get_num_threads(), out.data_ptr()), "decode attention")
     return out

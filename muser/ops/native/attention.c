@@ -27,15 +27,25 @@
 #include "exp.h"
 #include "vec.h"
 
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 }; /* the cache's element type */
+
 typedef struct {
-    const float *k, *v;
-    int64_t stride_s, stride_h;
+    const void *k, *v; /* KV_F32: float; KV_F16, KV_BF16: uint16_t */
+    int64_t stride_s, stride_h; /* in elements */
     const int64_t *rows; /* physical row of key index i - base; NULL: row = i */
     int64_t base;
 } Keys;
 
 static inline int64_t key_row(const Keys *K, int64_t i) {
     return K->rows ? K->rows[i - K->base] : i;
+}
+
+/* Elements at .. at + 15 of a key or value row as float32 (16-bit ones widened, exactly). */
+static inline __attribute__((always_inline)) v16 kv_load(const void *p, int64_t at, int kind)
+{
+    if (kind == KV_F16) return vhalf((const uint16_t *)p + at);
+    if (kind == KV_BF16) return vbf16((const uint16_t *)p + at);
+    return vload((const float *)p + at);
 }
 
 static inline float hsum(v16 v) {
@@ -87,17 +97,18 @@ typedef struct { /* one query row of a tile: its visible keys [first, last] */
 
 /* e[g * n + (last - i)] = qs_g . k_i for every row of the tile that sees key i. */
 static inline __attribute__((always_inline)) void scores(
-    Row *rows, int nr, int G, int64_t D, const Keys *K, int64_t kvh, int64_t lo, int64_t hi)
+    Row *rows, int nr, int G, int64_t D, const Keys *K, int kind, int64_t kvh, int64_t lo,
+    int64_t hi)
 {
     for (int64_t i = hi; i >= lo; i--) {
-        const float *kr = K->k + key_row(K, i) * K->stride_s + kvh * K->stride_h;
+        const int64_t kr = key_row(K, i) * K->stride_s + kvh * K->stride_h;
         for (int r = 0; r < nr; r++) {
             Row *w = &rows[r];
             if (i < w->first || i > w->last) continue;
             v16 acc[8];
             for (int g = 0; g < G; g++) acc[g] = vzero();
             for (int64_t x = 0; x < D; x += 16) {
-                const v16 kv = vload(kr + x);
+                const v16 kv = kv_load(K->k, kr + x, kind);
                 for (int g = 0; g < G; g++) acc[g] = vfma(vload(w->qs + g * D + x), kv, acc[g]);
             }
             const int64_t d = w->last - i;
@@ -123,7 +134,7 @@ static inline __attribute__((always_inline)) void scores(
  * stay in registers, loaded from and stored back to o exactly, so a sum split across key
  * blocks is the same chain. */
 static inline __attribute__((always_inline)) void weighted_values(
-    const Row *w, int G, int DB, int64_t D, const Keys *K, int64_t kvh, int64_t i_lo,
+    const Row *w, int G, int DB, int64_t D, const Keys *K, int kind, int64_t kvh, int64_t i_lo,
     int64_t i_hi, int64_t x_lo, int64_t x_hi)
 {
     const int64_t top = w->last < i_hi ? w->last : i_hi;
@@ -133,9 +144,9 @@ static inline __attribute__((always_inline)) void weighted_values(
         for (int g = 0; g < G; g++)
             for (int b = 0; b < DB; b++) acc[g][b] = vload(w->o + g * D + x0 + 16 * b);
         for (int64_t i = top; i >= bottom; i--) {
-            const float *vr = K->v + key_row(K, i) * K->stride_s + kvh * K->stride_h;
+            const int64_t vr = key_row(K, i) * K->stride_s + kvh * K->stride_h;
             v16 vv[4];
-            for (int b = 0; b < DB; b++) vv[b] = vload(vr + x0 + 16 * b);
+            for (int b = 0; b < DB; b++) vv[b] = kv_load(K->v, vr + x0 + 16 * b, kind);
             for (int g = 0; g < G; g++) {
                 const v16 p = vsplat(w->e[g * w->n + (w->last - i)]);
                 for (int b = 0; b < DB; b++) acc[g][b] = vfma(p, vv[b], acc[g][b]);
@@ -189,8 +200,8 @@ static void key_span(const Row *rows, int nr, int64_t *lo, int64_t *hi)
 
 /* o = (sum_d e_d v) / sum for every row of the tile, dims [x_lo, x_hi) of each head. */
 static inline __attribute__((always_inline)) void outputs(
-    Row *rows, int nr, int G, int64_t D, const Keys *K, int64_t kvh, int64_t lo, int64_t hi,
-    float (*sums)[8], int64_t x_lo, int64_t x_hi)
+    Row *rows, int nr, int G, int64_t D, const Keys *K, int kind, int64_t kvh, int64_t lo,
+    int64_t hi, float (*sums)[8], int64_t x_lo, int64_t x_hi)
 {
     for (int r = 0; r < nr; r++)
         for (int g = 0; g < G; g++)
@@ -201,9 +212,9 @@ static inline __attribute__((always_inline)) void outputs(
         for (int r = 0; r < nr; r++) {
             const Row *w = &rows[r];
             if (w->n <= 0 || w->last < i_lo || w->first > i_hi) continue;
-            if (db == 4) weighted_values(w, G, 4, D, K, kvh, i_lo, i_hi, x_lo, x_hi);
-            else if (db == 2) weighted_values(w, G, 2, D, K, kvh, i_lo, i_hi, x_lo, x_hi);
-            else weighted_values(w, G, 1, D, K, kvh, i_lo, i_hi, x_lo, x_hi);
+            if (db == 4) weighted_values(w, G, 4, D, K, kind, kvh, i_lo, i_hi, x_lo, x_hi);
+            else if (db == 2) weighted_values(w, G, 2, D, K, kind, kvh, i_lo, i_hi, x_lo, x_hi);
+            else weighted_values(w, G, 1, D, K, kind, kvh, i_lo, i_hi, x_lo, x_hi);
         }
     }
     for (int r = 0; r < nr; r++) {
@@ -218,7 +229,7 @@ static inline __attribute__((always_inline)) void outputs(
 
 /* A tile of query rows (each with its G heads) over their keys -> each row's o. */
 static inline __attribute__((always_inline)) void attend(
-    Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int64_t kvh,
+    Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int kind, int64_t kvh,
     float scale)
 {
     for (int r = 0; r < nr; r++)
@@ -227,11 +238,11 @@ static inline __attribute__((always_inline)) void attend(
                 rows[r].qs[g * D + x] = rows[r].q[g * sq_h + x] * scale;
     int64_t lo, hi;
     key_span(rows, nr, &lo, &hi);
-    scores(rows, nr, G, D, K, kvh, lo, hi);
+    scores(rows, nr, G, D, K, kind, kvh, lo, hi);
     float sums[TILE_ROWS][8];
     for (int r = 0; r < nr; r++)
         for (int g = 0; g < G; g++) sums[r][g] = softmax(rows[r].e + g * rows[r].n, rows[r].n);
-    outputs(rows, nr, G, D, K, kvh, lo, hi, sums, 0, D);
+    outputs(rows, nr, G, D, K, kind, kvh, lo, hi, sums, 0, D);
 }
 
 /* attend() by every thread of the team together, for a tile too few to share out (a decode
@@ -239,7 +250,7 @@ static inline __attribute__((always_inline)) void attend(
  * weighted values. Each part computes whole outputs by attend()'s arithmetic, so the bits are
  * the same. sums: shared by the team. */
 static inline __attribute__((always_inline)) void attend_team(
-    Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int64_t kvh,
+    Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K, int kind, int64_t kvh,
     float scale, float (*sums)[8])
 {
 #pragma omp for schedule(static)
@@ -254,7 +265,8 @@ static inline __attribute__((always_inline)) void attend_team(
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t top = hi - c * TEAM_KEYS;
-        scores(rows, nr, G, D, K, kvh, top - TEAM_KEYS + 1 > lo ? top - TEAM_KEYS + 1 : lo, top);
+        const int64_t bottom = top - TEAM_KEYS + 1 > lo ? top - TEAM_KEYS + 1 : lo;
+        scores(rows, nr, G, D, K, kind, kvh, bottom, top);
     }
 #pragma omp for schedule(static)
     for (int rg = 0; rg < nr * G; rg++) {
@@ -266,18 +278,27 @@ static inline __attribute__((always_inline)) void attend_team(
     const int64_t step = 16 * value_block(G, D), steps = D / step;
     const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
     const int64_t x_lo = steps * me / team * step, x_hi = steps * (me + 1) / team * step;
-    if (x_lo < x_hi) outputs(rows, nr, G, D, K, kvh, lo, hi, sums, x_lo, x_hi);
+    if (x_lo < x_hi) outputs(rows, nr, G, D, K, kind, kvh, lo, hi, sums, x_lo, x_hi);
 #pragma omp barrier
 }
 
+/* attend() with G and the cache's element type constants (the accumulators stay in
+ * registers, the loads are of one kind). */
+#define BY_KIND(KIND, CALL)                                                                 \
+    switch (KIND) {                                                                         \
+    case KV_F16: { const int kind_ = KV_F16; CALL; } break;                                \
+    case KV_BF16: { const int kind_ = KV_BF16; CALL; } break;                              \
+    default: { const int kind_ = KV_F32; CALL; }                                           \
+    }
+
 static void attend_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D, const Keys *K,
-                       int64_t kvh, float scale)
+                       int kind, int64_t kvh, float scale)
 {
-    switch (G) { /* constants after inlining: the accumulators stay in registers */
-    case 1: attend(rows, nr, sq_h, 1, D, K, kvh, scale); break;
-    case 2: attend(rows, nr, sq_h, 2, D, K, kvh, scale); break;
-    case 4: attend(rows, nr, sq_h, 4, D, K, kvh, scale); break;
-    case 8: attend(rows, nr, sq_h, 8, D, K, kvh, scale); break;
+    switch (G) {
+    case 1: BY_KIND(kind, attend(rows, nr, sq_h, 1, D, K, kind_, kvh, scale)) break;
+    case 2: BY_KIND(kind, attend(rows, nr, sq_h, 2, D, K, kind_, kvh, scale)) break;
+    case 4: BY_KIND(kind, attend(rows, nr, sq_h, 4, D, K, kind_, kvh, scale)) break;
+    case 8: BY_KIND(kind, attend(rows, nr, sq_h, 8, D, K, kind_, kvh, scale)) break;
     default: { /* one head at a time: the same arithmetic per head */
         Row one[TILE_ROWS];
         for (int g = 0; g < G; g++) {
@@ -286,20 +307,21 @@ static void attend_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D, const 
                 one[r].q = rows[r].q + g * sq_h;
                 one[r].o = rows[r].o + g * D;
             }
-            attend(one, nr, sq_h, 1, D, K, kvh, scale);
+            BY_KIND(kind, attend(one, nr, sq_h, 1, D, K, kind_, kvh, scale))
         }
     }
     }
 }
 
 static void attend_team_any(Row *rows, int nr, int64_t sq_h, int G, int64_t D,
-                            const Keys *K, int64_t kvh, float scale, float (*sums)[8])
+                            const Keys *K, int kind, int64_t kvh, float scale,
+                            float (*sums)[8])
 {
     switch (G) { /* muser_attention forms a team for these G only */
-    case 1: attend_team(rows, nr, sq_h, 1, D, K, kvh, scale, sums); break;
-    case 2: attend_team(rows, nr, sq_h, 2, D, K, kvh, scale, sums); break;
-    case 4: attend_team(rows, nr, sq_h, 4, D, K, kvh, scale, sums); break;
-    case 8: attend_team(rows, nr, sq_h, 8, D, K, kvh, scale, sums); break;
+    case 1: BY_KIND(kind, attend_team(rows, nr, sq_h, 1, D, K, kind_, kvh, scale, sums)) break;
+    case 2: BY_KIND(kind, attend_team(rows, nr, sq_h, 2, D, K, kind_, kvh, scale, sums)) break;
+    case 4: BY_KIND(kind, attend_team(rows, nr, sq_h, 4, D, K, kind_, kvh, scale, sums)) break;
+    case 8: BY_KIND(kind, attend_team(rows, nr, sq_h, 8, D, K, kind_, kvh, scale, sums)) break;
     }
 }
 
@@ -323,19 +345,20 @@ static int make_tile(Row *tile, int64_t task, int64_t T, int64_t H, int G, int64
 }
 
 /* q: [T, H, D] (rows `sq_t`, heads `sq_h` apart, unit inner stride); k, v: key rows
- * `stride_s`, KV heads `stride_h` apart. Query t sees key indices
+ * `stride_s`, KV heads `stride_h` apart (in elements), of float32, float16 or bfloat16
+ * (`kind`; widened exactly as read). Query t sees key indices
  * [max(first_min, last0 + t - window + 1), last0 + t] (window <= 0: no window limit).
  * Key index i lives at row i, or, with a block table [blocks] of `block_size` rows and a
  * physical origin, at table[j / block_size] * block_size + j % block_size for
  * j = (origin + i) mod (block_size * blocks). out: [T, H, D] contiguous. D is a multiple of
  * 16. Returns 0, -1 on arguments it does not take, or -2 when out of memory. */
 int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_t,
-                    int64_t sq_h, const float *k, const float *v, int64_t stride_s,
+                    int64_t sq_h, const void *k, const void *v, int kind, int64_t stride_s,
                     int64_t stride_h, int64_t KVH, const int32_t *table, int64_t blocks,
                     int64_t block_size, int64_t origin, int64_t last0, int64_t first_min,
                     int64_t window, float scale, int threads, float *out)
 {
-    if (D % 16 || KVH < 1 || H % KVH) return -1;
+    if (D % 16 || KVH < 1 || H % KVH || kind < KV_F32 || kind > KV_BF16) return -1;
     const int G = (int)(H / KVH);
     const int64_t hi = last0 + T - 1;
     const int64_t lo = window > 0 && last0 - window + 1 > first_min ? last0 - window + 1
@@ -381,7 +404,7 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
                 Row tile[TILE_ROWS];
                 const int nr = make_tile(tile, task, T, H, G, D, KVH, q, sq_t, sq_h, last0,
                                          first_min, window, scratch, out);
-                attend_team_any(tile, nr, sq_h, G, D, &K, task % KVH, scale, sums);
+                attend_team_any(tile, nr, sq_h, G, D, &K, kind, task % KVH, scale, sums);
             }
         } else {
 #pragma omp for schedule(dynamic, 1)
@@ -390,7 +413,7 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
                 Row tile[TILE_ROWS];
                 const int nr = make_tile(tile, task, T, H, G, D, KVH, q, sq_t, sq_h, last0,
                                          first_min, window, scratch, out);
-                attend_any(tile, nr, sq_h, G, D, &K, task % KVH, scale);
+                attend_any(tile, nr, sq_h, G, D, &K, kind, task % KVH, scale);
             }
             free(scratch);
         }
@@ -402,7 +425,7 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
 
 /* Sequence b's decode row for muser_decode_attention, on `threads` threads. */
 static int decode_row(const float *q, int64_t b, int64_t H, int64_t D, int64_t sq_b,
-                      int64_t sq_h, const float *k, const float *v, int64_t stride_s,
+                      int64_t sq_h, const void *k, const void *v, int kind, int64_t stride_s,
                       int64_t stride_h, int64_t KVH, const int32_t *tables, int64_t blocks,
                       int64_t block_size, const int64_t *starts, const int64_t *lens,
                       const int64_t *origins, float scale, int threads, float *out)
@@ -412,9 +435,9 @@ static int decode_row(const float *q, int64_t b, int64_t H, int64_t D, int64_t s
         for (int64_t x = 0; x < H * D; x++) o[x] = 0.0f;
         return 0;
     }
-    return muser_attention(q + b * sq_b, 1, H, D, sq_b, sq_h, k, v, stride_s, stride_h, KVH,
-                           tables + b * blocks, blocks, block_size, origins[b], lens[b] - 1,
-                           starts[b], 0, scale, threads, o);
+    return muser_attention(q + b * sq_b, 1, H, D, sq_b, sq_h, k, v, kind, stride_s, stride_h,
+                           KVH, tables + b * blocks, blocks, block_size, origins[b],
+                           lens[b] - 1, starts[b], 0, scale, threads, o);
 }
 
 /* One decode row for each of B sequences of a paged cache: row b, q[b] (rows `sq_b` apart),
@@ -424,7 +447,8 @@ static int decode_row(const float *q, int64_t b, int64_t H, int64_t D, int64_t s
  * each in turn: muser_attention of the row either way, so the bits are the same. out: [B, H, D]
  * contiguous. Returns 0, -1 or -2 as muser_attention. */
 int muser_decode_attention(const float *q, int64_t B, int64_t H, int64_t D, int64_t sq_b,
-                           int64_t sq_h, const float *k, const float *v, int64_t stride_s,
+                           int64_t sq_h, const void *k, const void *v, int kind,
+                           int64_t stride_s,
                            int64_t stride_h, int64_t KVH, const int32_t *tables, int64_t blocks,
                            int64_t block_size, const int64_t *starts, const int64_t *lens,
                            const int64_t *origins, float scale, int threads, float *out)
@@ -432,14 +456,15 @@ int muser_decode_attention(const float *q, int64_t B, int64_t H, int64_t D, int6
     int rc = 0;
     if (B < threads) { /* the threads share each sequence in turn */
         for (int64_t b = 0; b < B && !rc; b++)
-            rc = decode_row(q, b, H, D, sq_b, sq_h, k, v, stride_s, stride_h, KVH, tables,
+            rc = decode_row(q, b, H, D, sq_b, sq_h, k, v, kind, stride_s, stride_h, KVH, tables,
                             blocks, block_size, starts, lens, origins, scale, threads, out);
         return rc;
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t b = 0; b < B; b++) { /* whole sequences a thread */
-        const int r = decode_row(q, b, H, D, sq_b, sq_h, k, v, stride_s, stride_h, KVH, tables,
-                                 blocks, block_size, starts, lens, origins, scale, 1, out);
+        const int r = decode_row(q, b, H, D, sq_b, sq_h, k, v, kind, stride_s, stride_h, KVH,
+                                 tables, blocks, block_size, starts, lens, origins, scale, 1,
+                                 out);
         if (r) {
 #pragma omp atomic write
             rc = r;
