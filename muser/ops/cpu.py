@@ -159,7 +159,7 @@ def prefill_attention(
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
     if keys.dtype != values.dtype or keys.dtype not in native.KV_KINDS:
-        keys, values = keys.float(), values.float()  # a 16-bit cache is widened in the kernel
+        keys, values = keys.float(), values.float()  # a 16-bit cache goes in as it is
     if keys.stride() != values.stride():
         # NOTE: not .contiguous(): torch calls a tensor with one row contiguous whatever its
         # row stride, and the kernel takes one set of strides for keys and values
