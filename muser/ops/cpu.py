@@ -158,7 +158,7 @@ def prefill_attention(
     do not change a bit)."""
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
-    if keys.dtype != values.dtype or keys.dtype not in native.KV_KINDS:
+    if keys.dtype != values.dtype or keys.dtype not in native.FORMATS:
         keys, values = keys.float(), values.float()  # a 16-bit cache goes in as it is
     if keys.stride() != values.stride():
         # NOTE: not .contiguous(): torch calls a tensor with one row contiguous whatever its

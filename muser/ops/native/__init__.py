@@ -8,8 +8,8 @@ header), which is what makes the CPU backend bitwise the same at every chunk wid
 `-ffp-contract=off` keeps the compiler from fusing a multiply and an add in one place and not
 in another. `-fno-trapping-math` lets it compute both sides of a select (no program here reads
 the floating-point exception flags), so the exp / tanh loops vectorize; it reorders nothing
-and changes no result. The build is keyed by the sources, the flags, the compiler's version and the CPU's
-feature flags, so a changed machine or source rebuilds. Each op has its torch reference in
+and changes no result. The build is keyed by the sources, the flags, the compiler's version and
+the CPU's feature flags, so a changed machine or source rebuilds. Each op has its torch reference in
 `muser.ops.ref`.
 """
 
@@ -34,9 +34,9 @@ SOURCES = [Path(__file__).with_name(name) for name in ("gemm.c", "norms.c", "att
 HEADERS = [Path(__file__).with_name(name) for name in ("exp.h", "vec.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fopenmp", "-shared",
          "-fPIC"]
-FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # FMT_* in gemm.c
+# element types: FMT_* of weights in gemm.c, KV_* of the cache in attention.c
+FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
-KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # KV_* in attention.c
 
 
 class NativeUnavailable(MuserError):
@@ -199,7 +199,8 @@ def attention(
     window: int | None, scale: float, placement: tuple[torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D] float32 (unit inner stride); k, v: key rows [R, KVH, D] of one dtype,
-    float32, float16 or bfloat16 (widened exactly as read), with equal strides. Query t sees key indices [max(first_min, last0 + t - window + 1), last0 + t];
+    float32, float16 or bfloat16 (widened exactly as read), with equal strides. Query t sees
+    key indices [max(first_min, last0 + t - window + 1), last0 + t];
     key index i is row i, or, with placement = (block_table [blocks] int32, block_size,
     origin), the row ref.decode_rows gives. -> [T, H, D] float32 (attention.c)."""
     t, heads, d = q.shape
@@ -212,7 +213,8 @@ def attention(
         assert table.dtype == torch.int32 and table.is_contiguous()
     _check(library().muser_attention(
         q.data_ptr(), t, heads, d, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
-        KV_KINDS[k.dtype], k.stride(0), k.stride(1), kv_heads, None if table is None else table.data_ptr(),
+        FORMATS[k.dtype], k.stride(0), k.stride(1), kv_heads,
+        None if table is None else table.data_ptr(),
         0 if table is None else table.shape[0], block_size, origin, last0, first_min,
         window or 0, scale, torch.get_num_threads(), out.data_ptr()), "attention")
     return out
@@ -224,19 +226,20 @@ def decode_attention(
     scale: float,
 ) -> torch.Tensor:
     """One decode row a sequence: q [B, H, D] float32 (unit inner stride); k, v: cache rows
-    [R, KVH, D] as attention() takes them; tables [B, blocks] int32. Row b sees key indices
+    [R, KVH, D] as attention() takes them; tables [B, blocks], starts, lens, origins [B] int32
+    (the step plan's own: nothing is converted per layer). Row b sees key indices
     [starts[b], lens[b]) placed as ref.decode_rows places them (zero when it sees none) ->
     [B, H, D] float32: attention() of each row, the sequences shared out among the threads
     (attention.c)."""
     b, heads, d = q.shape
     assert q.dtype == torch.float32 and k.dtype == v.dtype and k.stride() == v.stride()
     assert q.stride(2) == 1 and k.stride(2) == 1 and heads % k.shape[1] == 0
-    tables = tables.to(torch.int32).contiguous()
-    starts, lens, origins = (t.to(torch.int64).contiguous() for t in (starts, lens, origins))
+    tables, starts, lens, origins = (t.to(torch.int32).contiguous()
+                                     for t in (tables, starts, lens, origins))
     out = torch.empty(b, heads, d)
     _check(library().muser_decode_attention(
         q.data_ptr(), b, heads, d, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
-        KV_KINDS[k.dtype], k.stride(0), k.stride(1), k.shape[1], tables.data_ptr(), tables.shape[1], block_size,
-        starts.data_ptr(), lens.data_ptr(), origins.data_ptr(), scale,
-        torch.get_num_threads(), out.data_ptr()), "decode attention")
+        FORMATS[k.dtype], k.stride(0), k.stride(1), k.shape[1], tables.data_ptr(),
+        tables.shape[1], block_size, starts.data_ptr(), lens.data_ptr(), origins.data_ptr(),
+        scale, torch.get_num_threads(), out.data_ptr()), "decode attention")
     return out

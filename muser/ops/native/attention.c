@@ -27,7 +27,7 @@
 #include "exp.h"
 #include "vec.h"
 
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 }; /* the cache's element type */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 }; /* the cache's element type: gemm.c's FMT_* */
 
 typedef struct {
     const void *k, *v; /* KV_F32: float; KV_F16, KV_BF16: uint16_t */
@@ -427,8 +427,8 @@ int muser_attention(const float *q, int64_t T, int64_t H, int64_t D, int64_t sq_
 static int decode_row(const float *q, int64_t b, int64_t H, int64_t D, int64_t sq_b,
                       int64_t sq_h, const void *k, const void *v, int kind, int64_t stride_s,
                       int64_t stride_h, int64_t KVH, const int32_t *tables, int64_t blocks,
-                      int64_t block_size, const int64_t *starts, const int64_t *lens,
-                      const int64_t *origins, float scale, int threads, float *out)
+                      int64_t block_size, const int32_t *starts, const int32_t *lens,
+                      const int32_t *origins, float scale, int threads, float *out)
 {
     float *o = out + b * H * D;
     if (lens[b] <= starts[b]) {
@@ -450,8 +450,8 @@ int muser_decode_attention(const float *q, int64_t B, int64_t H, int64_t D, int6
                            int64_t sq_h, const void *k, const void *v, int kind,
                            int64_t stride_s,
                            int64_t stride_h, int64_t KVH, const int32_t *tables, int64_t blocks,
-                           int64_t block_size, const int64_t *starts, const int64_t *lens,
-                           const int64_t *origins, float scale, int threads, float *out)
+                           int64_t block_size, const int32_t *starts, const int32_t *lens,
+                           const int32_t *origins, float scale, int threads, float *out)
 {
     int rc = 0;
     if (B < threads) { /* the threads share each sequence in turn */
