@@ -12,6 +12,7 @@ scaled_dot_product_attention on the same masked problem. Median of --reps timing
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -42,8 +43,8 @@ def projections(llm: LLM, reps: int) -> list[dict]:
         dense = w.dequantize()
         for rows in (512, 1):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            ours = _median_s(lambda: native.gemm(x, w), reps)
-            theirs = _median_s(lambda: F.linear(x, dense), reps)
+            ours = _median_s(functools.partial(native.gemm, x, w), reps)
+            theirs = _median_s(functools.partial(F.linear, x, dense), reps)
             cell = {"matrix": name, "shape": [m, k], "rows": rows, "muser_s": ours,
                     "torch_f32_s": theirs, "ratio_vs_torch": theirs / ours}
             if rows == 1:
@@ -64,7 +65,8 @@ def attention(llm: LLM, reps: int) -> list[dict]:
     v = torch.randn(keys, cfg.num_kv_heads, d, generator=gen)
     cells = []
     for window in (None, cfg.sliding_window):
-        ours = _median_s(lambda: native.attention(q, k, v, keys - rows, 0, window, 0.0625), reps)
+        ours = _median_s(functools.partial(
+            native.attention, q, k, v, keys - rows, 0, window, 0.0625), reps)
         pos_q = torch.arange(keys - rows, keys)[:, None]
         pos_k = torch.arange(keys)[None, :]
         mask = pos_k <= pos_q
@@ -74,8 +76,8 @@ def attention(llm: LLM, reps: int) -> list[dict]:
         qt = q.transpose(0, 1)[None]
         kt = k.repeat_interleave(group, 1).transpose(0, 1)[None]
         vt = v.repeat_interleave(group, 1).transpose(0, 1)[None]
-        theirs = _median_s(lambda: F.scaled_dot_product_attention(
-            qt, kt, vt, attn_mask=mask, scale=0.0625), reps)
+        theirs = _median_s(functools.partial(
+            F.scaled_dot_product_attention, qt, kt, vt, attn_mask=mask, scale=0.0625), reps)
         cells.append({"window": window, "rows": rows, "keys": keys, "muser_s": ours,
                       "torch_sdpa_s": theirs, "ratio_vs_torch": theirs / ours})
     return cells

@@ -15,6 +15,7 @@ what it measured).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
+from triton.errors import TritonError
 
 from muser.ops import ref
 from muser.ops.triton.decode_attention import decode_attention, launch_config
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--new", action="store_true", help="store and attend the step's new row")
     ap.add_argument("--graph", action="store_true", help="time CUDA graph replays")
     args = ap.parse_args()
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]
     copy_bw = copy_bandwidth()
     receipt = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "copy_bytes_per_s": copy_bw, "page_rows": PAGE, "new_row": args.new,
@@ -91,7 +93,7 @@ def main() -> None:
     configs = list(itertools.product(ints(args.splits), ints(args.block_n), ints(args.warps),
                                      ints(args.stages)))
     for shape in args.shapes.split(","):
-        heads, kv_heads, dim = SHAPES[shape]
+        _heads, kv_heads, dim = SHAPES[shape]
         max_keys = args.max_keys if shape == "gemma3-27b" else min(args.max_keys, 32768)
         for depth in [d for d in ints(args.depths) if d <= max_keys]:
             q, k, v, table, starts, lens, origins, scale = case(shape, depth, max_keys)
@@ -106,9 +108,9 @@ def main() -> None:
                                             origins, PAGE, scale)
             default = launch_config(1, kv_heads, dim, table.shape[1] * PAGE)
             for splits, block_n, warps, stages in [(None, None, None, None), *configs]:
-                run = lambda: decode_attention(q, k, v, table, starts, lens, origins, PAGE,  # noqa: E731
-                                               scale, new=new, splits=splits, block_n=block_n,
-                                               num_warps=warps, num_stages=stages)
+                run = functools.partial(decode_attention, q, k, v, table, starts, lens, origins,
+                                        PAGE, scale, new=new, splits=splits, block_n=block_n,
+                                        num_warps=warps, num_stages=stages)
                 cell = {"model": shape, "keys": depth, "splits": splits or default[0],
                         "block_n": block_n or default[1], "num_warps": warps or default[2],
                         "num_stages": stages or default[3],
@@ -118,9 +120,9 @@ def main() -> None:
                     if want is not None:
                         cell["rel_err"] = float((out.double() - want.double()).norm()
                                                 / want.double().norm())
-                    ms = (graph_ms(lambda _: run(), [None], reps=10) if args.graph
+                    ms = (graph_ms(lambda _, run=run: run(), [None], reps=10) if args.graph
                           else bench_ms(run))
-                except Exception as e:  # NOTE: a configuration over the shared-memory limit
+                except (TritonError, RuntimeError) as e:  # NOTE: a config over the shared memory
                     cell["error"] = f"{type(e).__name__}: {str(e)[:120]}"
                     say(f"{shape} {depth} {cell}")
                     receipt["cells"].append(cell)
@@ -137,7 +139,7 @@ def main() -> None:
                 f"({best['fraction_of_copy']:.2f}) at splits {best['splits']} block_n "
                 f"{best['block_n']} warps {best['num_warps']} stages {best['num_stages']}")
             args.out.write_text(json.dumps(receipt, indent=1) + "\n")
-            del q, k, v
+            del q, k, v, run  # run holds q, k and v too
             torch.cuda.empty_cache()
 
 

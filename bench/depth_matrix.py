@@ -137,7 +137,7 @@ def llama_bench(binary: str, gguf: str, depths: list[int], reps: int, steps: int
         cell = {"depth": depth}
         proc = subprocess.run([binary, "-m", gguf, "-ngl", "99", "-fa", "1", "-d", str(depth),
                                "-r", str(reps), "-o", "json", "-p", "512", "-n", str(steps)],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, check=False)
         for row in json.loads(proc.stdout) if proc.returncode == 0 else []:
             label = "tg" if row["n_prompt"] == 0 else "pp512"
             cell[f"{label}_tok_s"] = row["avg_ts"]
@@ -275,7 +275,7 @@ def main() -> int:
                                args.model_config, args.depths, str(args.reps),
                                str(args.decode_steps), args.device, args.model or "",
                                args.kv_dtype or ""],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, check=False)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             print(f"{version}: the process failed (exit {proc.returncode})", file=sys.stderr)

@@ -26,12 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_bench import BF16, DEV, LOG, _profile, environment, make_runner, say  # noqa: E402
-from hf_compiled import compiled_prefill, static_compile_decode  # noqa: E402
-from hf_twin import hf_twin  # noqa: E402
+from gpu_bench import BF16, DEV, LOG, _profile, environment, make_runner, say
+from hf_compiled import compiled_prefill, static_compile_decode
+from hf_twin import hf_twin
 
-from muser.graph.weights import random_weights  # noqa: E402
-from muser.presets import preset  # noqa: E402
+from muser.graph.weights import random_weights
+from muser.presets import preset
 
 
 def host_profile(runner, ids: list[int]) -> dict:
@@ -137,7 +137,7 @@ def down_sweep(cfg) -> dict:
         except Exception as exc:  # noqa: BLE001  (a config that does not compile is skipped)
             out[str(c)] = f"{type(exc).__name__}"
     timed = sorted((v, c) for c, v in out.items() if isinstance(v, float))
-    gbps = lambda us: m * k * 2 / us / 1e3  # noqa: E731
+    gbps = lambda us: m * k * 2 / us / 1e3
     say(f"  down {m}x{k} N=1: cuBLAS {out['cublas']:.2f} us ({gbps(out['cublas']):.0f} GB/s); "
         f"fastest {timed[0][1]} {timed[0][0]:.2f} us ({gbps(timed[0][0]):.0f} GB/s)")
     return out

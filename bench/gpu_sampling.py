@@ -87,7 +87,7 @@ def main() -> int:
     say(f"logprobs: tokens unchanged {same}, greedy = best {best}")
 
     # n samples forked from one prefill against separate requests with seed + i
-    hot = dict(max_tokens=32, ignore_eos=True, temperature=1.0, seed=11)
+    hot = {"max_tokens": 32, "ignore_eos": True, "temperature": 1.0, "seed": 11}
     forked = run_all(llm, prompts[:1], [SamplingParams(**hot, n=4)])
     by_index: dict[int, list[int]] = {}
     for o in forked["outs"][forked["uids"][0]]:
@@ -120,7 +120,7 @@ def main() -> int:
     # step cost: plain vs each feature, alternated, same prompts; the grammar never ends
     # before --steps tokens (lower-case words), so every run decodes all rows all the way
     words = compile_grammar("gbnf", 'root ::= [a-z ]+')
-    base = dict(max_tokens=args.steps, ignore_eos=True, temperature=1.0, seed=1)
+    base = {"max_tokens": args.steps, "ignore_eos": True, "temperature": 1.0, "seed": 1}
     kinds = {"plain": SamplingParams(**base), "logprobs_5": SamplingParams(**base, logprobs=5),
              "penalties": SamplingParams(**base, presence_penalty=0.5, frequency_penalty=0.5),
              "grammar": SamplingParams(**base, grammar=words)}

@@ -53,7 +53,7 @@ def hf_twin(cfg: ModelConfig, w: ModelWeights, device: str, dtype: torch.dtype,
 
     with init_empty_weights():
         model = Gemma3ForCausalLM(hf_config(cfg, attn))
-    conv = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731  (no copy when equal)
+    conv = lambda t: t.to(device=device, dtype=dtype)
     q, kv = cfg.q_size, cfg.kv_size
     params = {"model.embed_tokens.weight": conv(w.embed),
               "model.norm.weight": conv(w.final_norm - 1)}

@@ -30,11 +30,12 @@ for m, k in ((8192, 5376), (5376, 4096), (43008, 5376), (5376, 21504)):
     for n in (512, 2048):
         x = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
         sa = torch.rand(n, 1, device="cuda")
-        r = {f: ms(lambda f=f: torch._scaled_mm(x, w.t(), scale_a=sa, scale_b=sb,
-                                                out_dtype=torch.bfloat16, use_fast_accum=f))
+        r = {f: ms(lambda f=f, x=x, w=w, sa=sa, sb=sb: torch._scaled_mm(
+                 x, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=f))
              for f in (True, False)}
         out[f"{m}x{k} rows={n}"] = {"fast_ms": r[True], "float32_accum_ms": r[False],
                                     "speedup": r[False] / r[True]}
         print(f"{m}x{k} rows={n}: fast {r[True]*1e3:.1f} us, f32 accum {r[False]*1e3:.1f} us "
               f"({r[False]/r[True]:.3f}x)", flush=True)
-json.dump(out, open(sys.argv[1], "w"), indent=1)
+with open(sys.argv[1], "w") as fh:
+    json.dump(out, fh, indent=1)

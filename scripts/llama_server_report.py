@@ -22,8 +22,8 @@ _LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s
 _XDIST = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) unit/(test_\w+\.py)::(.*?)\s*$")
 _REASON = re.compile(r"^FAILURE-REASON unit/(.*?) (setup|call|teardown): (.*)$")
 _COLLECTED = re.compile(r"collected (\d+) items / (\d+) deselected")
-_SELECTED = re.compile(r"^(\d+)/\d+ tests collected \(\d+ deselected\)", re.M)  # --collect-only
-_WALL = re.compile(r"^suite wall time: (\d+) s$", re.M)
+_SELECTED = re.compile(r"^(\d+)/\d+ tests collected \(\d+ deselected\)", re.MULTILINE)  # --collect-only
+_WALL = re.compile(r"^suite wall time: (\d+) s$", re.MULTILINE)
 
 
 def main(log: str, out: str) -> None:

@@ -50,8 +50,8 @@ CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     LONG_ENGLISH,
     PYTHON_CODE,
-    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n"
-    "    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    ("def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n"
+     "    return fibonacci(n - 1) + fibonacci(n - 2)\n"),
     C_CODE,
     '{"key": [1, 2, 3], "nested": {"a": null, "b": true}, "s": "x\\ty"}',
     "Café crème brûlée, naïve façade, Ærøskøbing, São Paulo, Łódź, Dvořák, Ñandú",
@@ -83,8 +83,8 @@ CORPUS = [
     "3.14159265358979323846264338327950288419716939937510",
     "Order #12345 costs $1,234.56 on 2024-03-15 at 10:30, +1 (555) 010-9999.",
     "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
-    "<start_of_turn>user\nYou are helpful.\n\nWhat is 2+2?<end_of_turn>\n"
-    "<start_of_turn>model\n4<end_of_turn>\n",
+    ("<start_of_turn>user\nYou are helpful.\n\nWhat is 2+2?<end_of_turn>\n"
+     "<start_of_turn>model\n4<end_of_turn>\n"),
     "<bos>text after bos",
     "text <bos> in the middle <eos> and end",
     "<start_of_turn><end_of_turn><start_of_turn>",
