@@ -206,7 +206,8 @@ def llama_bench(binary: str, gguf: str, depth: int, reps: int, steps: int) -> di
     for label, flags in (("tg", ["-p", "0", "-n", str(steps), "-d", str(depth)]),
                          (f"pp{depth}", ["-p", str(depth), "-n", "0"])):
         proc = subprocess.run([binary, "-m", gguf, "-ngl", "99", "-fa", "1", "-r", str(reps),
-                               "-o", "json", *flags], stdout=subprocess.PIPE, text=True)
+                               "-o", "json", *flags],
+                              stdout=subprocess.PIPE, text=True, check=False)
         rows = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
         if rows:
             cell[f"{label}_tok_s"] = rows[0]["avg_ts"]
@@ -271,7 +272,7 @@ def main() -> int:
         proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, source,
                                str(args.reps), str(args.decode_steps), str(args.depth),
                                str(args.profile_decode), str(args.prefill_chunk)],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, check=False)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             print(f"{fmt}: the process failed (exit {proc.returncode})", file=sys.stderr)
