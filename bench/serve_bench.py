@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -298,6 +299,9 @@ def run_adaptive(url: str, args: argparse.Namespace, policy: str) -> dict:
 
 def served_phases(args: argparse.Namespace, publish: Callable[[dict], dict]) -> None:
     """One server per chunk policy needed: W1 and W2 on --chunk-policy's, adaptive on both."""
+    if importlib.util.find_spec("openai") is None:  # before minutes of server start-up
+        raise SystemExit("the served phases stream through the `openai` client, which is not "
+                         "installed: pip install -e '.[dev]' (it pins openai)")
     other = "fixed" if args.chunk_policy == "adaptive" else "adaptive"
     for policy in (args.chunk_policy, other):
         todo = [p for p in ("w1", "w2") if p in args.phases and policy == args.chunk_policy]
