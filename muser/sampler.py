@@ -21,7 +21,9 @@ Per row, in this order (the order of the per-request sampler this replaced):
    to its last; min-p keeps the tokens whose probability is at least min_p times the top token's.
 4. one draw from softmax(logits / temperature) over the survivors.
 A row with a top-k list hashes B x k noise words; a row without one hashes the whole vocabulary,
-cheap on a GPU, tens of milliseconds per row on a small CPU.
+cheap on a GPU, milliseconds per row on a small CPU. On the CPU a top-p row without top-k gets
+a best-first list just long enough to hold its survivors (`_top_p_prefix`), not the whole
+vocabulary sorted.
 
 Noise. A draw touches no torch.Generator. Token t of a row gets the uniform
     u = ((h >>> 12) + 1/2) / 2**52  in (0, 1),   h = mix(mix(mix(seed) + draw * G) + t * G)
@@ -39,6 +41,7 @@ is an exact draw from p, and p need not be normalized: log p_t = logit_t / tempe
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -206,10 +209,18 @@ class BatchSampler:
 
     def filter(self, logits: torch.Tensor, rows: list[SamplingRow]) -> Candidates:
         """[B, vocab] -> each row's candidates and which of them survive its filters."""
-        values, ids = self._lists(logits, [_cut(row.params, logits.shape[1]) for row in rows])
-        limits = self._upload([[row.params.top_p, row.params.min_p] for row in rows],
-                              torch.float64)
-        top_p, min_p = limits[:, :1], limits[:, 1:]
+        vocab = logits.shape[1]
+        cuts = [_cut(row.params, vocab) for row in rows]
+        # the softmax mass top-p measures against: its list's, or the whole row's
+        whole = [math.nan] * len(rows)
+        if self.device.type == "cpu":  # NOTE: on a GPU the sort is cheap and this would sync
+            for b, row in enumerate(rows):
+                if cuts[b] == vocab:
+                    cuts[b], whole[b] = _top_p_prefix(logits[b], row.params.top_p)
+        values, ids = self._lists(logits, cuts)
+        limits = self._upload([[row.params.top_p, row.params.min_p, w]
+                               for row, w in zip(rows, whole, strict=True)], torch.float64)
+        top_p, min_p, whole = limits[:, :1], limits[:, 1:2], limits[:, 2:]
         relative = torch.exp(values - values.amax(-1, keepdim=True))  # p / p_top; pads -> 0
         keep = (relative >= min_p) & (values > float("-inf"))
         if any(row.params.top_p < 1 and not row.params.is_greedy for row in rows):
@@ -217,7 +228,8 @@ class BatchSampler:
             # survivors do not depend on how a sort ordered them.
             mass = relative.double().cumsum(-1)
             before = F.pad(mass[:, :-1], (1, 0))
-            num_kept = (before < top_p * mass[:, -1:]).sum(-1, keepdim=True).clamp_(min=1)
+            total = torch.where(whole.isnan(), mass[:, -1:], whole)
+            num_kept = (before < top_p * total).sum(-1, keepdim=True).clamp_(min=1)
             floor = values.gather(1, num_kept - 1).masked_fill(top_p >= 1, float("-inf"))
             keep &= values >= floor
         return Candidates(values, ids, keep)
@@ -284,6 +296,36 @@ def _penalizes(p: SamplingParams) -> bool:
 
 def _counts_outputs(p: SamplingParams) -> bool:
     return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _top_p_prefix(row: torch.Tensor, top_p: float) -> tuple[int, float]:
+    """A top-p row without top-k, on the CPU: the length of a best-first list (torch.topk's)
+    that holds every survivor and one token past them, and the row's softmax mass as filter
+    measures it (relative to the top logit, float64). Sorting the whole vocabulary costs tens
+    of milliseconds a row there; the survivors are usually a few hundred tokens.
+
+    The mass per power-of-two band of p / p_top, summed from the top band down, says how many
+    tokens reach top_p; that many plus one are listed (rounded up to a power of two, so rows
+    share lists) and checked as filter will cut them: if the cut falls inside the list and the
+    list's last logit is below the cut's, nothing past the list could survive."""
+    vocab = row.numel()
+    relative = torch.exp(row - row.amax())  # filter's p / p_top, element for element
+    weights = relative.double()
+    total = float(weights.sum())
+    target = top_p * total
+    band = torch.frexp(relative).exponent.neg_().clamp_(min=0).long()  # p / p_top < 2^-band+1
+    band[relative == 0] = 160  # float32's least is 2^-149: its own band past every other
+    mass = torch.bincount(band, weights, minlength=161).cumsum(0)
+    reach = int(torch.searchsorted(mass, torch.tensor([target], dtype=torch.float64)))
+    count = int(torch.bincount(band, minlength=161)[:reach + 1].sum()) + 1
+    cut = min(vocab, max(256, 1 << (count - 1).bit_length()))
+    if cut < vocab:
+        values = torch.topk(row, cut).values
+        listed = torch.exp(values - values[0]).double().cumsum(0)
+        num_kept = max(1, int((F.pad(listed[:-1], (1, 0)) < target).sum()))
+        if not (num_kept < cut and values[-1] < values[num_kept - 1]):
+            cut = vocab  # a tie or a rounding at the edge: list them all
+    return cut, total
 
 
 def _cut(p: SamplingParams, vocab: int) -> int:

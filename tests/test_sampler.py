@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from muser import sampler
 from muser.core import SamplingParams
 from muser.sampler import BatchSampler, SamplingRow, request_seed, uniform
 from muser.stopping import StopMatcher
@@ -119,6 +120,44 @@ def test_filters_match_a_per_row_reference_with_mixed_params() -> None:
     for b, p in enumerate(params):
         if not p.is_greedy:
             assert sorted(ids[b][keep[b]].tolist()) == _reference_survivors(logits[b], p), p
+
+
+def _top_p_rows(vocab: int) -> torch.Tensor:
+    """Rows whose top-p (0.95) survivors number a few, thousands, most of the vocabulary, and
+    a run of equal logits across the cut, with -inf logits among them."""
+    gen = torch.Generator().manual_seed(9)
+    rows = torch.randn(4, vocab, generator=gen) * torch.tensor([[6.0], [3.0], [0.1], [1.0]])
+    rows[3, :2] = 12.0
+    rows[3, 2:700] = 11.0  # the cut falls inside this run: all of it stays
+    rows[:, -5:] = float("-inf")
+    return rows
+
+
+def test_top_p_lists_on_the_cpu_hold_every_survivor(monkeypatch) -> None:
+    """A top-p row's shortened best-first list (not the whole sorted vocabulary) keeps the
+    survivors of the per-row float64 reference (ties aside: it cuts by position), the same ones
+    as the whole list, and draws the tokens the whole list draws."""
+    vocab = 1 << 18
+    logits = _top_p_rows(vocab)
+    params = [SamplingParams(temperature=0.8, top_p=0.95),
+              SamplingParams(temperature=1, top_p=0.95),
+              SamplingParams(temperature=1.2, top_p=0.95, min_p=0.01),
+              SamplingParams(temperature=0.5, top_p=0.95)]
+    cuts = [sampler._top_p_prefix(logits[b], 0.95)[0] for b in range(4)]
+    assert max(cuts[0], cuts[1], cuts[3]) <= 1 << 16 and cuts[2] == vocab, cuts  # flat: all
+    _, ids, keep = CPU.filter(logits, _rows(params))
+    survivors = [sorted(ids[b][keep[b]].tolist()) for b in range(4)]
+    for b in range(3):
+        assert survivors[b] == _reference_survivors(logits[b], params[b]), b
+    assert set(range(700)) <= set(survivors[3])  # the cut fell in the run of 11.0: all stay
+    draws = [SamplingRow(params[b % 4], 21, draw, []) for b, draw in enumerate(range(16))]
+    rows = logits[[b % 4 for b in range(16)]]
+    shortened = CPU(rows, draws)
+
+    monkeypatch.setattr(sampler, "_top_p_prefix", lambda row, top_p: (row.numel(), math.nan))
+    _, ids, keep = CPU.filter(logits, _rows(params))
+    assert [sorted(ids[b][keep[b]].tolist()) for b in range(4)] == survivors
+    assert CPU(rows, draws) == shortened
 
 
 def test_seeded_tokens_do_not_depend_on_the_rest_of_the_batch() -> None:
