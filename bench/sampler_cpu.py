@@ -1,6 +1,9 @@
-"""Sampled decoding on the CPU, top-p lists shortened (muser/sampler.py `_top_p_prefix`) against
-the whole vocabulary sorted for every top-p row (the path before it), side by side in one
-process: the TPOT of `LLM.generate` on the embedded model, per sampling setting.
+"""Sampled decoding on the CPU, side by side in one process: the TPOT of `LLM.generate` on the
+embedded model per sampling setting, for
+- `before`: every top-p row sorts the whole vocabulary, and the draw runs as torch ops;
+- `lists`: top-p lists shortened to their survivors (muser/sampler.py `_top_p_prefix`), the
+  draw as torch ops;
+- `now`: shortened lists and the draw in one C pass (muser/ops/native/noise.c).
 
     python bench/sampler_cpu.py --out bench/results/sampler_cpu.json
 """
@@ -19,18 +22,32 @@ import torch
 from muser import sampler
 from muser.core import SamplingParams
 from muser.llm import LLM
+from muser.ops import native
 
 SETTINGS = {
     "greedy": {"temperature": 0.0},
     "temperature 0.8, top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
     "temperature 1.0, top-p 0.9": {"temperature": 1.0, "top_p": 0.9},
     "temperature 0.8, top-k 40, top-p 0.95": {"temperature": 0.8, "top_k": 40, "top_p": 0.95},
-    "temperature 0.8": {"temperature": 0.8},
+    "temperature 1.0 (the OpenAI API's default)": {"temperature": 1.0},
 }
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
 
-def ms_per_token(llm: LLM, params: SamplingParams) -> tuple[float, list[int]]:
+class TorchDraw:
+    """A stand-in for muser.ops.native in the sampler: the draw as torch ops."""
+
+    gumbel_argmax = staticmethod(sampler.gumbel_argmax)
+
+
+VARIANTS = {  # (_top_p_prefix, the sampler's native module)
+    "before": (lambda row, top_p: (row.numel(), math.nan), TorchDraw),
+    "lists": (sampler._top_p_prefix, TorchDraw),
+    "now": (sampler._top_p_prefix, native),
+}
+
+
+def tpot_ms(llm: LLM, params: SamplingParams) -> tuple[float, list[int]]:
     """TPOT of one request (the sampler runs once per decode step) and its tokens."""
     out = llm.generate(PROMPT, params)
     return out.tpot_s * 1e3, out.token_ids
@@ -43,31 +60,29 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     llm = LLM()
-    shortened = sampler._top_p_prefix
-    whole = lambda row, top_p: (row.numel(), math.nan)  # the whole vocabulary, sorted
     cells = []
     for name, kwargs in SETTINGS.items():
         params = SamplingParams(max_tokens=args.tokens, seed=1, **kwargs)
         llm.generate(PROMPT, SamplingParams(max_tokens=4, seed=1, **kwargs))  # warm
-        times = {"shortened": [], "whole": []}
+        times = {label: [] for label in VARIANTS}
         tokens = {}
-        for _ in range(args.reps):  # interleaved, so drift hits both alike
-            for label, fn in (("whole", whole), ("shortened", shortened)):
-                sampler._top_p_prefix = fn
-                ms, tokens[label] = ms_per_token(llm, params)
+        for _ in range(args.reps):  # interleaved, so drift hits every variant alike
+            for label, (prefix, draw) in VARIANTS.items():
+                sampler._top_p_prefix, sampler.native = prefix, draw
+                ms, tokens[label] = tpot_ms(llm, params)
                 times[label].append(ms)
-        sampler._top_p_prefix = shortened
+        sampler._top_p_prefix, sampler.native = VARIANTS["now"]
         cell = {"setting": name, "params": kwargs, "tokens": args.tokens,
-                "ms_per_token": statistics.median(times["shortened"]),
-                "ms_per_token_whole_sort": statistics.median(times["whole"]),
-                "samples_ms": times, "same_tokens": tokens["shortened"] == tokens["whole"]}
-        cell["speedup"] = cell["ms_per_token_whole_sort"] / cell["ms_per_token"]
-        print(f"{name:40s} {cell['ms_per_token']:7.2f} ms/token against "
-              f"{cell['ms_per_token_whole_sort']:7.2f} ({cell['speedup']:.2f}x), same tokens "
-              f"{cell['same_tokens']}", flush=True)
+                **{f"tpot_ms_{label}": statistics.median(t) for label, t in times.items()},
+                "samples_ms": times,
+                "same_tokens": all(t == tokens["before"] for t in tokens.values())}
+        cell["speedup"] = cell["tpot_ms_before"] / cell["tpot_ms_now"]
+        print(f"{name:44s} now {cell['tpot_ms_now']:6.2f} ms, lists "
+              f"{cell['tpot_ms_lists']:6.2f}, before {cell['tpot_ms_before']:6.2f} "
+              f"({cell['speedup']:.2f}x), same tokens {cell['same_tokens']}", flush=True)
         cells.append(cell)
-    receipt = {"machine": platform.processor() or platform.machine(), "threads":
-               torch.get_num_threads(), "torch": torch.__version__, "cells": cells}
+    receipt = {"machine": platform.processor() or platform.machine(),
+               "threads": torch.get_num_threads(), "torch": torch.__version__, "cells": cells}
     args.out.write_text(json.dumps(receipt, indent=1) + "\n")
 
 

@@ -31,7 +31,8 @@ with >>> a logical shift and arithmetic mod 2**64, where mix is splitmix64's fin
 bijection of 64-bit words) and G its odd increment: two nested splitmix64 streams, one step per
 draw, one per token id. It is integer math, so a given (seed, draw, token) has the same u on CPU
 and CUDA, whatever else shares the batch. (The float steps after it may round differently on the
-two in the last bit, which could only matter for two scores equal to ~1e-16.)
+two in the last bit, which could only matter for two scores equal to ~1e-16: a GPU runs them as
+torch ops, the CPU in one C pass with libm's log, muser/ops/native/noise.c.)
 
 Gumbel-max. E_t = -log u_t are independent Exp(1), so E_t / p_t ~ Exp(rate p_t), and the least
 of independent exponentials is the one of rate p_t with probability p_t / sum(p). Hence
@@ -53,6 +54,7 @@ import torch.nn.functional as F
 from muser import logprobs
 from muser.core import Logprobs, SamplingParams
 from muser.grammar import Bitmask
+from muser.ops import native
 
 
 @dataclass(slots=True)
@@ -240,9 +242,10 @@ class BatchSampler:
         counters = self._upload([[_int64(row.seed), row.draw] for row in rows], torch.int64)
         temperature = self._upload([[row.params.temperature or 1.0] for row in rows],
                                    torch.float64)
-        noise = gumbel_noise(counters[:, 0], counters[:, 1], ids)
-        scores = torch.where(keep, values.double() / temperature + noise, float("-inf"))
-        return ids.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)
+        keys = draw_keys(counters[:, 0], counters[:, 1])
+        # NOTE: on the CPU one C pass with no [B, W] temporaries, the same draw
+        draw = native.gumbel_argmax if values.device.type == "cpu" else gumbel_argmax
+        return draw(values, ids, keep, keys, temperature[:, 0])
 
     def _lists(self, logits: torch.Tensor, cuts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> values, ids [B, W]: row b holds torch.topk(row, cuts[b]) (cut 0: the vocabulary in id
@@ -313,11 +316,12 @@ def _top_p_prefix(row: torch.Tensor, top_p: float) -> tuple[int, float]:
     weights = relative.double()
     total = float(weights.sum())
     target = top_p * total
-    band = torch.frexp(relative).exponent.neg_().clamp_(min=0).long()  # p / p_top < 2^-band+1
-    band[relative == 0] = 160  # float32's least is 2^-149: its own band past every other
-    mass = torch.bincount(band, weights, minlength=161).cumsum(0)
+    # band b holds p / p_top in [2^-(b+1), 2^-b) (1 in band 0): 126 less float32's biased
+    # exponent; the last band, 126, holds the subnormals and zeros
+    band = (126 - (relative.view(torch.int32) >> 23)).clamp_(min=0)
+    mass = torch.bincount(band, weights, minlength=127).cumsum(0)
     reach = int(torch.searchsorted(mass, torch.tensor([target], dtype=torch.float64)))
-    count = int(torch.bincount(band, minlength=161)[:reach + 1].sum()) + 1
+    count = int(torch.bincount(band, minlength=127)[:reach + 1].sum()) + 1
     cut = min(vocab, max(256, 1 << (count - 1).bit_length()))
     if cut < vocab:
         values = torch.topk(row, cut).values
@@ -360,13 +364,23 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def uniform(seeds: torch.Tensor, draws: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """seeds, draws [B] int64, ids [B, W] int64 -> [B, W] float64 in (0, 1), a pure function
-    of (seed, draw, token id)."""
-    key = _mix(_mix(seeds) + draws * _GAMMA)[:, None]
-    return (_shr(_mix(key + ids * _GAMMA), 12).double() + 0.5) * 2.0**-52
+def draw_keys(seeds: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """seeds, draws [B] int64 -> each row's key [B] int64 for this draw."""
+    return _mix(_mix(seeds) + draws * _GAMMA)
 
 
-def gumbel_noise(seeds: torch.Tensor, draws: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Same shapes as uniform -> [B, W] float64 standard Gumbel noise -log(-log u)."""
-    return -torch.log(-torch.log(uniform(seeds, draws, ids)))
+def uniform(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """keys [B] int64 (draw_keys), ids [B, W] int64 -> [B, W] float64 in (0, 1), a pure
+    function of (seed, draw, token id)."""
+    return (_shr(_mix(keys[:, None] + ids * _GAMMA), 12).double() + 0.5) * 2.0**-52
+
+
+def gumbel_argmax(values: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor,
+                  keys: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """values [B, W] float32, ids [B, W] int64, keep [B, W] bool, keys [B] int64, temperature
+    [B] float64 -> [B] int64: each row's id of the largest kept value / temperature + Gumbel
+    noise -log(-log u) (the first on ties). The torch ops run on a GPU; the CPU runs
+    native.gumbel_argmax, the same draw in one pass."""
+    noise = -torch.log(-torch.log(uniform(keys, ids)))
+    scores = torch.where(keep, values.double() / temperature[:, None] + noise, float("-inf"))
+    return ids.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)

@@ -10,6 +10,7 @@ import torch
 
 from muser import sampler
 from muser.core import SamplingParams
+from muser.ops import native
 from muser.sampler import BatchSampler, SamplingRow, request_seed, uniform
 from muser.stopping import StopMatcher
 
@@ -182,11 +183,40 @@ def test_noise_is_nested_splitmix64() -> None:
     assert mix(gamma) == 0xE220A8397B1DCDAF  # splitmix64's first output from state 0
     seeds, draws = [0, 7, -1, (1 << 63) - 1], [0, 1, 12345, 3]
     ids = [[0, 1, 262143], [5, 6, 7], [0, 99, 100000], [1, 2, 3]]
-    got = uniform(torch.tensor(seeds), torch.tensor(draws), torch.tensor(ids))
+    got = uniform(sampler.draw_keys(torch.tensor(seeds), torch.tensor(draws)), torch.tensor(ids))
     for b, (seed, draw) in enumerate(zip(seeds, draws)):
         key = mix((mix(seed & mask) + draw * gamma) & mask)
         want = [((mix((key + t * gamma) & mask) >> 12) + 0.5) / 2**52 for t in ids[b]]
         assert got[b].tolist() == want
+
+
+@pytest.mark.parametrize("width", [7, 500, 1 << 18])
+def test_the_cpu_draw_is_the_torch_draw(width: int) -> None:
+    """native.gumbel_argmax (one C pass) picks the token of the torch expression the GPU runs,
+    on one thread and on two, over lists and over the vocabulary in id order (rows sharing
+    one arange), whatever the keep mask; with nothing kept, the first id, as argmax gives."""
+    gen = torch.Generator().manual_seed(width)
+    rows = 32
+    values = torch.randn(rows, width, generator=gen) * 4
+    keep = torch.rand(rows, width, generator=gen) < 0.7
+    keep[0] = False
+    keep[1] = True
+    lists = torch.randperm(1 << 18, generator=gen)[:width].expand(rows, width).clone()
+    seeds = torch.randint(-2**63, 2**63 - 1, (rows,), generator=gen)
+    draws = torch.randint(0, 1 << 40, (rows,), generator=gen)
+    temperature = torch.tensor([0.3, 0.8, 1.0, 1.7, 0.05, 2.0, 1.0, 0.7] * 4, dtype=torch.float64)
+    keys = sampler.draw_keys(seeds, draws)
+    threads = torch.get_num_threads()
+    for ids in (lists, torch.arange(width).expand(rows, width)):
+        want = sampler.gumbel_argmax(values, ids, keep, keys, temperature)
+        assert want[0] == ids[0, 0]
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            try:
+                got = native.gumbel_argmax(values, ids, keep, keys, temperature)
+            finally:
+                torch.set_num_threads(threads)
+            assert torch.equal(got, want), (n, got, want)
 
 
 @pytest.mark.parametrize("params", [

@@ -1,7 +1,7 @@
 """Compiled CPU kernels, at every width: C sources beside this file (gemm.c: projections over
 packed matrices; norms.c: RMSNorm, QK-norm + RoPE, RoPE angles, GeGLU; attention.c: query rows
-over a sequence's keys), built once per machine with the system C compiler (`$CC`, else `cc`)
-into muser's cache, called via ctypes.
+over a sequence's keys; noise.c: the sampler's draw), built once per machine
+with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
 
 Each output is reduced in one fixed order whatever the number of rows (see each source's
 header), which is what makes the CPU backend bitwise the same at every chunk width and batch.
@@ -30,7 +30,8 @@ import torch
 from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
-SOURCES = [Path(__file__).with_name(name) for name in ("gemm.c", "norms.c", "attention.c")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("gemm.c", "norms.c", "attention.c", "noise.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("exp.h", "vec.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fopenmp", "-shared",
          "-fPIC"]
@@ -95,10 +96,11 @@ def library() -> ctypes.CDLL:
     lib.muser_qk_norm_rope.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, f32, p]
     lib.muser_rope_cos_sin.argtypes = [p, i64, p, i64, p, p]
     lib.muser_geglu.argtypes = [p, i64, i64, p]
+    lib.muser_gumbel_argmax.argtypes = [p, i64, p, i64, p, i64, i64, i64, p, p, c_int, p]
     lib.muser_gemm.restype = lib.muser_attention.restype = c_int
     lib.muser_decode_attention.restype = c_int
     for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
-               lib.muser_rope_cos_sin, lib.muser_geglu):
+               lib.muser_rope_cos_sin, lib.muser_geglu, lib.muser_gumbel_argmax):
         fn.restype = None
     return lib
 
@@ -192,6 +194,26 @@ def geglu(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(n, d)
     library().muser_geglu(x.data_ptr(), n, d, y.data_ptr())
     return y
+
+
+def gumbel_argmax(values: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor,
+                  keys: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """The sampler's draw in one pass (noise.c): values [B, W] float32, ids [B, W] int64, keep
+    [B, W] bool (each with unit inner stride; rows may share storage), keys [B] int64,
+    temperature [B] float64 -> [B] int64, each row's id of the largest
+    value / temperature + Gumbel noise among its kept ones."""
+    assert values.dtype == torch.float32 and ids.dtype == keys.dtype == torch.int64
+    assert keep.dtype == torch.bool and temperature.dtype == torch.float64
+    assert values.shape == ids.shape == keep.shape and values.dim() == 2
+    assert values.stride(1) == ids.stride(1) == keep.stride(1) == 1
+    rows, width = values.shape
+    keys, temperature = keys.contiguous(), temperature.contiguous()
+    out = torch.empty(rows, dtype=torch.int64)
+    library().muser_gumbel_argmax(values.data_ptr(), values.stride(0), ids.data_ptr(),
+                                  ids.stride(0), keep.data_ptr(), keep.stride(0), rows, width,
+                                  keys.data_ptr(), temperature.data_ptr(),
+                                  torch.get_num_threads(), out.data_ptr())
+    return out
 
 
 def attention(
