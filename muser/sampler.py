@@ -20,10 +20,11 @@ Per row, in this order (the order of the per-request sampler this replaced):
    shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
    to its last; min-p keeps the tokens whose probability is at least min_p times the top token's.
 4. one draw from softmax(logits / temperature) over the survivors.
-A row with a top-k list hashes B x k noise words; a row without one hashes the whole vocabulary,
-cheap on a GPU, milliseconds per row on a small CPU. On the CPU a top-p row without top-k gets
-a best-first list just long enough to hold its survivors (`_top_p_prefix`), not the whole
-vocabulary sorted.
+A row with a top-k list hashes B x k noise words; a row without one hashes the whole vocabulary
+on a GPU (cheap there). On the CPU a top-p row without top-k gets a best-first list just long
+enough to hold its survivors (`_top_p_prefix`), not the whole vocabulary sorted, with top-p's
+total mass summed over the whole row (its last bits may differ from the sorted list's running
+sum a GPU takes), and the draw rules most tokens out before their logs (noise.c).
 
 Noise. A draw touches no torch.Generator. Token t of a row gets the uniform
     u = ((h >>> 12) + 1/2) / 2**52  in (0, 1),   h = mix(mix(mix(seed) + draw * G) + t * G)
