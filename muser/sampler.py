@@ -220,22 +220,41 @@ class BatchSampler:
             for b, row in enumerate(rows):
                 if cuts[b] == vocab:
                     cuts[b], whole[b] = _top_p_prefix(logits[b], row.params.top_p)
+        candidates, num_kept = self._survivors(logits, rows, cuts, whole)
+        # A shortened list holds every survivor if the cut fell inside it and its last logit is
+        # below the cut's; else (a tie or a rounding at the edge) the row is listed whole.
+        values = candidates.values
+        kept = [] if num_kept is None else num_kept.flatten().tolist()
+        over = [b for b, cut in enumerate(cuts)
+                if cut < vocab and not math.isnan(whole[b])
+                and not (kept[b] < cut and values[b, cut - 1] < values[b, kept[b] - 1])]
+        if not over:
+            return candidates
+        for b in over:
+            cuts[b] = vocab
+        return self._survivors(logits, rows, cuts, whole)[0]
+
+    def _survivors(self, logits: torch.Tensor, rows: list[SamplingRow], cuts: list[int],
+                   whole: list[float]) -> tuple[Candidates, torch.Tensor | None]:
+        """filter for given list lengths and top-p totals (NaN: the list's) -> the candidates,
+        and each row's count of top-p's best-first prefix [B, 1] (None: no row has top-p)."""
         values, ids = self._lists(logits, cuts)
         limits = self._upload([[row.params.top_p, row.params.min_p, w]
                                for row, w in zip(rows, whole, strict=True)], torch.float64)
-        top_p, min_p, whole = limits[:, :1], limits[:, 1:2], limits[:, 2:]
+        top_p, min_p, total = limits[:, :1], limits[:, 1:2], limits[:, 2:]
         relative = torch.exp(values - values.amax(-1, keepdim=True))  # p / p_top; pads -> 0
         keep = (relative >= min_p) & (values > float("-inf"))
+        num_kept = None
         if any(row.params.top_p < 1 and not row.params.is_greedy for row in rows):
             # NOTE: cut at a value, not a position, so equal logits stay or go together and the
             # survivors do not depend on how a sort ordered them.
             mass = relative.double().cumsum(-1)
             before = F.pad(mass[:, :-1], (1, 0))
-            total = torch.where(whole.isnan(), mass[:, -1:], whole)
+            total = torch.where(total.isnan(), mass[:, -1:], total)
             num_kept = (before < top_p * total).sum(-1, keepdim=True).clamp_(min=1)
             floor = values.gather(1, num_kept - 1).masked_fill(top_p >= 1, float("-inf"))
             keep &= values >= floor
-        return Candidates(values, ids, keep)
+        return Candidates(values, ids, keep), num_kept
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """[B, vocab] -> [B] int64 drawn token ids on the device (greedy rows: meaningless)."""
@@ -304,33 +323,25 @@ def _counts_outputs(p: SamplingParams) -> bool:
 
 def _top_p_prefix(row: torch.Tensor, top_p: float) -> tuple[int, float]:
     """A top-p row without top-k, on the CPU: the length of a best-first list (torch.topk's)
-    that holds every survivor and one token past them, and the row's softmax mass as filter
-    measures it (relative to the top logit, float64). Sorting the whole vocabulary costs tens
-    of milliseconds a row there; the survivors are usually a few hundred tokens.
+    that should hold every survivor and one token past them (filter checks that it does), and
+    the row's softmax mass as filter measures it (relative to the top logit, float64). Sorting
+    the whole vocabulary costs tens of milliseconds a row there; the survivors are usually a
+    few hundred tokens.
 
     The mass per power-of-two band of p / p_top, summed from the top band down, says how many
-    tokens reach top_p; that many plus one are listed (rounded up to a power of two, so rows
-    share lists) and checked as filter will cut them: if the cut falls inside the list and the
-    list's last logit is below the cut's, nothing past the list could survive."""
+    tokens reach top_p; the list holds that many plus one, rounded up to a power of two so that
+    rows share lists."""
     vocab = row.numel()
     relative = torch.exp(row - row.amax())  # filter's p / p_top, element for element
     weights = relative.double()
     total = float(weights.sum())
-    target = top_p * total
     # band b holds p / p_top in [2^-(b+1), 2^-b) (1 in band 0): 126 less float32's biased
     # exponent; the last band, 126, holds the subnormals and zeros
     band = (126 - (relative.view(torch.int32) >> 23)).clamp_(min=0)
     mass = torch.bincount(band, weights, minlength=127).cumsum(0)
-    reach = int(torch.searchsorted(mass, torch.tensor([target], dtype=torch.float64)))
+    reach = int(torch.searchsorted(mass, torch.tensor([top_p * total], dtype=torch.float64)))
     count = int(torch.bincount(band, minlength=127)[:reach + 1].sum()) + 1
-    cut = min(vocab, max(256, 1 << (count - 1).bit_length()))
-    if cut < vocab:
-        values = torch.topk(row, cut).values
-        listed = torch.exp(values - values[0]).double().cumsum(0)
-        num_kept = max(1, int((F.pad(listed[:-1], (1, 0)) < target).sum()))
-        if not (num_kept < cut and values[-1] < values[num_kept - 1]):
-            cut = vocab  # a tie or a rounding at the edge: list them all
-    return cut, total
+    return min(vocab, max(256, 1 << (count - 1).bit_length())), total
 
 
 def _cut(p: SamplingParams, vocab: int) -> int:

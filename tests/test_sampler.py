@@ -161,6 +161,21 @@ def test_top_p_lists_on_the_cpu_hold_every_survivor(monkeypatch) -> None:
     assert CPU(rows, draws) == shortened
 
 
+def test_a_top_p_list_too_short_is_listed_whole(monkeypatch) -> None:
+    """filter checks each shortened list: one that ends before its cut is replaced by the whole
+    row, so the survivors are those of the whole sorted list."""
+    logits = _top_p_rows(1 << 16)
+    rows = _rows([SamplingParams(temperature=1, top_p=0.95)] * 4)
+    estimate = sampler._top_p_prefix
+    monkeypatch.setattr(sampler, "_top_p_prefix", lambda row, top_p: (row.numel(), math.nan))
+    _, ids, keep = CPU.filter(logits, rows)
+    want = [sorted(ids[b][keep[b]].tolist()) for b in range(4)]
+    monkeypatch.setattr(sampler, "_top_p_prefix",
+                        lambda row, top_p: (16, estimate(row, top_p)[1]))
+    _, ids, keep = CPU.filter(logits, rows)
+    assert [sorted(ids[b][keep[b]].tolist()) for b in range(4)] == want
+
+
 def test_seeded_tokens_do_not_depend_on_the_rest_of_the_batch() -> None:
     logits = _logits(8, 2000, seed=4)
     rows = [SamplingRow(p, 100 + b, b, list(range(0, 2000, 7)))

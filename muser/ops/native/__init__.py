@@ -9,8 +9,8 @@ header), which is what makes the CPU backend bitwise the same at every chunk wid
 in another. `-fno-trapping-math` lets it compute both sides of a select (no program here reads
 the floating-point exception flags), so the exp / tanh loops vectorize; it reorders nothing
 and changes no result. The build is keyed by the sources, the flags, the compiler's version and
-the CPU's feature flags, so a changed machine or source rebuilds. Each op has its torch reference in
-`muser.ops.ref`.
+the CPU's feature flags, so a changed machine or source rebuilds. Each op has its torch
+reference in `muser.ops.ref` (the draw's: `muser.sampler.gumbel_argmax`).
 """
 
 from __future__ import annotations
