@@ -5,12 +5,13 @@
 #           tar -C /tmp/lcpp/llama_cpp_python-0.3.36/vendor -cJf .devcarry/llama_src.tar.xz \
 #               --exclude=llama.cpp/models --exclude=llama.cpp/docs ... llama.cpp  (~5 MB)
 #   there:  bash bench/llama_cpp_cuda.sh .devcarry/llama_src.tar.xz /tmp/llama   -> /tmp/llama/bin/llama-bench
+#           (GGML_NATIVE=OFF: a binary for any x86-64 host, to carry to another machine)
 set -euo pipefail
 src=$1 dest=$2
 mkdir -p "$dest"
 tar -C "$dest" -xJf "$src"
 cmake -S "$dest/llama.cpp" -B "$dest/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE="${GGML_NATIVE:-ON}" -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DGGML_CUDA_NCCL=OFF -DBUILD_SHARED_LIBS=OFF > "$dest/cmake.log"
 start=$(date +%s)
