@@ -1,9 +1,12 @@
 """Sampled decoding on the CPU, side by side in one process: the TPOT of `LLM.generate` on the
 embedded model per sampling setting, for
 - `before`: every top-p row sorts the whole vocabulary, and the draw runs as torch ops;
-- `lists`: top-p lists shortened to their survivors (muser/sampler.py `_top_p_prefix`), the
-  draw as torch ops;
-- `now`: shortened lists and the draw in one C pass (muser/ops/native/noise.c).
+- `lists`: top-p lists shortened to their survivors (muser/sampler.py `_top_p_prefix`), its
+  band sums and the draw as torch ops;
+- `now`: shortened lists, their band sums in one C pass (muser/ops/native/bands.c) and the draw
+  in one C pass (muser/ops/native/noise.c);
+and, in the same process, `_top_p_prefix` alone on a vocabulary-wide row with the band sums as
+torch ops and in C (`prefix_ms`).
 
     python bench/sampler_cpu.py --out bench/results/sampler_cpu.json
 """
@@ -15,6 +18,7 @@ import json
 import math
 import platform
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -34,15 +38,16 @@ SETTINGS = {
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
 
-class TorchDraw:
-    """A stand-in for muser.ops.native in the sampler: the draw as torch ops."""
+class TorchOps:
+    """A stand-in for muser.ops.native in the sampler: the band sums and the draw as torch ops."""
 
     gumbel_argmax = staticmethod(sampler.gumbel_argmax)
+    top_p_bands = staticmethod(sampler.top_p_bands)
 
 
 VARIANTS = {  # (_top_p_prefix, the sampler's native module)
-    "before": (lambda row, top_p: (row.numel(), math.nan), TorchDraw),
-    "lists": (sampler._top_p_prefix, TorchDraw),
+    "before": (lambda row, top_p: (row.numel(), math.nan), TorchOps),
+    "lists": (sampler._top_p_prefix, TorchOps),
     "now": (sampler._top_p_prefix, native),
 }
 
@@ -53,6 +58,24 @@ def tpot_ms(llm: LLM, params: SamplingParams) -> tuple[float, list[int]]:
     return out.tpot_s * 1e3, out.token_ids
 
 
+def prefix_ms(vocab: int, reps: int = 200) -> dict:
+    """Median ms of one `_top_p_prefix` call (top-p 0.95) on a random row of `vocab` logits
+    (scale 3), band sums in torch and in C, interleaved; and whether both give the same list."""
+    row = torch.randn(vocab, generator=torch.Generator().manual_seed(0)) * 3
+    times = {"torch": [], "native": []}
+    results = {}
+    for _ in range(reps):
+        for label, ops in (("torch", TorchOps), ("native", native)):
+            sampler.native = ops
+            start = time.perf_counter()
+            results[label] = sampler._top_p_prefix(row, 0.95)
+            times[label].append((time.perf_counter() - start) * 1e3)
+    sampler.native = native
+    out = {f"{label}_ms": statistics.median(t) for label, t in times.items()}
+    return {**out, "speedup": out["torch_ms"] / out["native_ms"], "list": results["native"][0],
+            "same_result": results["torch"] == results["native"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -60,6 +83,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     llm = LLM()
+    one_row = prefix_ms(llm.model_config.vocab_size)
+    print(f"_top_p_prefix: torch bands {one_row['torch_ms']:.3f} ms, C bands "
+          f"{one_row['native_ms']:.3f} ms ({one_row['speedup']:.2f}x), "
+          f"same {one_row['same_result']}", flush=True)
     cells = []
     for name, kwargs in SETTINGS.items():
         params = SamplingParams(max_tokens=args.tokens, seed=1, **kwargs)
@@ -82,7 +109,8 @@ def main() -> None:
               f"({cell['speedup']:.2f}x), same tokens {cell['same_tokens']}", flush=True)
         cells.append(cell)
     receipt = {"machine": platform.processor() or platform.machine(),
-               "threads": torch.get_num_threads(), "torch": torch.__version__, "cells": cells}
+               "threads": torch.get_num_threads(), "torch": torch.__version__, "prefix_ms": one_row,
+               "cells": cells}
     args.out.write_text(json.dumps(receipt, indent=1) + "\n")
 
 

@@ -24,7 +24,8 @@ A row with a top-k list hashes B x k noise words; a row without one hashes the w
 on a GPU (cheap there). On the CPU a top-p row without top-k gets a best-first list just long
 enough to hold its survivors (`_top_p_prefix`), not the whole vocabulary sorted, with top-p's
 total mass summed over the whole row (its last bits may differ from the sorted list's running
-sum a GPU takes), and the draw rules most tokens out before their logs (noise.c).
+sum a GPU takes; the band sums that size it in C, bands.c), and the draw rules most tokens
+out before their logs (noise.c).
 
 Noise. A draw touches no torch.Generator. Token t of a row gets the uniform
     u = ((h >>> 12) + 1/2) / 2**52  in (0, 1),   h = mix(mix(mix(seed) + draw * G) + t * G)
@@ -333,15 +334,22 @@ def _top_p_prefix(row: torch.Tensor, top_p: float) -> tuple[int, float]:
     rows share lists."""
     vocab = row.numel()
     relative = torch.exp(row - row.amax())  # filter's p / p_top, element for element
-    weights = relative.double()
-    total = float(weights.sum())
-    # band b holds p / p_top in [2^-(b+1), 2^-b) (1 in band 0): 126 less float32's biased
-    # exponent; the last band, 126, holds the subnormals and zeros
+    total = float(relative.double().sum())
+    mass, count = native.top_p_bands(relative)  # NOTE: one C pass, not two bincounts
+    reach = int(torch.searchsorted(mass.cumsum(0),
+                                   torch.tensor([top_p * total], dtype=torch.float64)))
+    listed = int(count[:reach + 1].sum()) + 1
+    return min(vocab, max(256, 1 << (listed - 1).bit_length())), total
+
+
+def top_p_bands(relative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """relative [V] float32 p / p_top in [0, 1] -> the mass [127] float64 and count [127]
+    int64 of each power-of-two band: band b holds [2^-(b+1), 2^-b) (1 in band 0), 126 less
+    float32's biased exponent; the last band, 126, holds the subnormals and zeros. The CPU runs
+    native.top_p_bands, the same sums in one pass."""
     band = (126 - (relative.view(torch.int32) >> 23)).clamp_(min=0)
-    mass = torch.bincount(band, weights, minlength=127).cumsum(0)
-    reach = int(torch.searchsorted(mass, torch.tensor([top_p * total], dtype=torch.float64)))
-    count = int(torch.bincount(band, minlength=127)[:reach + 1].sum()) + 1
-    return min(vocab, max(256, 1 << (count - 1).bit_length())), total
+    return (torch.bincount(band, relative.double(), minlength=127),
+            torch.bincount(band, minlength=127))
 
 
 def _cut(p: SamplingParams, vocab: int) -> int:

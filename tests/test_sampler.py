@@ -234,6 +234,27 @@ def test_the_cpu_draw_is_the_torch_draw(width: int) -> None:
             assert torch.equal(got, want), (n, got, want)
 
 
+def test_the_cpu_bands_are_the_torch_bands() -> None:
+    """native.top_p_bands (one C pass) counts what sampler.top_p_bands counts, band for band,
+    on exp(row - max) of wide and narrow rows, with -inf logits (relative 0), subnormals and
+    exact powers of two at the band edges. The masses are the same float64 terms summed in two
+    orders: each sum of n terms >= 0 is within (n - 1) 2^-53 of its total (relative), so the
+    two differ by at most twice that."""
+    gen = torch.Generator().manual_seed(11)
+    for scale in (0.1, 3.0, 40.0):
+        row = torch.randn(1 << 18, generator=gen) * scale
+        row[:5] = float("-inf")
+        relative = torch.exp(row - row.amax())
+        relative[5:69] = torch.ldexp(torch.ones(64), -torch.arange(64.0) * 2)  # band edges
+        relative[69:74] = torch.tensor([1e-39, 1e-45, 2.0**-126, 2.0**-127, 0.0])  # subnormals
+        want_mass, want_count = sampler.top_p_bands(relative)
+        mass, count = native.top_p_bands(relative)
+        assert torch.equal(count, want_count), scale
+        assert count.sum() == relative.numel() and count[126] >= 8
+        bound = 2 * (count - 1).clamp(min=0).double() * 2.0**-53 * want_mass
+        assert ((mass - want_mass).abs() <= bound).all(), scale
+
+
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=0.8, top_k=9, top_p=0.95, min_p=0.02),  # best-first lists
     SamplingParams(temperature=1.3, min_p=0.03),  # the vocabulary in id order

@@ -1,6 +1,7 @@
 """Compiled CPU kernels, at every width: C sources beside this file (gemm.c: projections over
 packed matrices; norms.c: RMSNorm, QK-norm + RoPE, RoPE angles, GeGLU; attention.c: query rows
-over a sequence's keys; noise.c: the sampler's draw), built once per machine
+over a sequence's keys; noise.c: the sampler's draw; bands.c: top-p's mass per
+power-of-two band), built once per machine
 with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
 
 Each output is reduced in one fixed order whatever the number of rows (see each source's
@@ -10,7 +11,8 @@ in another. `-fno-trapping-math` lets it compute both sides of a select (no prog
 the floating-point exception flags), so the exp / tanh loops vectorize; it reorders nothing
 and changes no result. The build is keyed by the sources, the flags, the compiler's version and
 the CPU's feature flags, so a changed machine or source rebuilds. Each op has its torch
-reference in `muser.ops.ref` (the draw's: `muser.sampler.gumbel_argmax`).
+reference in `muser.ops.ref` (the draw's: `muser.sampler.gumbel_argmax`; the bands':
+`muser.sampler.top_p_bands`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("gemm.c", "norms.c", "attention.c", "noise.c")]
+           for name in ("gemm.c", "norms.c", "attention.c", "noise.c", "bands.c")]
 HEADERS = [Path(__file__).with_name(name) for name in ("exp.h", "vec.h")]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fopenmp", "-shared",
          "-fPIC"]
@@ -97,10 +99,12 @@ def library() -> ctypes.CDLL:
     lib.muser_rope_cos_sin.argtypes = [p, i64, p, i64, p, p]
     lib.muser_geglu.argtypes = [p, i64, i64, p]
     lib.muser_gumbel_argmax.argtypes = [p, i64, p, i64, p, i64, i64, i64, p, p, c_int, p]
+    lib.muser_top_p_bands.argtypes = [p, i64, p, p]
     lib.muser_gemm.restype = lib.muser_attention.restype = c_int
     lib.muser_decode_attention.restype = c_int
     for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
-               lib.muser_rope_cos_sin, lib.muser_geglu, lib.muser_gumbel_argmax):
+               lib.muser_rope_cos_sin, lib.muser_geglu, lib.muser_gumbel_argmax,
+               lib.muser_top_p_bands):
         fn.restype = None
     return lib
 
@@ -214,6 +218,18 @@ def gumbel_argmax(values: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor,
                                   keys.data_ptr(), temperature.data_ptr(),
                                   torch.get_num_threads(), out.data_ptr())
     return out
+
+
+def top_p_bands(relative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """relative [V] float32 in [0, 1] -> each power-of-two band's mass [127] float64 and
+    count [127] int64 in one pass (bands.c)."""
+    assert relative.dtype == torch.float32 and relative.dim() == 1
+    relative = relative.contiguous()
+    mass = torch.empty(127, dtype=torch.float64)
+    count = torch.empty(127, dtype=torch.int64)
+    library().muser_top_p_bands(relative.data_ptr(), relative.numel(), mass.data_ptr(),
+                                count.data_ptr())
+    return mass, count
 
 
 def attention(
