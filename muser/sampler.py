@@ -222,13 +222,14 @@ class BatchSampler:
                 if cuts[b] == vocab:
                     cuts[b], whole[b] = _top_p_prefix(logits[b], row.params.top_p)
         candidates, num_kept = self._survivors(logits, rows, cuts, whole)
+        shortened = [b for b, cut in enumerate(cuts) if cut < vocab and not math.isnan(whole[b])]
+        if not shortened:  # NOTE: always so on a GPU, which then reads nothing back
+            return candidates
         # A shortened list holds every survivor if the cut fell inside it and its last logit is
         # below the cut's; else (a tie or a rounding at the edge) the row is listed whole.
-        values = candidates.values
-        kept = [] if num_kept is None else num_kept.flatten().tolist()
-        over = [b for b, cut in enumerate(cuts)
-                if cut < vocab and not math.isnan(whole[b])
-                and not (kept[b] < cut and values[b, cut - 1] < values[b, kept[b] - 1])]
+        values, kept = candidates.values, num_kept.flatten().tolist()
+        over = [b for b in shortened
+                if not (kept[b] < cuts[b] and values[b, cuts[b] - 1] < values[b, kept[b] - 1])]
         if not over:
             return candidates
         for b in over:
@@ -265,7 +266,7 @@ class BatchSampler:
                                    torch.float64)
         keys = draw_keys(counters[:, 0], counters[:, 1])
         # NOTE: on the CPU one C pass with no [B, W] temporaries, the same draw
-        draw = native.gumbel_argmax if values.device.type == "cpu" else gumbel_argmax
+        draw = native.gumbel_argmax if self.device.type == "cpu" else gumbel_argmax
         return draw(values, ids, keep, keys, temperature[:, 0])
 
     def _lists(self, logits: torch.Tensor, cuts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
