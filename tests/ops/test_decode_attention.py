@@ -84,24 +84,6 @@ def test_decode_over_a_long_page_table(gen, dtype):
     check(decode_attention(*args).float(), _reference(*args), dtype)
 
 
-@pytest.mark.parametrize("splits", [1, 8])
-def test_the_last_split_of_each_group_merges_and_resets_its_counter(gen, splits):
-    """The merge runs in the split kernel's last program of each (sequence, KV head) group: every
-    head of every group is written, launch after launch (each last arriver leaves its counter
-    at zero for the next launch)."""
-    from muser.ops.triton.arrive import counters
-
-    cap, kv_heads, heads, head_dim, dtype = 40, 2, 6, 64, torch.float16
-    k_rows, v_rows = (rand(gen, 3 * cap, kv_heads, head_dim, dtype=dtype) for _ in range(2))
-    table, starts, lens, origins, _, _ = _three_ring_slots(cap)
-    meta = (table, starts, lens, origins, cap, head_dim**-0.5)
-    for _ in range(3):
-        q = rand(gen, 3, heads, head_dim)
-        check(decode_attention(q, k_rows, v_rows, *meta, splits=splits).float(),
-              _reference(q, k_rows, v_rows, *meta), dtype)
-    assert not counters(DEVICE, 3 * kv_heads).any()
-
-
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 def test_decode_stores_the_new_rows_first(gen, dtype):
     """new=(k, v, src, dst): the kernel stores each sequence's new row (its newest key) and

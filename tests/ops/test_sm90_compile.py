@@ -33,8 +33,7 @@ for epilogue in ("geglu", "norm"):
 attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*fp32",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
-              "mid_o": "*fp32", "mid_ml": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16",
-              "qw_ptr": "*fp32", "kw_ptr": "*fp32",
+              "mid_o": "*fp32", "mid_ml": "*fp32", "qw_ptr": "*fp32", "kw_ptr": "*fp32",
               "cos_ptr": "*fp32", "sin_ptr": "*fp32", "scale_log2": "fp32", "eps": "fp32"}
 out["attention pdl=True"] = ptx(decode_attention._decode_split_kernel, attn_types,
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,

@@ -2,9 +2,8 @@
 
 Grid (batch, kv head, split): each program takes one split of one sequence's key range, all
 query heads of its KV group at once (one K/V read per group), and writes a partial
-(max, sum, acc); the last program of a group to finish (`arrive`) merges the group's splits in
-a fixed order, in the same launch: no merge kernel, and no launch boundary before the O
-projection's GEMV waits on the output. Key i of a sequence lives at
+(max, sum, acc); a second kernel merges the splits (one program per query head). Key i of a
+sequence lives at
 
     j   = (origin + i) mod (block_size * blocks)      ring: 1 block of `capacity` rows
     row = table[j // block_size] * block_size + j % block_size
@@ -30,7 +29,6 @@ import triton
 import triton.language as tl
 
 from muser.ops.triton.alloc import empty
-from muser.ops.triton.arrive import arrive, counters
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_angles, whole_weight
@@ -89,8 +87,7 @@ def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, bloc
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
-    origins_ptr, mid_o, mid_ml, cnt_ptr, out_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, H,
-    stride_qb, stride_qh,
+    origins_ptr, mid_o, mid_ml, qw_ptr, kw_ptr, cos_ptr, sin_ptr, H, stride_qb, stride_qh,
     stride_kn, stride_vn, stride_t, stride_c, num_blocks, block_size, scale_log2, eps,
     KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NEW: tl.constexpr, NORM: tl.constexpr,
@@ -176,23 +173,21 @@ def _decode_split_kernel(
     tl.store(mid_o + part[:, None] * D + d[None, :], acc, mask=g_mask[:, None])
     tl.store(mid_ml + part * 2, m, mask=g_mask)
     tl.store(mid_ml + part * 2 + 1, l, mask=g_mask)
-    if arrive(cnt_ptr + b * KVH + kvh, SPLITS):  # the group's last split merges them all
-        for h in tl.static_range(G):
-            _merge(mid_o, mid_ml, out_ptr, b * H + kvh * G + h, D, SPLITS)
 
 
 @triton.jit
-def _merge(mid_o, mid_ml, out_ptr, bh, D: tl.constexpr, SPLITS: tl.constexpr):
-    """Query head bh's output from its SPLITS partials, in split order. The partials were
-    stored by other programs: read past L1 (.cg)."""
+def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
+                         PDL: tl.constexpr):
+    enter(PDL)
+    bh = tl.program_id(0)
     s = tl.arange(0, SPLITS)
     d = tl.arange(0, D)
-    m = tl.load(mid_ml + (bh * SPLITS + s) * 2, cache_modifier=".cg")
-    l = tl.load(mid_ml + (bh * SPLITS + s) * 2 + 1, cache_modifier=".cg")
+    m = tl.load(mid_ml + (bh * SPLITS + s) * 2)
+    l = tl.load(mid_ml + (bh * SPLITS + s) * 2 + 1)
     m_max = tl.max(m, axis=0)
     # NOTE: empty splits (l == 0, m == -inf) weigh nothing; a padding row (all empty) gives 0.
     w = tl.where(l > 0, tl.exp2(m - m_max), 0.0)
-    o = tl.load(mid_o + (bh * SPLITS + s)[:, None] * D + d[None, :], cache_modifier=".cg")
+    o = tl.load(mid_o + (bh * SPLITS + s)[:, None] * D + d[None, :])
     num = tl.sum(o * w[:, None], axis=0)
     den = tl.sum(l * w, axis=0)
     out = num / tl.maximum(den, 1e-30)
@@ -268,12 +263,14 @@ def decode_attention(
     block_g = max(16, next_power_of_2(group))
     launch(
         _decode_split_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src,
-        dst, block_table, starts, lens, origins, mid_o, mid_ml,
-        counters(q.device, batch * kv_heads), out, q_weight, k_weight, cos, sin, heads, q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0),
+        dst, block_table, starts, lens, origins, mid_o, mid_ml, q_weight, k_weight, cos, sin,
+        heads, q.stride(0), q.stride(1), k_new.stride(0), v_new.stride(0),
         block_table.stride(0), cos.stride(0), block_table.shape[1], block_size,
         scale * math.log2(math.e), eps, KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim,
         BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, NORM=norm_rope is not None,
         num_warps=num_warps,
         **({"num_stages": num_stages} if num_stages else {}), **options(q.device),
     )
+    launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
+           SPLITS=splits, **options(q.device))
     return out
