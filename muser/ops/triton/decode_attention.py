@@ -36,14 +36,20 @@ from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_angles, whole_w
 
 @triton.jit
 def _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr, kvh, d,
-             KVH: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):
-    """The K and V rows [BLOCK_N, D] of keys i (logical indices); 0 where not valid."""
+             KVH: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
+             ONE_BLOCK: tl.constexpr):
+    """The K and V rows [BLOCK_N, D] of keys i (logical indices); 0 where not valid. With
+    ONE_BLOCK (a ring, or a page table of one block) every key is in the table's first block:
+    its load depends on no key index, so it is in flight with the sequence's metadata."""
     j = (origin + i) % wrap
-    if MASKED:
-        blk = tl.load(table_ptr + b * stride_t + j // block_size, mask=valid, other=0)
+    if ONE_BLOCK:
+        row = tl.load(table_ptr + b * stride_t).to(tl.int64) * block_size + j
     else:
-        blk = tl.load(table_ptr + b * stride_t + j // block_size)
-    row = blk.to(tl.int64) * block_size + j % block_size
+        if MASKED:
+            blk = tl.load(table_ptr + b * stride_t + j // block_size, mask=valid, other=0)
+        else:
+            blk = tl.load(table_ptr + b * stride_t + j // block_size)
+        row = blk.to(tl.int64) * block_size + j % block_size
     at = (row * KVH + kvh)[:, None] * D + d[None, :]
     if MASKED:
         k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
@@ -77,10 +83,10 @@ def _fold(q, acc, m, l, k, v, valid, scale_log2, MASKED: tl.constexpr):
 @triton.jit
 def _key_tile(q, acc, m, l, i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr,
               v_ptr, kvh, d, scale_log2, KVH: tl.constexpr, D: tl.constexpr,
-              MASKED: tl.constexpr):
+              MASKED: tl.constexpr, ONE_BLOCK: tl.constexpr):
     """One tile of keys i (logical indices) loaded and folded into (m, l, acc)."""
     k, v = _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr,
-                    kvh, d, KVH, D, MASKED)
+                    kvh, d, KVH, D, MASKED, ONE_BLOCK)
     return _fold(q, acc, m, l, k, v, valid, scale_log2, MASKED)
 
 
@@ -91,7 +97,7 @@ def _decode_split_kernel(
     stride_kn, stride_vn, stride_t, stride_c, num_blocks, block_size, scale_log2, eps,
     KVH: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, NEW: tl.constexpr, NORM: tl.constexpr,
-    PDL: tl.constexpr,
+    ONE_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     # NOTE: the step's metadata was uploaded before its first kernel: read before the wait
@@ -114,12 +120,16 @@ def _decode_split_kernel(
     first = lo
     if NEW:
         # NOTE: then every cached key this program reads was stored by an earlier step (this
-        # one's own row comes from the input): its first whole tile (or none) is loaded before
-        # the wait, in flight while the kernels before finish (pdl.py)
+        # one's own row comes from the input): its first tile, whole or partial (the split
+        # that holds the newest key has 31 of a ring's 32 there), is loaded before the wait,
+        # in flight while the kernels before finish (pdl.py); so are the new row's indices
         i = lo + tl.arange(0, BLOCK_N)
-        k0, v0 = _kv_tile(i, i < whole, origin, wrap, table_ptr, b, stride_t, block_size,
-                          k_ptr, v_ptr, kvh, d, KVH, D, True)
-        first = tl.minimum(lo + BLOCK_N, whole)
+        first_valid = i < tl.minimum(hi, last)
+        k0, v0 = _kv_tile(i, first_valid, origin, wrap, table_ptr, b, stride_t, block_size,
+                          k_ptr, v_ptr, kvh, d, KVH, D, True, ONE_BLOCK)
+        first = lo + BLOCK_N
+        src = tl.load(src_ptr + b).to(tl.int64)
+        dst = tl.load(dst_ptr + b).to(tl.int64)
     if NORM:  # the norms' weights and the row's cos, sin: written before the step's kernels
         qw, qwp = whole_weight(qw_ptr, D // 2)
         kw, kwp = whole_weight(kw_ptr, D // 2)
@@ -130,33 +140,33 @@ def _decode_split_kernel(
     if NORM:  # QK-norm + RoPE of the projection's raw rows, here rather than a launch before
         qp = tl.load(q_at + ((d + D // 2) % D)[None, :], mask=g_mask[:, None], other=0.0)
         q = norm_rope_whole(q.to(tl.float32), qp.to(tl.float32), qw, qwp, cs, sn, eps, D // 2)
-    q = q.to(k_ptr.dtype.element_ty)
-    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, D), tl.float32)
-    if NEW:
-        acc, m, l = _fold(q, acc, m, l, k0, v0, i < whole, scale_log2, True)
-    for i0 in range(first, whole, BLOCK_N):
-        i = i0 + tl.arange(0, BLOCK_N)
-        acc, m, l = _key_tile(q, acc, m, l, i, i < hi, origin, wrap, table_ptr, b, stride_t,
-                              block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D, False)
-    for i0 in range(whole, hi, BLOCK_N):
-        i = i0 + tl.arange(0, BLOCK_N)
-        acc, m, l = _key_tile(q, acc, m, l, i, (i < hi) & (i != last), origin, wrap, table_ptr,
-                              b, stride_t, block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D,
-                              True)
-    if NEW:  # the step's new row: stored by split 0, attended by the split that holds it
-        src = tl.load(src_ptr + b).to(tl.int64)
-        dst = tl.load(dst_ptr + b).to(tl.int64)
+    if NEW:  # the step's new row, in flight with q (stored by split 0 after the loops)
         k_at = kn_ptr + src * stride_kn + kvh * D
         k_new = tl.load(k_at + d)
+        v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d).to(v_ptr.dtype.element_ty)
         if NORM:
             kp = tl.load(k_at + (d + D // 2) % D)
             k_new = tl.reshape(norm_rope_whole(k_new.to(tl.float32)[None, :],
                                                kp.to(tl.float32)[None, :], kw, kwp, cs, sn, eps,
                                                D // 2), (D,))
         k_new = k_new.to(k_ptr.dtype.element_ty)
-        v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d).to(v_ptr.dtype.element_ty)
+    q = q.to(k_ptr.dtype.element_ty)
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, D), tl.float32)
+    if NEW:
+        acc, m, l = _fold(q, acc, m, l, k0, v0, first_valid, scale_log2, True)
+    for i0 in range(first, whole, BLOCK_N):
+        i = i0 + tl.arange(0, BLOCK_N)
+        acc, m, l = _key_tile(q, acc, m, l, i, i < hi, origin, wrap, table_ptr, b, stride_t,
+                              block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D, False,
+                              ONE_BLOCK)
+    for i0 in range(tl.maximum(whole, first), hi, BLOCK_N):
+        i = i0 + tl.arange(0, BLOCK_N)
+        acc, m, l = _key_tile(q, acc, m, l, i, (i < hi) & (i != last), origin, wrap, table_ptr,
+                              b, stride_t, block_size, k_ptr, v_ptr, kvh, d, scale_log2, KVH, D,
+                              True, ONE_BLOCK)
+    if NEW:  # the step's new row: stored by split 0, attended by the split that holds it
         at_new = (dst * KVH + kvh) * D + d
         store = (d < D) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: a padding row
         tl.store(k_ptr + at_new, k_new, mask=store)
@@ -268,7 +278,7 @@ def decode_attention(
         block_table.stride(0), cos.stride(0), block_table.shape[1], block_size,
         scale * math.log2(math.e), eps, KVH=kv_heads, G=group, BLOCK_G=block_g, D=head_dim,
         BLOCK_N=block_n, SPLITS=splits, NEW=new is not None, NORM=norm_rope is not None,
-        num_warps=num_warps,
+        ONE_BLOCK=block_table.shape[1] == 1, num_warps=num_warps,
         **({"num_stages": num_stages} if num_stages else {}), **options(q.device),
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
