@@ -29,7 +29,9 @@ the most any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-ben
 tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
 --profile-decode STEPS: each cell also gets the kernels of STEPS decode steps after 2,048
 tokens (GPU time per step by kernel, torch.profiler; with programmatic dependent launch a
-kernel's time includes its wait on the one before, MUSER_PDL=0 shows them apart).
+kernel's time includes its wait on the one before, MUSER_PDL=0 shows them apart), and what
+each kernel adds to the step's time (`critical_us_per_step`: how far its end lies past the
+latest end before it; `idle_us_per_step`: the GPU waiting on the host).
 """
 
 from __future__ import annotations
@@ -190,8 +192,23 @@ if profile_steps:  # the kernels of decode steps after `depth` tokens (CUDA grap
             us, count = per_step.get(e.key[:70], (0.0, 0))
             per_step[e.key[:70]] = (us + e.self_device_time_total / profile_steps,
                                     count + e.count // profile_steps)
+    # What each kernel adds to the step: how far its end lies past the latest end before it
+    # (kernels overlap under PDL, so a kernel's own duration counts its wait for the one before)
+    # and, where it starts after that end, the idle time before it
+    adds, idle, last_end = {}, 0.0, None
+    for e in sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start):
+        start, end = e.time_range.start, e.time_range.end
+        if last_end is None:
+            last_end = start
+        idle += max(0.0, start - last_end)
+        adds[e.name[:70]] = adds.get(e.name[:70], 0.0) + max(0.0, end - max(start, last_end))
+        last_end = max(last_end, end)
     runner.free(seq)
     cell["decode_profile"] = {
+        "critical_us_per_step": {k: round(us / profile_steps, 1) for k, us in
+                                 sorted(adds.items(), key=lambda kv: -kv[1])},
+        "idle_us_per_step": round(idle / profile_steps, 1),
         "steps": profile_steps, "pdl": __import__("os").environ.get("MUSER_PDL", "1") != "0",
         "kernel_us_per_step": sum(us for us, _ in per_step.values()),
         "launches_per_step": sum(n for _, n in per_step.values()),
