@@ -1,8 +1,9 @@
 #!/bin/bash
 # The weight formats' receipt for gemma3-27b in one run on one GPU (bench/results/quant_h200.json):
-# the synthetic Q4_K_M and Q8_0 files written in the background while W1 (32 concurrent, 512 in /
-# 128 out) runs through `muser serve --quantization fp8`, then bf16, FP8 and the two GGUF files
-# in one `quant_bench.py` run beside llama.cpp's llama-bench, W1 merged in as `w1_fp8`.
+# the bf16 and FP8 cells while the synthetic Q4_K_M and Q8_0 files are written in the background
+# (CPU only, niced), then the two files beside llama.cpp's llama-bench, then W1 (32 concurrent,
+# 512 in / 128 out) through `muser serve --quantization fp8`, merged in as `w1_fp8`: the bars'
+# cells first, where a device call's time is short.
 #
 #   bash bench/quant_receipt.sh LLAMA_BENCH TOKENIZER_GGUF OUT_DIR
 #
@@ -18,15 +19,18 @@ start=$(date +%s)
         --tokenizer "$tokenizer" --out /dev/shm/gemma3-27b-$t.gguf
  done > "$out/synth.log" 2>&1) &
 synth=$!
+python3 "$here/quant_bench.py" --formats bf16,fp8 --reps 5 --out "$out/quant_h200.json" \
+    2>&1 | grep -v '^{' | tail -n 10
+echo "bf16 and FP8 done at $(( $(date +%s) - start )) s; waiting for the GGUF files"
+wait $synth || { echo "synth_gguf.py failed: $out/synth.log"; exit 1; }
+python3 "$here/quant_bench.py" --formats '' \
+    --gguf q4_k_m=/dev/shm/gemma3-27b-q4_k_m.gguf,q8_0=/dev/shm/gemma3-27b-q8_0.gguf \
+    --llama-bench "$bench" --reps 5 --out "$out/quant_h200.json" --plot "$out/quant_h200.png" \
+    2>&1 | grep -v '^{' | tail -n 10
+echo "GGUF cells done at $(( $(date +%s) - start )) s"
 python3 "$here/serve_bench.py" --phases w1 --device cuda --load-format dummy \
     --model-config gemma3-27b --max-model-len 4096 --max-num-seqs 64 --quantization fp8 \
     --out "$out/w1_fp8.json" 2>&1 | tail -n 3
-echo "W1 done at $(( $(date +%s) - start )) s; waiting for the GGUF files"
-wait $synth || { echo "synth_gguf.py failed: $out/synth.log"; exit 1; }
-python3 "$here/quant_bench.py" --formats bf16,fp8 \
-    --gguf q4_k_m=/dev/shm/gemma3-27b-q4_k_m.gguf,q8_0=/dev/shm/gemma3-27b-q8_0.gguf \
-    --llama-bench "$bench" --reps 5 --out "$out/quant_h200.json" --plot "$out/quant_h200.png" \
-    2>&1 | grep -v '^{' | tail -n 20
 python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
