@@ -12,6 +12,7 @@
 set -euo pipefail
 bench=$1 tokenizer=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
+export PYTHONPATH="$(dirname "$here"):${PYTHONPATH:-}"  # muser, for the scripts run by path
 mkdir -p "$out"
 start=$(date +%s)
 (for t in q4_k_m q8_0; do
