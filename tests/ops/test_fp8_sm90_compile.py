@@ -29,16 +29,13 @@ for kind, block_n, block_m, block_k, stages, epilogue in [
         ("fma", 1, 8, 1024, 3, "norm"), ("fma", 8, 4, 1024, 3, "geglu"),
         ("dot", 16, 128, 128, 4, "norm"), ("dot8", 16, 128, 128, 4, "plain"),
         ("row", 1, 8, 512, 1, "plain"), ("row", 1, 16, 1024, 3, "geglu"),
-        ("row", 1, 32, 256, 5, "norm"), ("half", 1, 16, 256, 1, "plain"),
-        ("half", 1, 32, 256, 2, "norm")]:
-    chain = 7 if stages == 1 else 3
+        ("row", 1, 32, 256, 5, "norm")]:
     for pdl in (True, False):
-        out[f"gemv {kind} {epilogue} stages={stages} pdl={pdl} chain={chain}"] = ptx(
+        out[f"gemv {kind} {epilogue} stages={stages} pdl={pdl}"] = ptx(
             gemv_fp8._gemv_fp8_kernel, types, dict(
                 LOOP=gemv_fp8.LOOPS[kind], SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
                 BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4,
-                ROW_STAGES=stages if kind in ("row", "half") else 1, CHAIN=chain,
-                HALF_TOP=gemv_fp8.half_top(chain), AMAX_TILES=3, PDL=pdl),
+                ROW_STAGES=stages if kind == "row" else 1, PDL=pdl),
             sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
@@ -70,7 +67,7 @@ def ptx() -> dict[str, str]:
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 23
+    assert len(ptx) == 19
 
 
 def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
@@ -85,30 +82,15 @@ def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
 
 
 def test_row_loop_loads_its_first_weight_tile_before_the_wait(ptx):
-    """With programmatic launch, the row and half loops' first tile of codes is loaded (16
-    bytes a load) before griddepcontrol.wait, while the kernel before it finishes; nothing else
-    is read before the wait (x is an earlier kernel's output)."""
+    """With programmatic launch, the row loop's first tile of codes is loaded (16 bytes a
+    load) before griddepcontrol.wait, while the kernel before it finishes; nothing else is
+    read before the wait (x is an earlier kernel's output)."""
     for name, code in ptx.items():
-        if not (" row " in name or " half " in name) or "pdl=True" not in name:
+        if " row " not in name or "pdl=True" not in name:
             continue
         before = code[:code.index("griddepcontrol.wait")]
         loads = re.findall(r"ld\.global[.\w]*", before)
         assert loads and all(".v4." in op for op in loads), (name, loads)
-
-
-def test_half_loop_multiplies_codes_in_float16_pairs(ptx):
-    """The half loop's products: codes widened two at a time to float16 and multiplied and
-    summed two at a time (fma.rn.f16x2), at least one of each per two codes of a chain
-    (16 x 256 / 128 threads x 7 tiles, or 32 x 256 / 128 x 3); float16 widened to float32 only
-    as a chain's sums are added (one a summed position, in the first chain and in the loop)."""
-    halves = {name: code for name, code in ptx.items() if " half " in name}
-    assert len(halves) == 4
-    for name, code in halves.items():
-        chain = 7 if "chain=7" in name else 3
-        per_chain = (16 if chain == 7 else 32) * 256 // 128 * chain
-        assert code.count("fma.rn.f16x2") >= per_chain // 2, name
-        assert code.count("cvt.rn.f16x2.e4m3x2") >= per_chain // 2, name
-        assert code.count("cvt.f32.f16") <= 2 * per_chain // chain, name
 
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):

@@ -2,13 +2,10 @@
 decode GEMV in every config and epilogue, the dequantize kernel, the two prefill routes, and
 the public ops' dispatch. The GEMV and the dequant route compute on the weights' exact values
 (data * scale), so they meet opcheck's bound for one output rounding and a float32 sum; the
-GEMV's half loop sums in float16 (its own bound, `half_bound`); the scaled_mm route also
-quantizes x per token, within 2^-4 of |x| per element (tests/test_fp8.py), so within
-2^-4 * sum_k |x w| of the float64 product."""
+scaled_mm route also quantizes x per token, within 2^-4 of |x| per element (tests/test_fp8.py),
+so within 2^-4 * sum_k |x w| of the float64 product."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -49,58 +46,14 @@ def x_hat_dot8(x: torch.Tensor, config) -> torch.Tensor:
     return out
 
 
-def half_bound(x: torch.Tensor, w: Fp8Matrix, config) -> torch.Tensor:
-    """|out - exact| bound [1, M] of the half GEMV loop on one row x (gemv_fp8's error model),
-    exact = the float64 product of x (in w.dtype) and the exact weights: per program's K range,
-    up = 2^(T - e) (max |x| in [2^e, 2^(e+1))); x_hat within 2^-11 |x| + 2^-25 / up; chain
-    steps of two roundings (2^-11 relative, or 2^-25 / up among subnormals) over CHAIN tiles;
-    float32 adds over K; the output's rounding to w.dtype."""
-    from muser.ops.triton.gemv_fp8 import half_top
-    from muser.ops.triton.launch import cdiv
-    from tests.error_bounds import gamma
-
-    xd = x.to(w.dtype).double().cpu()[0]
-    codes = w.data.float().double().cpu().abs()  # [M, K]
-    scales = w.scales.double().cpu()
-    k = xd.shape[0]
-    per = cdiv(cdiv(k, config.split_k), config.block_k) * config.block_k
-    u16, chain = 2.0**-11, config.chain
-    g16 = 2 * chain * u16 / (1 - 2 * chain * u16)
-    rel = (u16 + g16 * (1 + u16) + gamma(k + 2)) * 1.01
-    bound = torch.zeros(codes.shape[0], dtype=torch.float64)
-    for lo in range(0, k, per):
-        part = xd[lo:lo + per]
-        amax = float(part.abs().max())
-        e = math.floor(math.log2(amax)) if amax > 0 else -126
-        down = 2.0 ** (e - half_top(chain))
-        padded = cdiv(part.shape[0], config.block_k * chain) * config.block_k * chain
-        bound += (rel * (codes[:, lo:lo + per] @ part.abs())
-                  + 2.0**-25 * down * (1.01 * codes[:, lo:lo + per].sum(dim=1) + 2 * padded))
-    exact = (xd @ w.dequantize(torch.float64).cpu().t())
-    u_out = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[w.dtype]
-    return (scales * bound * (1 + 2.0**-20) + u_out * 1.01 * exact.abs())[None, :]
-
-
-def check_half(out: torch.Tensor, x: torch.Tensor, w: Fp8Matrix, config) -> None:
-    exact = (x.to(w.dtype).double().cpu() @ w.dequantize(torch.float64).cpu().t())
-    err = (out.double().cpu() - exact).abs()
-    assert torch.isfinite(out).all() and (err <= half_bound(x, w, config)).all(), config
-
-
 def _picked_proj(x: torch.Tensor, w: Fp8Matrix, epilogue: str) -> torch.Tensor:
     """_proj of x as the projection linear_fp8 picked for this shape computes on: x_hat of a
     "dot8" GEMV config or x quantized per token for "scaled_mm" (a GPU may pick either), x
-    itself otherwise; for a "half" GEMV config, the projection as that loop sums it, checked
-    within its bound (the epilogue after it is checked against the reference's)."""
-    from muser.ops.triton.gemv_fp8 import gemv_fp8
+    itself otherwise."""
     from muser.ops.triton.linear import _key
     from muser.ops.triton.linear_fp8 import PICKS
 
     pick = PICKS.pick[_key(x, w, epilogue)]
-    if getattr(pick, "kind", None) == "half":
-        proj = gemv_fp8(x, w, pick)
-        check_half(proj, x, w, pick)
-        return proj.double()
     if getattr(pick, "kind", None) == "dot8":
         return _proj(x_hat_dot8(x.to(w.dtype), pick), w)
     if pick == "scaled_mm":  # x quantized per token
@@ -150,17 +103,12 @@ def test_every_gemv_fp8_config(gen, epilogue):
                                          GemvConfig("dot", 16, 32, 2, 4),
                                          GemvConfig("dot8", 16, 32, 2, 4),
                                          GemvConfig("row", 8, 32, 2, 4),
-                                         GemvConfig("row", 16, 64, 1, 4, 1),
-                                         GemvConfig("half", 8, 32, 2, 4, 1, chain=2),
-                                         GemvConfig("half", 16, 32, 1, 4, 2, chain=3)]
-    assert {c.kind for c in configs} == {"fma", "dot", "dot8", "row", "half"}
+                                         GemvConfig("row", 16, 64, 1, 4, 1)]
+    assert {c.kind for c in configs} == {"fma", "dot", "dot8", "row"}
     for config in configs:
-        rows = 1 if config.kind in ("row", "half") else 2  # those loops read one row of x
+        rows = 1 if config.kind == "row" else 2  # the row loop reads one row of x
         want_proj = (_proj(x_hat_dot8(x.to(dtype), config), w) if config.kind == "dot8"
                      else proj)[:rows]
-        if config.kind == "half":  # its own sums, within its bound (test_half_loop_bound)
-            want_proj = gemv_fp8(x[:1], w, config).double()
-            check_half(want_proj, x[:1], w, config)
         ep = None if norm is None else NormEpilogue(res[:rows], post, nxt, 1e-6, dtype)
         for _ in range(2):
             out = gemv_fp8(x[:rows], w, config, epilogue == "geglu", ep)
@@ -189,49 +137,6 @@ def test_row_tiles_of_256_columns(gen):
     assert not [c for c in row_candidates(m, 1024) if c.block_k == 256]
     for config in configs:
         check(gemv_fp8(x, w, config), _proj(x, w), dtype)
-
-
-def test_half_candidates(gen):
-    """The half loop's candidates: chains of tiles that divide a program's tiles where some do
-    (21 tiles of 256 columns: 7 and 3), each computing one row's projection within the loop's
-    bound."""
-    from muser.ops.triton.gemv_fp8 import gemv_fp8, half_candidates
-
-    dtype, k, m = torch.float16, 21 * 32, 24
-    configs = [c for c in half_candidates(m, 21 * 256) if c.split_k == 1 and c.block_k == 256]
-    assert {c.chain for c in configs} == {7, 3}
-    x, w = rand(gen, 1, k), _weight(gen, m, k, dtype)
-    for config in half_candidates(m, k)[:6]:
-        check_half(gemv_fp8(x, w, config), x, w, config)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_half_loop_bound(gen, dtype):
-    """The half loop on rows that test its float16 range: far outside float16's (1e6, 1e-9; for
-    float16 x, at its ends: 6e4 and 1e-6, among its subnormals), a zero row, entries 2^-35 below their row's largest (float16 subnormals or zero after the
-    scaling), and the worst case for overflow: every code +448 (the e4m3 maximum) and every x
-    just below a power of two, so each chain sums to nearly its largest (chain * 448 *
-    2^(T+1)): finite. Each row within half_bound."""
-    from muser.ops.triton.gemv import GemvConfig
-    from muser.ops.triton.gemv_fp8 import gemv_fp8
-
-    k, m = 160, 40
-    w = _weight(gen, m, k, dtype)
-    top = Fp8Matrix(torch.full((m, k), 448.0).to(FP8).to(DEVICE), w.scales, dtype)
-    big, small = (1e6, 1e-9) if dtype == torch.float32 else (1.5e4, 1e-6)
-    rows = [rand(gen, 1, k).clamp(-4, 4) * big, rand(gen, 1, k) * small,
-            torch.zeros(1, k, device=DEVICE)]
-    tiny = rand(gen, 1, k)
-    tiny[0, ::7] *= 2.0**-35
-    rows.append(tiny)
-    for config in (GemvConfig("half", 8, 32, 1, 4, 1, chain=5),
-                   GemvConfig("half", 16, 16, 2, 4, 2, chain=8)):
-        for x in rows:
-            out = gemv_fp8(x, w, config)
-            assert torch.isfinite(out).all()
-            check_half(out, x, w, config)
-        x = torch.full((1, k), 2.0**3 * (1 - 2.0**-11), device=DEVICE)  # largest below 2^3
-        check_half(gemv_fp8(x, top, config), x, top, config)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

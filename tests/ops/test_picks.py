@@ -4,7 +4,6 @@ ignored with a warning, never trusted."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ GEMV = GemvConfig("dot", 64, 256, 4, 4, 4, False)
 GEMM = GemmConfig(64, 128, 64, 4, 3)
 DOT8 = GemvConfig("dot8", 64, 512, 1, 4, 4)
 ROW = GemvConfig("row", 8, 1024, 1, 4)
-HALF = GemvConfig("half", 16, 256, 1, 4, 1, chain=7)
 BLOCK = BlockGemvConfig(32, 4, 2, 4)
 
 
@@ -31,7 +29,6 @@ BLOCK = BlockGemvConfig(32, 4, 2, 4)
     ("fp8", (1, 1536, 1152, "norm", torch.bfloat16, torch.bfloat16), DOT8),
     ("fp8", (1, 1536, 1152, "", torch.bfloat16, torch.bfloat16), "scaled_mm"),
     ("fp8", (1, 1536, 1152, "geglu", torch.bfloat16, torch.bfloat16), ROW),
-    ("fp8", (1, 5376, 21504, "norm", torch.bfloat16, torch.bfloat16), HALF),
     ("fp8", (512, 13824, 1152, "geglu", torch.float32, torch.float32), "dequant"),
     ("fp8", (512, 1536, 200, "", torch.bfloat16, torch.bfloat16), "dequant"),  # K % 16 != 0
     ("blocks", (2, 6912, 1152, QT.Q4_K, torch.bfloat16), BLOCK),
@@ -75,10 +72,6 @@ def test_families_do_not_share_keys() -> None:
     ("fp8|512|1536|200||bfloat16|bfloat16", "scaled_mm"),  # K % 16 != 0: cuBLAS refuses
     ("fp8|64|1536|1152||bfloat16|bfloat16", picks.config_json(DOT8)),  # GEMV for a chunk
     ("fp8|2|1536|1152||bfloat16|bfloat16", picks.config_json(ROW)),  # the row loop: 1 row
-    ("fp8|2|1536|1152||bfloat16|bfloat16", picks.config_json(HALF)),  # the half loop too
-    ("fp8|1|1536|1152||bfloat16|bfloat16",  # a chain is the half loop's
-     picks.config_json(dataclasses.replace(ROW, chain=3))),
-    ("fp8|1|1536|1152||bfloat16|bfloat16", picks.config_json(dataclasses.replace(HALF, chain=0))),
     ("1|1536|1152||bfloat16|bfloat16", picks.config_json(ROW)),  # an FP8 GEMV kind
     ("blocks|1|6912|1152|Q9_Z|bfloat16", picks.config_json(BLOCK)),  # no such block type
     ("blocks|1|6912|1152|Q4_K|bfloat16", picks.config_json(GEMV)),

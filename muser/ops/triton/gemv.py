@@ -200,14 +200,13 @@ def _gemv_dot_kernel(
 
 @dataclass(frozen=True)
 class GemvConfig:
-    kind: str  # "fma" | "dot" (FP8 weights also: "dot8" | "row" | "half", gemv_fp8.py)
+    kind: str  # "fma" | "dot"
     block_m: int
     block_k: int
     split_k: int
     num_warps: int
     num_stages: int = 3
     fused: bool = True  # the epilogue (GeGLU / norm) in this kernel, or as its own kernel after
-    chain: int = 1  # the "half" loop: tiles summed in float16 before each float32 add
 
 
 @dataclass(frozen=True)

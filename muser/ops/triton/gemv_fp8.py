@@ -6,7 +6,7 @@ SPLIT_K programs per row block, accumulated in float32, then each row's scale mu
 sum (or each split's partial) once and `gemv.finish` rounds y to x's dtype (the model's: the
 caller hands x in it) and runs the same epilogues: plain, GeGLU, residual add + RMSNorm.
 
-Five main loops (GemvConfig.kind), the fastest picked per shape by timing (linear_fp8.py):
+Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linear_fp8.py):
 - "fma": codes widened to float32 in registers, products accumulated there, reduced once
   (x's rows broadcast over a [rows, BLOCK_M, BLOCK_K] accumulator: the compiled loop moves
   each weight tile through shared memory to that layout, 16 bits at a time);
@@ -70,43 +70,9 @@ def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
     return _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x
 
 
-FMA, DOT16, DOT8, ROW, HALF = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
-                               tl.constexpr(3), tl.constexpr(4))  # the main loops
-LOOPS = {"fma": 0, "dot": 1, "dot8": 2, "row": 3, "half": 4}  # GemvConfig.kind -> LOOP
-ONE_ROW = ("row", "half")  # the loops that read one row of x
-E4M3_MAX, F16_MAX = 448, 65504
-AMAX_BLOCK = tl.constexpr(2048)  # x entries a load of the "half" loop's max |x| pass reads
-
-
-def half_top(chain: int) -> int:
-    """T of the "half" loop: the largest with chain * 448 * 2^(T+1) <= 65504."""
-    return (F16_MAX // (E4M3_MAX * chain)).bit_length() - 2
-
-
-@triton.jit
-def _amax(x_ptr, k_lo, k_hi, TILES: tl.constexpr, BLOCK: tl.constexpr):
-    """max |x| over x[k_lo:k_hi] (one row) as float32, its TILES loads all issued at once."""
-    amax = tl.zeros((BLOCK,), tl.float32)
-    for t in tl.static_range(TILES):
-        kk = k_lo + t * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    return tl.max(amax, axis=0)
-
-
-@triton.jit
-def _half_chain(w, w_ptr, x_ptr, rows, valid, k0, k_hi, K, up, BLOCK_K: tl.constexpr,
-                CHAIN: tl.constexpr):
-    """sum over CHAIN tiles from column k0 of codes * x * up, in float16 [BLOCK_M, BLOCK_K]
-    (w: the first tile's codes, loaded)."""
-    acc = tl.zeros(w.shape, tl.float16)
-    for j in tl.static_range(CHAIN):
-        kk = k0 + j * BLOCK_K + tl.arange(0, BLOCK_K)
-        if j > 0:
-            w = _weight_tile(w_ptr, rows, valid, kk, k_hi, K)
-        x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
-        acc = tl.fma(w.to(tl.float16), (x.to(tl.float32) * up).to(tl.float16)[None, :], acc)
-    return acc
+FMA, DOT16, DOT8, ROW = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
+                         tl.constexpr(3))  # the main loops
+LOOPS = {"fma": 0, "dot": 1, "dot8": 2, "row": 3}  # GemvConfig.kind -> LOOP
 
 
 @triton.jit
@@ -139,8 +105,7 @@ def _gemv_fp8_kernel(
     N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, LOOP: tl.constexpr,
     SCALE_X: tl.constexpr, GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, CHAIN: tl.constexpr,
-    HALF_TOP: tl.constexpr, AMAX_TILES: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -148,8 +113,7 @@ def _gemv_fp8_kernel(
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_dtype = x_ptr.dtype.element_ty
-    if LOOP == ROW or LOOP == HALF:  # NOTE: weights are no earlier kernel's output: load a
-        # tile before the wait
+    if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load a tile before the wait
         w_first = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
@@ -183,16 +147,6 @@ def _gemv_fp8_kernel(
             x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         y = tl.sum(acc2, axis=1)[None, :]
-    elif LOOP == HALF:  # one row of x, products summed in float16 CHAIN tiles at a time
-        up, down = _pow2_scales(_amax(x_ptr, k_lo, k_hi, AMAX_TILES, AMAX_BLOCK), HALF_TOP)
-        acc2 = _half_chain(w_first, w_ptr, x_ptr, rows, valid, k_lo, k_hi, K, up, BLOCK_K,
-                           CHAIN).to(tl.float32)
-        for k0 in tl.range(k_lo + CHAIN * BLOCK_K, k_hi, CHAIN * BLOCK_K,
-                           num_stages=ROW_STAGES):
-            w = _weight_tile(w_ptr, rows, valid, k0 + rk, k_hi, K)
-            acc2 += _half_chain(w, w_ptr, x_ptr, rows, valid, k0, k_hi, K, up, BLOCK_K,
-                                CHAIN).to(tl.float32)
-        y = tl.sum(acc2, axis=1)[None, :] * down
     else:
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -212,48 +166,34 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
     its rms_norm in norm.dtype)."""
     n, (m, k) = x.shape[0], weight.shape
     x = x if x.dtype == weight.dtype else x.to(weight.dtype)
-    assert n == 1 or config.kind not in ONE_ROW, f"the {config.kind} loop reads one row of x"
+    assert n == 1 or config.kind != "row", "the row loop reads one row of x"
     assert n <= MAX_ROWS and weight.data.is_contiguous() and x.stride(-1) == 1
     assert x.shape[1] == k and not (geglu and norm) and (not geglu or m % 2 == 0)
     c, dev = config, x.device
     k_per_split = cdiv(cdiv(k, c.split_k), c.block_k) * c.block_k
     splits, blocks = cdiv(k, k_per_split), cdiv(m, c.block_m)
     o = outputs(n, m, weight.dtype, splits, blocks, geglu, norm, dev)
-    one_row = c.kind in ONE_ROW
     launch(
         _gemv_fp8_kernel, (blocks, splits), x, weight.data, weight.scales, *o.args, n, m, k,
         x.stride(0), o.args[0].stride(0), o.stride_rn, k_per_split, o.eps, LOOP=LOOPS[c.kind],
         SCALE_X=x.dtype != torch.float16, GEGLU=geglu, NORM=norm is not None,
         NORM_BLOCK=min(next_power_of_2(m), 4096),
-        BLOCK_N=1 if one_row else 16 if c.kind != "fma" else max(1, next_power_of_2(n)),
+        BLOCK_N=1 if c.kind == "row" else 16 if c.kind != "fma" else max(1, next_power_of_2(n)),
         BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
-        ROW_STAGES=c.num_stages if one_row else 1, CHAIN=c.chain, HALF_TOP=half_top(c.chain),
-        AMAX_TILES=cdiv(min(k_per_split, k), AMAX_BLOCK.value) if c.kind == "half" else 1,
-        num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
+        ROW_STAGES=c.num_stages if c.kind == "row" else 1, num_warps=c.num_warps,
+        num_stages=c.num_stages, **options(dev))
     return o.result
 
 
 def candidates_fp8(n: int, m: int, k: int) -> list[GemvConfig]:
     """The bfloat16 GEMV's configs for this shape, each of its tiles with twice the columns
     (the same bytes per load as a bfloat16 tile) when not split over K, every tensor-core
-    config also with FP8 activations (dot8), and for one row the row and half loops' tiles."""
+    config also with FP8 activations (dot8), and for one row the row loop's tiles."""
     base = candidates(n, m, k)
     wide = [dataclasses.replace(c, block_k=2 * c.block_k) for c in base
             if c.split_k == 1 and (c.kind == "dot" or n <= 2)]
     dot8 = [dataclasses.replace(c, kind="dot8") for c in base + wide if c.kind == "dot"]
-    return base + wide + dot8 + (row_candidates(m, k) + half_candidates(m, k) if n == 1 else [])
-
-
-def _splits(m: int, k: int, bm: int, bk: int) -> list[int]:
-    """1, and where the row blocks alone leave the chip's SMs short of programs to overlap,
-    also 2 and 4 programs a row block over K."""
-    most = min(max(1, k // bk), 16)
-    return sorted({1} | ({min(s, most) for s in (2, 4)} if cdiv(m, bm) < 1024 else set()))
-
-
-def _row_tiles(k: int) -> list[tuple[int, int]]:
-    tiles = [(8, 512), (16, 512), (8, 1024), (4, 2048)]
-    return tiles + ([(16, 256), (32, 256)] if k % 256 == 0 and k % 512 else [])
+    return base + wide + dot8 + (row_candidates(m, k) if n == 1 else [])
 
 
 def row_candidates(m: int, k: int) -> list[GemvConfig]:
@@ -263,22 +203,14 @@ def row_candidates(m: int, k: int) -> list[GemvConfig]:
     tiles ahead by cp.async; 5: four). Where 256 divides K but 512 does not (Gemma 3 27B's
     hidden 5,376 = 21 x 256), also 256-column tiles, so that no program ends on a half-masked
     tile."""
-    return [GemvConfig("row", bm, bk, s, 4, stages) for bm, bk in _row_tiles(k)
-            for s in _splits(m, k, bm, bk) for stages in (1, 3, 5)]
-
-
-def half_candidates(m: int, k: int) -> list[GemvConfig]:
-    """The half loop on the row loop's tiles of up to 512 columns, each with the two longest
-    chains of 3 to 8 tiles that divide a program's tiles (else 4 and 8: a chain past the
-    program's end runs on masked zeros), loaded into registers as used (the chain's loads are
-    in flight together) or one chain ahead by cp.async."""
+    tiles = [(8, 512), (16, 512), (8, 1024), (4, 2048)]
+    if k % 256 == 0 and k % 512:
+        tiles += [(16, 256), (32, 256)]
     out = []
-    for bm, bk in _row_tiles(k):
-        if bk > 512:
-            continue
-        for s in _splits(m, k, bm, bk):
-            tiles = cdiv(cdiv(k, s), bk)
-            chains = [c for c in range(8, 2, -1) if tiles % c == 0][:2] or [8, 4]
-            out += [GemvConfig("half", bm, bk, s, 4, stages, chain=c) for c in chains
-                    for stages in (1, 2)]
+    for bm, bk in tiles:
+        programs = cdiv(m, bm)
+        most = min(max(1, k // bk), 16)
+        splits = {1} | ({min(s, most) for s in (2, 4)} if programs < 1024 else set())
+        out += [GemvConfig("row", bm, bk, s, 4, stages) for s in sorted(splits)
+                for stages in (1, 3, 5)]
     return out

@@ -40,7 +40,7 @@ from muser.tuning_cache import TuningCache, read_fingerprint, read_picks
 Pick = GemvConfig | GemmConfig | BlockGemvConfig | str | None  # None: cuBLAS
 Family = dict[tuple, tuple[Pick, dict]]  # key -> (pick, timed_ms)
 FAMILIES = ("linear", "fp8", "blocks")
-_GEMV_KINDS = {"linear": ("fma", "dot"), "fp8": ("fma", "dot", "dot8", "row", "half")}
+_GEMV_KINDS = {"linear": ("fma", "dot"), "fp8": ("fma", "dot", "dot8", "row")}
 SHIPPED = Path(__file__).with_name("picks_h200.json")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16,
                                                      torch.float32)}
@@ -128,9 +128,7 @@ def parse_config(obj: Any, rows: int, family: str = "linear") -> Pick:
         raise ValueError(f"bad sizes in {obj!r}")
     if isinstance(pick, GemvConfig) and pick.kind not in _GEMV_KINDS[family]:
         raise ValueError(f"unknown GEMV kind in {obj!r}")
-    if isinstance(pick, GemvConfig) and pick.chain != 1 and pick.kind != "half":
-        raise ValueError(f"a chain of float16 sums outside the half loop: {obj!r}")
-    if isinstance(pick, GemvConfig) and pick.kind in ("row", "half") and rows != 1:
+    if isinstance(pick, GemvConfig) and pick.kind == "row" and rows != 1:
         raise ValueError(f"a one-row GEMV loop for {rows} rows: {obj!r}")
     return pick
 
