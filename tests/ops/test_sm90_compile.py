@@ -50,9 +50,6 @@ out["prefill attention in place"] = ptx(prefill._flash_kernel, flash_types,
     num_stages=5)
 out["prefill attention combine"] = ptx(prefill._combine_kernel, flash_types | {"o_ptr": "*bf16"},
     dict(D=128), num_warps=1)
-out["decode merge pdl=True"] = ptx(decode_attention._decode_merge_kernel,
-    {"mid_o": "*fp32", "mid_ml": "*fp32", "out_ptr": "*bf16"}, dict(D=128, SPLITS=32, PDL=True),
-    sixteen=("mid_o", "mid_ml"), num_warps=decode_attention.merge_warps(32, 128))
 # a float32 model (or KV cache): its operands as they are
 f32 = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "k_ptr": "*fp32",
        "v_ptr": "*fp32", "kn_ptr": "*fp32", "vn_ptr": "*fp32", "o_ptr": "*fp32"}
@@ -107,14 +104,7 @@ def test_float32_prefill_attention_fits_shared_memory():
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 15
-
-
-def test_the_merge_of_27b_splits_needs_no_barrier(ptx):
-    """gemma3-27b's decode merge (32 splits of 128 per head) runs in one warp: each thread
-    sums its own columns over the splits, with no barrier of the whole program."""
-    code = ptx["decode merge pdl=True"]
-    assert "bar.sync" not in code and "ld.global.v4.b32" in code
+    assert len(ptx) == 14
 
 
 def test_float32_operands_multiply_in_float32(ptx):

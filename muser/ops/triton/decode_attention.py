@@ -282,12 +282,5 @@ def decode_attention(
         **({"num_stages": num_stages} if num_stages else {}), **options(q.device),
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
-           SPLITS=splits, num_warps=merge_warps(splits, head_dim), **options(q.device))
+           SPLITS=splits, **options(q.device))
     return out
-
-
-def merge_warps(splits: int, head_dim: int) -> int:
-    """One warp where a head's partials fit 128 values a thread (gemma3-27b: 32 splits of 128):
-    each thread then sums its columns over every split itself, where four warps reduce across
-    warps through shared memory and barriers; four beyond."""
-    return 1 if splits * head_dim <= 32 * 128 else 4

@@ -29,11 +29,7 @@ def _add_rms_norm_kernel(
     if HAS_RESIDUAL:
         post = tl.load(post_ptr + d, mask=mask, other=0.0).to(tl.float32)
     enter(PDL)
-    # NOTE: x read 4 entries a thread (8-byte loads), as the float32 rows are read and written:
-    # with 8 (16 bytes of bfloat16) Triton gave x its own layout and moved the row between the
-    # two through shared memory, 8 more barriers in the kernel
-    x = tl.load(x_ptr + row * stride_x + tl.max_contiguous(d, 4), mask=mask,
-                other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + d, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + d, mask=mask, other=0.0).to(tl.float32)
         x = r + x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps) * post
