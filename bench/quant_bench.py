@@ -17,7 +17,8 @@ host_ms_per_step the rest of decode_ms); decode_intervals_ms = each token's inte
 of 5 x --decode-steps tokens after the same prompt, decode_steady_ms their median after the
 first --decode-steps, sm_clock_samples = (ms from the first token, SM MHz, W) read through NVML
 beside that run (after a prefill at the power limit the SM clock is low for the first ~100 ms of
-decode: decode_ms includes that, as llama-bench's tg after its prefill does).
+decode: decode_ms includes that, as llama-bench's tg after its prefill does), and
+decode_sm_mhz_median / decode_power_w_median the samples' medians over that run's decode.
 fraction_of_floor = (the bytes a decode step reads: every projection's weights and the head
 once, the embedding row, the K/V rows of 2,048 tokens on full layers and of the window on
 sliding ones) / the 1 GiB device copy's bandwidth measured in that process (read + write) /
@@ -140,6 +141,11 @@ cell["decode_intervals_ms"] = [round(x, 3) for x in intervals]
 cell["decode_steady_ms"] = statistics.median(intervals[steps:])
 cell["sm_clock_samples"] = [(round((t - stamps[0]) * 1e3, 1), mhz, round(mw / 1e3))
                             for t, mhz, mw in clocks]
+during = [(mhz, w) for t, mhz, w in cell["sm_clock_samples"]
+          if 0 <= t <= (stamps[-1] - stamps[0]) * 1e3]
+if during:  # at the board's power limit the SM clock gives way: a step's time follows it
+    cell["decode_sm_mhz_median"] = statistics.median(mhz for mhz, _ in during)
+    cell["decode_power_w_median"] = statistics.median(w for _, w in during)
 graphs = llm.runner.graphs
 if graphs is not None and 1 in graphs.graphs:  # the batch-1 decode graph, replayed back to back
     # NOTE: the same packed step each time (its new K/V row stored again at one position): the

@@ -44,6 +44,6 @@ receipt["w1_fp8"] = next(c for c in w1["cells"] if c.get("workload") == "W1") | 
 for c in receipt["cells"]:
     print(c["quantization"], {k: round(c[k], 3) for k in ("decode_ms", "decode_graph_ms",
           "decode_steady_ms", "floor_ms", "fraction_of_floor", "prefill_tok_s",
-          "llama_cpp_decode_ms") if k in c})
+          "llama_cpp_decode_ms", "decode_sm_mhz_median", "decode_power_w_median") if k in c})
 PY
 echo "receipt in $out at $(( $(date +%s) - start )) s"
