@@ -31,11 +31,12 @@ for kind, block_n, block_m, block_k, stages, epilogue in [
         ("row", 1, 8, 512, 1, "plain"), ("row", 1, 16, 1024, 3, "geglu"),
         ("row", 1, 32, 256, 5, "norm")]:
     for pdl in (True, False):
-        out[f"gemv {kind} {epilogue} stages={stages} pdl={pdl}"] = ptx(
+        out[f"gemv {kind} {epilogue} stages={stages} tile={block_m}x{block_k} pdl={pdl}"] = ptx(
             gemv_fp8._gemv_fp8_kernel, types, dict(
                 LOOP=gemv_fp8.LOOPS[kind], SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
                 BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4,
-                ROW_STAGES=stages if kind == "row" else 1, PDL=pdl),
+                ROW_STAGES=stages if kind == "row" else 1,
+                PRE=gemv_fp8.AHEAD if kind == "row" else 1, PDL=pdl),
             sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},
@@ -81,16 +82,18 @@ def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
         assert "ld.global.b8" not in code and "ld.global.u8" not in code, name
 
 
-def test_row_loop_loads_its_first_weight_tile_before_the_wait(ptx):
-    """With programmatic launch, the row loop's first tile of codes is loaded (16 bytes a
-    load) before griddepcontrol.wait, while the kernel before it finishes; nothing else is
+def test_row_loop_loads_its_first_weight_tiles_before_the_wait(ptx):
+    """With programmatic launch, the row loop's first two tiles of codes are loaded (16 bytes
+    a load) before griddepcontrol.wait, while the kernel before it finishes; nothing else is
     read before the wait (x is an earlier kernel's output)."""
     for name, code in ptx.items():
         if " row " not in name or "pdl=True" not in name:
             continue
         before = code[:code.index("griddepcontrol.wait")]
         loads = re.findall(r"ld\.global[.\w]*", before)
-        assert loads and all(".v4." in op for op in loads), (name, loads)
+        block_m, block_k = map(int, re.search(r"tile=(\d+)x(\d+)", name).groups())
+        per_tile = block_m * block_k // (4 * 32 * 16)  # 16 codes a load, four warps
+        assert len(loads) == 2 * per_tile and all(".v4." in op for op in loads), (name, loads)
 
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):

@@ -15,8 +15,10 @@ Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linea
   convert per two codes, no layout conversion of the weights); num_stages 1 loads each tile
   into registers when the loop reaches it, more stages load tiles ahead into shared memory by
   cp.async (Triton's pipeliner, asked for by `tl.range`: it does not pipeline loads that feed
-  no dot on its own). The first tile is loaded before the programmatic-launch wait (pdl.py):
-  weights are no earlier kernel's output, so the load runs while the kernel before finishes;
+  no dot on its own). The first two tiles (AHEAD) are loaded before the programmatic-launch
+  wait (pdl.py): weights are no earlier kernel's output, so the loads run while the kernel
+  before finishes (gemma3-27b FP8 decode on an H100: 0.75 % faster a step with two than with
+  one, bench/GPU_NOTES.md);
 - "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
   convert per two codes. x enters float16 multiplied by a power of two per row
   (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums
@@ -55,6 +57,7 @@ from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.quantize_fp8 import round_e4m3
 
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
+AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait
 
 
 @triton.jit
@@ -105,7 +108,7 @@ def _gemv_fp8_kernel(
     N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, LOOP: tl.constexpr,
     SCALE_X: tl.constexpr, GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, PRE: tl.constexpr, PDL: tl.constexpr,
 ):
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -113,8 +116,10 @@ def _gemv_fp8_kernel(
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_dtype = x_ptr.dtype.element_ty
-    if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load a tile before the wait
+    if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load tiles before the wait
         w_first = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
+        if PRE == 2:  # a program's second tile (masked off where it has one)
+            w_second = _weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
         up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
@@ -141,7 +146,11 @@ def _gemv_fp8_kernel(
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
         x = tl.load(x_ptr + k_lo + rk, mask=k_lo + rk < k_hi, other=0.0)
         acc2 = w_first.to(tl.float32) * x.to(tl.float32)[None, :]
-        for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
+        if PRE == 2:
+            kk = k_lo + BLOCK_K + rk
+            x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
+            acc2 += w_second.to(tl.float32) * x.to(tl.float32)[None, :]
+        for k0 in tl.range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             kk = k0 + rk
             w = _weight_tile(w_ptr, rows, valid, kk, k_hi, K)
             x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
@@ -180,7 +189,8 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
         NORM_BLOCK=min(next_power_of_2(m), 4096),
         BLOCK_N=1 if c.kind == "row" else 16 if c.kind != "fma" else max(1, next_power_of_2(n)),
         BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
-        ROW_STAGES=c.num_stages if c.kind == "row" else 1, num_warps=c.num_warps,
+        ROW_STAGES=c.num_stages if c.kind == "row" else 1, PRE=AHEAD if c.kind == "row" else 1,
+        num_warps=c.num_warps,
         num_stages=c.num_stages, **options(dev))
     return o.result
 

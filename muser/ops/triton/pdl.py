@@ -7,7 +7,7 @@ has completed (and its writes are visible), then lets the next kernel launch. By
 kernel starts only after every kernel two or more places before it has completed, so what it
 reads of theirs (the step's metadata, cos/sin, K/V rows stored by earlier steps) and the
 weights may be loaded before the wait, in flight while the kernel before finishes: the row
-GEMV's first weight tile, the norms' weights, the decode split's metadata and first key tile
+GEMV's first weight tiles, the norms' weights, the decode split's metadata and first key tile
 (gemma3-27b FP8 decode graph: 8.06 ms against 8.11 with only the first; bench/GPU_NOTES.md).
 
 Captured into a CUDA graph, the launches become programmatic edges. MUSER_PDL=0 turns it off.
