@@ -36,7 +36,7 @@ for kind, block_n, block_m, block_k, stages, epilogue in [
                 LOOP=gemv_fp8.LOOPS[kind], SCALE_X=True, GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_BLOCK=2048,
                 BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=4,
                 ROW_STAGES=stages if kind == "row" else 1,
-                PRE=gemv_fp8.AHEAD if kind == "row" else 1, PDL=pdl),
+                ROW_AHEAD=gemv_fp8.AHEAD if kind == "row" else 1, PDL=pdl),
             sixteen=SIXTEEN, num_stages=stages)
 out["dequantize"] = ptx(dequantize_fp8._dequantize_fp8_kernel,
                         {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16"},

@@ -57,7 +57,7 @@ from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.quantize_fp8 import round_e4m3
 
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
-AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait
+AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait (1 or 2)
 
 
 @triton.jit
@@ -108,7 +108,8 @@ def _gemv_fp8_kernel(
     N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps, LOOP: tl.constexpr,
     SCALE_X: tl.constexpr, GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, PRE: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, ROW_STAGES: tl.constexpr, ROW_AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -118,7 +119,7 @@ def _gemv_fp8_kernel(
     x_dtype = x_ptr.dtype.element_ty
     if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load tiles before the wait
         w_first = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
-        if PRE == 2:  # a program's second tile (masked off where it has one)
+        if ROW_AHEAD == 2:  # a program's second tile (masked off where it has one)
             w_second = _weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
@@ -146,11 +147,11 @@ def _gemv_fp8_kernel(
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
         x = tl.load(x_ptr + k_lo + rk, mask=k_lo + rk < k_hi, other=0.0)
         acc2 = w_first.to(tl.float32) * x.to(tl.float32)[None, :]
-        if PRE == 2:
+        if ROW_AHEAD == 2:
             kk = k_lo + BLOCK_K + rk
             x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
             acc2 += w_second.to(tl.float32) * x.to(tl.float32)[None, :]
-        for k0 in tl.range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
+        for k0 in tl.range(k_lo + ROW_AHEAD * BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             kk = k0 + rk
             w = _weight_tile(w_ptr, rows, valid, kk, k_hi, K)
             x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
@@ -189,8 +190,8 @@ def gemv_fp8(x: torch.Tensor, weight: Fp8Matrix, config: GemvConfig = DEFAULT,
         NORM_BLOCK=min(next_power_of_2(m), 4096),
         BLOCK_N=1 if c.kind == "row" else 16 if c.kind != "fma" else max(1, next_power_of_2(n)),
         BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits,
-        ROW_STAGES=c.num_stages if c.kind == "row" else 1, PRE=AHEAD if c.kind == "row" else 1,
-        num_warps=c.num_warps,
+        ROW_STAGES=c.num_stages if c.kind == "row" else 1,
+        ROW_AHEAD=AHEAD if c.kind == "row" else 1, num_warps=c.num_warps,
         num_stages=c.num_stages, **options(dev))
     return o.result
 
