@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+from muser.ops.triton import gemv_fp8
+
 from sm90 import GDC, compile_ptx
 
 COMPILE = r'''
@@ -83,7 +85,7 @@ def test_row_loop_keeps_the_weight_tile_in_its_load_layout(ptx):
 
 
 def test_row_loop_loads_its_first_weight_tiles_before_the_wait(ptx):
-    """With programmatic launch, the row loop's first two tiles of codes are loaded (16 bytes
+    """With programmatic launch, the row loop's first AHEAD tiles of codes are loaded (16 bytes
     a load) before griddepcontrol.wait, while the kernel before it finishes; nothing else is
     read before the wait (x is an earlier kernel's output)."""
     for name, code in ptx.items():
@@ -93,7 +95,7 @@ def test_row_loop_loads_its_first_weight_tiles_before_the_wait(ptx):
         loads = re.findall(r"ld\.global[.\w]*", before)
         block_m, block_k = map(int, re.search(r"tile=(\d+)x(\d+)", name).groups())
         per_tile = block_m * block_k // (4 * 32 * 16)  # 16 codes a load, four warps
-        assert len(loads) == 2 * per_tile and all(".v4." in op for op in loads), (name, loads)
+        assert len(loads) == gemv_fp8.AHEAD * per_tile and all(".v4." in op for op in loads), (name, loads)
 
 
 def test_fp8_bytes_vector_loaded_and_decoded_in_hardware(ptx):
