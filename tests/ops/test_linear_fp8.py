@@ -139,6 +139,23 @@ def test_row_tiles_of_256_columns(gen):
         check(gemv_fp8(x, w, config), _proj(x, w), dtype)
 
 
+@pytest.mark.parametrize("ahead", [1, 2, 3, 4])
+def test_row_loop_with_tiles_ahead(gen, monkeypatch, ahead):
+    """However many weight tiles the row loop loads before its wait (gemv_fp8.AHEAD), each
+    program's K range of one to five tiles, a partial last one among them, is read once: the
+    tiles ahead masked off past the range, the loop starting after them."""
+    from muser.ops.triton import gemv_fp8 as module
+    from muser.ops.triton.gemv import GemvConfig
+
+    monkeypatch.setattr(module, "AHEAD", ahead)
+    dtype, m = torch.float16, 24
+    for k in (32, 64, 96, 136, 160):  # K ranges of 1, 2, 3, 4 (the last partial) and 5 tiles
+        x, w = rand(gen, 1, k), _weight(gen, m, k, dtype)
+        for split_k in (1, 2):
+            check(module.gemv_fp8(x, w, GemvConfig("row", 8, 32, split_k, 4, 1)), _proj(x, w),
+                  dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_quantize_rows_equals_quantize_activations(gen, dtype):
     """The activation-quantization kernels of the scaled_mm route, bit for bit the reference's

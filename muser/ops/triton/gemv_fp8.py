@@ -57,7 +57,7 @@ from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.quantize_fp8 import round_e4m3
 
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
-AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait (1 or 2)
+AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait (1 to 4)
 
 
 @triton.jit
@@ -71,6 +71,14 @@ def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
     x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
                 mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
     return _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x
+
+
+@triton.jit
+def _row_fma(acc2, w, x_ptr, kk, k_hi):
+    """The row loop's step: one weight tile [BLOCK_M, BLOCK_K] times x's columns kk, added to
+    the accumulator in the tile's own layout."""
+    x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
+    return acc2 + w.to(tl.float32) * x.to(tl.float32)[None, :]
 
 
 FMA, DOT16, DOT8, ROW = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2),
@@ -118,9 +126,13 @@ def _gemv_fp8_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_dtype = x_ptr.dtype.element_ty
     if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load tiles before the wait
-        w_first = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
-        if ROW_AHEAD == 2:  # a program's second tile (masked off where it has one)
-            w_second = _weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
+        w_0 = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
+        if ROW_AHEAD >= 2:  # the program's next tiles (masked off past its K range)
+            w_1 = _weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
+        if ROW_AHEAD >= 3:
+            w_2 = _weight_tile(w_ptr, rows, valid, k_lo + 2 * BLOCK_K + rk, k_hi, K)
+        if ROW_AHEAD >= 4:
+            w_3 = _weight_tile(w_ptr, rows, valid, k_lo + 3 * BLOCK_K + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
         up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
@@ -146,16 +158,16 @@ def _gemv_fp8_kernel(
             y = y * down[:, None]
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
         x = tl.load(x_ptr + k_lo + rk, mask=k_lo + rk < k_hi, other=0.0)
-        acc2 = w_first.to(tl.float32) * x.to(tl.float32)[None, :]
-        if ROW_AHEAD == 2:
-            kk = k_lo + BLOCK_K + rk
-            x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
-            acc2 += w_second.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc2 = w_0.to(tl.float32) * x.to(tl.float32)[None, :]
+        if ROW_AHEAD >= 2:
+            acc2 = _row_fma(acc2, w_1, x_ptr, k_lo + BLOCK_K + rk, k_hi)
+        if ROW_AHEAD >= 3:
+            acc2 = _row_fma(acc2, w_2, x_ptr, k_lo + 2 * BLOCK_K + rk, k_hi)
+        if ROW_AHEAD >= 4:
+            acc2 = _row_fma(acc2, w_3, x_ptr, k_lo + 3 * BLOCK_K + rk, k_hi)
         for k0 in tl.range(k_lo + ROW_AHEAD * BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             kk = k0 + rk
-            w = _weight_tile(w_ptr, rows, valid, kk, k_hi, K)
-            x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0)
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            acc2 = _row_fma(acc2, _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x_ptr, kk, k_hi)
         y = tl.sum(acc2, axis=1)[None, :]
     else:
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
