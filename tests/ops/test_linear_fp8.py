@@ -139,9 +139,9 @@ def test_row_tiles_of_256_columns(gen):
         check(gemv_fp8(x, w, config), _proj(x, w), dtype)
 
 
-@pytest.mark.parametrize("ahead", [1, 2, 3, 4])
+@pytest.mark.parametrize("ahead", [1, 2])
 def test_row_loop_with_tiles_ahead(gen, monkeypatch, ahead):
-    """However many weight tiles the row loop loads before its wait (gemv_fp8.AHEAD), each
+    """With one or two weight tiles loaded before the row loop's wait (gemv_fp8.AHEAD), each
     program's K range of one to five tiles, a partial last one among them, is read once: the
     tiles ahead masked off past the range, the loop starting after them."""
     from muser.ops.triton import gemv_fp8 as module

@@ -18,7 +18,7 @@ Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linea
   no dot on its own). The first two tiles (AHEAD) are loaded before the programmatic-launch
   wait (pdl.py): weights are no earlier kernel's output, so the loads run while the kernel
   before finishes (gemma3-27b FP8 decode on an H100: 0.75 % faster a step with two than with
-  one, bench/GPU_NOTES.md);
+  one; four were 2.9 % slower, at 168 registers a thread against 128: bench/GPU_NOTES.md);
 - "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
   convert per two codes. x enters float16 multiplied by a power of two per row
   (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums
@@ -57,7 +57,7 @@ from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.quantize_fp8 import round_e4m3
 
 DEFAULT = GemvConfig("fma", 4, 64, 1, 4)
-AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait (1 to 4)
+AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch wait (1 or 2)
 
 
 @triton.jit
@@ -127,12 +127,8 @@ def _gemv_fp8_kernel(
     x_dtype = x_ptr.dtype.element_ty
     if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load tiles before the wait
         w_0 = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
-        if ROW_AHEAD >= 2:  # the program's next tiles (masked off past its K range)
+        if ROW_AHEAD == 2:  # the program's second tile (masked off where it has one)
             w_1 = _weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
-        if ROW_AHEAD >= 3:
-            w_2 = _weight_tile(w_ptr, rows, valid, k_lo + 2 * BLOCK_K + rk, k_hi, K)
-        if ROW_AHEAD >= 4:
-            w_3 = _weight_tile(w_ptr, rows, valid, k_lo + 3 * BLOCK_K + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
         up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
@@ -159,12 +155,8 @@ def _gemv_fp8_kernel(
     elif LOOP == ROW:  # one row of x (BLOCK_N == 1): the weight tile's own layout throughout
         x = tl.load(x_ptr + k_lo + rk, mask=k_lo + rk < k_hi, other=0.0)
         acc2 = w_0.to(tl.float32) * x.to(tl.float32)[None, :]
-        if ROW_AHEAD >= 2:
+        if ROW_AHEAD == 2:
             acc2 = _row_fma(acc2, w_1, x_ptr, k_lo + BLOCK_K + rk, k_hi)
-        if ROW_AHEAD >= 3:
-            acc2 = _row_fma(acc2, w_2, x_ptr, k_lo + 2 * BLOCK_K + rk, k_hi)
-        if ROW_AHEAD >= 4:
-            acc2 = _row_fma(acc2, w_3, x_ptr, k_lo + 3 * BLOCK_K + rk, k_hi)
         for k0 in tl.range(k_lo + ROW_AHEAD * BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             kk = k0 + rk
             acc2 = _row_fma(acc2, _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x_ptr, kk, k_hi)
