@@ -52,6 +52,22 @@ def weight_rows(M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
 
 
 @triton.jit
+def weight_tile(w_ptr, rows, valid, kk, k_hi, K):
+    """The weight tile [BLOCK_M, BLOCK_K] of `rows` at columns kk (0 where not valid or past
+    k_hi)."""
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
+                   mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
+
+
+@triton.jit
+def tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
+    """The weight tile at columns kk and x's rows rn there [BLOCK_N, BLOCK_K] (0 past N, k_hi)."""
+    w = weight_tile(w_ptr, rows, valid, kk, k_hi, K)
+    return w, tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                      mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+
+
+@triton.jit
 def _row_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, N, M, stride_rn, eps,
               BLOCK_E: tl.constexpr):
     """For each row n: h = res + rms_norm(y, post) (over y_ptr in place), out = rms_norm(h,
@@ -160,11 +176,7 @@ def _gemv_fma_kernel(
     enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + rk
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
-                    mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
-        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                    mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+        w, x = tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
         acc += x.to(w_dtype).to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     finish(tl.sum(acc, axis=2), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
@@ -187,11 +199,7 @@ def _gemv_dot_kernel(
     enter(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + rk
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
-                    mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
-        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                    mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+        w, x = tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
         acc = tl.dot(w, tl.trans(x.to(w_dtype)), acc, input_precision="ieee")  # as gemm.py's
     finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,

@@ -51,6 +51,7 @@ from muser.ops.triton.gemv import (
     finish,
     outputs,
     weight_rows,
+    weight_tile,
 )
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
@@ -61,16 +62,11 @@ AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch w
 
 
 @triton.jit
-def _weight_tile(w_ptr, rows, valid, kk, k_hi, K):
-    return tl.load(w_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
-                   mask=valid[:, None] & (kk[None, :] < k_hi), other=0.0)
-
-
-@triton.jit
 def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
+    """gemv.tiles with x's load issued first, the order these loops were measured in."""
     x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
                 mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
-    return _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x
+    return weight_tile(w_ptr, rows, valid, kk, k_hi, K), x
 
 
 @triton.jit
@@ -126,9 +122,9 @@ def _gemv_fp8_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_dtype = x_ptr.dtype.element_ty
     if LOOP == ROW:  # NOTE: weights are no earlier kernel's output: load tiles before the wait
-        w_0 = _weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
+        w_0 = weight_tile(w_ptr, rows, valid, k_lo + rk, k_hi, K)
         if ROW_AHEAD == 2:  # the program's second tile (masked off where it has one)
-            w_1 = _weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
+            w_1 = weight_tile(w_ptr, rows, valid, k_lo + BLOCK_K + rk, k_hi, K)
     enter(PDL)
     if LOOP == DOT8:
         up, down = _pow2_scales(_row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N,
@@ -159,7 +155,7 @@ def _gemv_fp8_kernel(
             acc2 = _row_fma(acc2, w_1, x_ptr, k_lo + BLOCK_K + rk, k_hi)
         for k0 in tl.range(k_lo + ROW_AHEAD * BLOCK_K, k_hi, BLOCK_K, num_stages=ROW_STAGES):
             kk = k0 + rk
-            acc2 = _row_fma(acc2, _weight_tile(w_ptr, rows, valid, kk, k_hi, K), x_ptr, kk, k_hi)
+            acc2 = _row_fma(acc2, weight_tile(w_ptr, rows, valid, kk, k_hi, K), x_ptr, kk, k_hi)
         y = tl.sum(acc2, axis=1)[None, :]
     else:
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -218,11 +214,11 @@ def row_candidates(m: int, k: int) -> list[GemvConfig]:
     tiles ahead by cp.async; 5: four). Where 256 divides K but 512 does not (Gemma 3 27B's
     hidden 5,376 = 21 x 256), also 256-column tiles, so that no program ends on a half-masked
     tile."""
-    tiles = [(8, 512), (16, 512), (8, 1024), (4, 2048)]
+    shapes = [(8, 512), (16, 512), (8, 1024), (4, 2048)]
     if k % 256 == 0 and k % 512:
-        tiles += [(16, 256), (32, 256)]
+        shapes += [(16, 256), (32, 256)]
     out = []
-    for bm, bk in tiles:
+    for bm, bk in shapes:
         programs = cdiv(m, bm)
         most = min(max(1, k // bk), 16)
         splits = {1} | ({min(s, most) for s in (2, 4)} if programs < 1024 else set())
