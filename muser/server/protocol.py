@@ -108,6 +108,11 @@ class ChatMessage(Body):
             return "\n\n".join(part.text for part in self.content)
         return self.content or ""
 
+    def turn(self) -> dict[str, str]:
+        """The message as the chat template takes it ('developer' is a system turn)."""
+        return {"role": "system" if self.role == "developer" else self.role,
+                "content": self.text()}
+
 
 class ChatRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -140,9 +145,7 @@ class ChatRequest(OpenAISampling):
     verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
 
     def chat(self) -> list[dict[str, Any]]:
-        """Messages as the chat template takes them ('developer' is a system turn)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        return [m.turn() for m in self.messages]
 
 
 class PromptObject(Body):
@@ -264,8 +267,7 @@ class ApplyTemplateRequest(Body):
     tools: Annotated[list[dict[str, Any]], Field(max_length=256)] | None = None
 
     def chat(self) -> list[dict[str, Any]]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        return [m.turn() for m in self.messages]
 
 
 class TokenizeRequest(Body):

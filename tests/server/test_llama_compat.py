@@ -210,6 +210,12 @@ def test_custom_chat_template_and_apply_template(compat: Server) -> None:
                                           {"type": "text", "text": "ill"}]}]
     joined = c.post("/apply-template", json={"messages": parts, "add_generation_prompt": False})
     assert joined.json()["prompt"] == "[user] Wh\n\nill\n"  # llama-server's blank line
+    developer = [{**m, "role": "developer"} if m["role"] == "system" else m for m in CHAT]
+    assert developer != CHAT  # OpenAI's 'developer' turn is the template's system turn
+    assert c.post("/apply-template", json={"messages": developer}).json()["prompt"] == prompt
+    reply = c.post("/chat/completions", json={"messages": developer, "max_tokens": 1,
+                                              "verbose": True}).json()
+    assert reply["__verbose"]["prompt"] == prompt
     assert c.get("/props").json()["chat_template"] == TEMPLATE
     ids = c.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"]
     chat = c.post("/chat/completions", json={"messages": CHAT, "max_tokens": 1}).json()
