@@ -60,11 +60,17 @@ def weight_tile(w_ptr, rows, valid, kk, k_hi, K):
 
 
 @triton.jit
+def x_tile(x_ptr, rn, kk, k_hi, N, stride_xn):
+    """x's rows rn at columns kk [BLOCK_N, BLOCK_K] (0 past N and k_hi)."""
+    return tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
+                   mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+
+
+@triton.jit
 def tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
-    """The weight tile at columns kk and x's rows rn there [BLOCK_N, BLOCK_K] (0 past N, k_hi)."""
+    """The weight tile at columns kk and x's tile there."""
     w = weight_tile(w_ptr, rows, valid, kk, k_hi, K)
-    return w, tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                      mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+    return w, x_tile(x_ptr, rn, kk, k_hi, N, stride_xn)
 
 
 @triton.jit

@@ -52,6 +52,7 @@ from muser.ops.triton.gemv import (
     outputs,
     weight_rows,
     weight_tile,
+    x_tile,
 )
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
@@ -64,8 +65,7 @@ AHEAD = 2  # the row loop's weight tiles loaded before the programmatic-launch w
 @triton.jit
 def _tiles(x_ptr, w_ptr, rows, valid, rn, kk, k_hi, N, K, stride_xn):
     """gemv.tiles with x's load issued first, the order these loops were measured in."""
-    x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+    x = x_tile(x_ptr, rn, kk, k_hi, N, stride_xn)
     return weight_tile(w_ptr, rows, valid, kk, k_hi, K), x
 
 
@@ -89,8 +89,7 @@ def _row_amax(x_ptr, rn, k_lo, k_hi, N, stride_xn, BLOCK_N: tl.constexpr,
     amax = tl.zeros((BLOCK_N,), tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rn[:, None] * stride_xn + kk[None, :],
-                    mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+        x = x_tile(x_ptr, rn, kk, k_hi, N, stride_xn)
         amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
     return amax
 
