@@ -18,11 +18,11 @@ import argparse
 import functools
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
+from cuda_events import bench_ms, copy_bandwidth
 from triton.errors import TritonError
 
 from muser.ops import ref
@@ -35,27 +35,6 @@ SHAPES = {"gemma3-27b": (32, 16, 128), "gemma3-1b": (4, 1, 256)}  # heads, kv he
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def bench_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(2**30, device=DEV, dtype=BF16)  # 2 GiB
-    y = torch.empty_like(x)
-    ms = bench_ms(lambda: y.copy_(x), reps=10)
-    return 2 * x.nbytes / (ms / 1e3)
 
 
 def case(shape: str, keys: int, max_keys: int):
@@ -85,7 +64,7 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="time CUDA graph replays")
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]
-    copy_bw = copy_bandwidth()
+    copy_bw = copy_bandwidth(2 << 30)
     receipt = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "copy_bytes_per_s": copy_bw, "page_rows": PAGE, "new_row": args.new,
                "timing": "cuda graph replay" if args.graph else "eager", "cells": []}

@@ -26,6 +26,7 @@ from triton.errors import TritonError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is scripts, not a package
 
+from cuda_events import bench_ms, copy_bandwidth
 from hf_compiled import compiled_prefill_calls
 from hf_twin import hf_twin
 
@@ -55,29 +56,9 @@ def say(msg: str) -> None:
     LOG.append(msg)
 
 
-def bench_ms(fn, warmup: int = 3, reps: int = 20) -> float:
-    """Median milliseconds of fn() with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 # ---------------------------------------------------------------- ceilings
 def ceilings() -> dict:
-    n = 2**31  # 4 GiB of bf16
-    x = torch.randn(n // 2, device=DEV, dtype=torch.float32).view(BF16)
-    y = torch.empty_like(x)
-    ms = bench_ms(partial(y.copy_, x), reps=10)
-    copy_bw = 2 * x.nbytes / (ms / 1e3)
-    del x, y
+    copy_bw = copy_bandwidth(4 << 30)
     a = torch.randn(8192, 8192, device=DEV, dtype=BF16)
     b = torch.randn(8192, 8192, device=DEV, dtype=BF16)
     ms = bench_ms(lambda: a @ b, reps=10)

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 import torch
-from decode_depth import PAGE, SHAPES, bench_ms, say
+from cuda_events import bench_ms
+from decode_depth import PAGE, SHAPES, say
 
 from muser.attention.routes import Route
 from muser.attention.tiles import classify_tiles
