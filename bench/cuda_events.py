@@ -1,6 +1,6 @@
 """CUDA-event timing for the bench scripts that time one call at a time (gpu_bench.py,
-decode_depth.py): the median of calls timed one by one, and the device copy's bandwidth, the
-floor's denominator."""
+decode_depth.py, prefill_depth.py): the median of calls timed one by one, and the device
+copy's bandwidth, the floor's denominator."""
 
 from __future__ import annotations
 
