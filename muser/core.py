@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from muser.errors import MuserError
+
 MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (OpenAI's bound)
 
 
@@ -125,6 +127,19 @@ class Request:
         if start >= prompt:
             return self.output_ids[start - prompt:start - prompt + n]
         return self.all_ids[start:start + n]
+
+
+class PromptError(MuserError, ValueError):
+    """The prompt cannot be served (empty, or longer than the context)."""
+
+
+def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
+    """Raise PromptError unless the prompt is non-empty and leaves room for one new token."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty")
+    if len(prompt_ids) >= max_model_len:
+        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
+                          f"{max_model_len} (prompt + at least one new token)")
 
 
 class Logprobs(NamedTuple):

@@ -35,10 +35,9 @@ from typing import NamedTuple
 import torch
 
 from muser import logprobs
-from muser.core import Logprobs, Request, SamplingParams, Status, StepOutput
+from muser.core import Logprobs, Request, SamplingParams, Status, StepOutput, check_prompt
 from muser.disagg.client import RemotePrefill, Result
 from muser.disagg.snapshot import install
-from muser.errors import MuserError
 from muser.grammar import GrammarMasks
 from muser.kvcache.pages import OutOfPages
 from muser.runner import Ahead, Runner, SeqState
@@ -48,19 +47,6 @@ from muser.stopping import StopMatcher
 from muser.tokenizer import IncrementalDecoder, Tokenizer
 
 ECHO_ROWS = 64  # prefill rows per step of a request that wants prompt logprobs
-
-
-class PromptError(MuserError, ValueError):
-    """The prompt cannot be served (empty, or longer than the context)."""
-
-
-def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
-    """Raise PromptError unless the prompt is non-empty and leaves room for one new token."""
-    if not prompt_ids:
-        raise PromptError("the prompt is empty")
-    if len(prompt_ids) >= max_model_len:
-        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
-                          f"{max_model_len} (prompt + at least one new token)")
 
 
 @dataclass(slots=True)

@@ -13,8 +13,7 @@ from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from muser.core import SamplingParams, StepOutput
-from muser.engine import PromptError
+from muser.core import PromptError, SamplingParams, StepOutput
 from muser.errors import MuserError
 from muser.scheduler import QueueFull
 from muser.server.auth import Keys

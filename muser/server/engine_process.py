@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from muser.core import SamplingParams, StepOutput
-from muser.engine import check_prompt
+from muser.core import SamplingParams, StepOutput, check_prompt
 from muser.errors import MuserError
 from muser.memory import MemoryReport
 from muser.scheduler import QueueFull
