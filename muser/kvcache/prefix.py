@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -129,3 +130,17 @@ class CheckpointIndex:
             self._protected[name] = self._probation.pop(name)
         else:
             (self._probation if name in self._probation else self._protected).move_to_end(name)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixStats:
+    """Counters since start (or since the last reset), for metrics."""
+
+    lookups: int  # prompts looked up
+    hits: int  # prompts that started after a cached prefix
+    tokens_reused: int  # rows those prompts did not compute
+    checkpoints: int  # checkpoints held now (at most capacity)
+    capacity: int  # checkpoints the store holds (from --prefix-cache-gb)
+    cached_pages: int  # pages no sequence holds, kept for their prefix
+    page_evictions: int
+    checkpoint_evictions: int

@@ -18,13 +18,12 @@ backend's exactness construction), so a hit gives the same bits as a cold prefil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from muser.kvcache.checkpoints import CheckpointStore, checkpoint_nbytes
 from muser.kvcache.pages import OutOfPages, PageAllocator
 from muser.kvcache.pool import KVPool
-from muser.kvcache.prefix import ROOT, CheckpointIndex, chain_keys
+from muser.kvcache.prefix import ROOT, CheckpointIndex, PrefixStats, chain_keys
 
 if TYPE_CHECKING:
     from muser.runner import SeqState
@@ -35,20 +34,6 @@ if TYPE_CHECKING:
 # chunks of a lone prompt on every fourth, and the narrower chunks of a step beside decodes
 # (--decode-waiting-chunk) again on every one.
 CHECKPOINT_EVERY = 512
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixStats:
-    """Counters since start (or since the last reset), for metrics."""
-
-    lookups: int  # prompts looked up
-    hits: int  # prompts that started after a cached prefix
-    tokens_reused: int  # rows those prompts did not compute
-    checkpoints: int  # checkpoints held now (at most capacity)
-    capacity: int  # checkpoints the store holds (from --prefix-cache-gb)
-    cached_pages: int  # pages no sequence holds, kept for their prefix
-    page_evictions: int
-    checkpoint_evictions: int
 
 
 class PrefixCache:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from muser.core import Request, SamplingParams, StepOutput
 from muser.engine import Engine, SlotInfo
-from muser.kvcache.reuse import PrefixStats
+from muser.kvcache.prefix import PrefixStats
 from muser.memory import MemoryReport
 from muser.scheduler import STEP_KINDS, QueueFull
 

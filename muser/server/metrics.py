@@ -15,7 +15,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from muser.kvcache.reuse import PrefixStats
+from muser.kvcache.prefix import PrefixStats
 from muser.server.llama_metrics import LlamaTotals, render_llama
 from muser.server.loop import LoopStats
 
