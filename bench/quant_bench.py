@@ -111,7 +111,7 @@ cell = {"model": name, "quantization": fmt, "source": source, "weight_bytes": he
         "torch": torch.__version__, "triton": triton.__version__}
 # One longer run, token by token: when each token reached the host, and the GPU's SM clock
 # (NVML, where the process can read it) sampled beside it: after a prefill at the power limit
-# the clock comes back up over the first ~100 ms of decode (bench/GPU_NOTES.md)
+# the clock comes back up over the first ~100 ms of decode (docs/gpu-notes.md)
 stamps, clocks, done = [], [], threading.Event()
 
 

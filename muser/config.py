@@ -61,19 +61,19 @@ def gemma3_layer_kinds(num_layers: int, pattern: int = 6) -> tuple[LayerKind, ..
 
 def default_dtypes(device: str) -> tuple[str, str]:
     """(weight dtype, KV dtype) when the user names none: bfloat16 on the GPU; float32 on the
-    CPU, where torch's 16-bit GEMM/GEMV kernels measured no faster than float32 (README, "CPU
-    speed") and bfloat16 loses parity with llama.cpp."""
+    CPU, where torch's 16-bit GEMM/GEMV kernels measured no faster than float32 (docs/cpu.md)
+    and bfloat16 loses parity with llama.cpp."""
     return ("bfloat16", "bfloat16") if device != "cpu" else ("float32", "float32")
 
 
 # Batching defaults per backend (EngineConfig fields left None). CPU: the DESIGN's 64-row cap
-# while decodes run and one 512-row chunk per step. GPU: see bench/GPU_NOTES.md, "Serving";
+# while decodes run and one 512-row chunk per step. GPU: docs/gpu-notes.md, "Serving on the GPU";
 # its decode_waiting_chunk stays None until the runner measures it (muser/waiting_chunk.py).
 # A prompt's chunk on the GPU may fill the step's whole budget when nothing decodes (2,048
 # rows): four times fewer launches than 512-row chunks, so a lone prompt's prefill is the
-# GPU's time, not the host's, and the GEMMs run at the widths they are fastest at (README,
-# "Weight formats"). The cost: a prompt prefilled alone leaves prefix-cache checkpoints every
-# 2,048 tokens (kvcache/reuse.py, CHECKPOINT_EVERY).
+# GPU's time, not the host's, and the GEMMs run at the widths they are fastest at
+# (docs/gpu-notes.md, "The FP8 kernels"). The cost: a prompt prefilled alone leaves
+# prefix-cache checkpoints every 2,048 tokens (kvcache/reuse.py, CHECKPOINT_EVERY).
 BATCHING = {
     "cpu": {"max_num_seqs": 8, "max_batched_tokens": 512, "decode_waiting_chunk": 64,
             "prefill_chunk": 512},
