@@ -30,10 +30,8 @@ enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4,
  * narrow call, which takes as few panels a task as keep CHAINS independent FMA chains going
  * (rows x panels x the registers of a 16-float vector: the FMA latency covered), so each
  * panel's weights are widened once per tile and its accumulators, weight vectors and group
- * scales stay in registers. AVX2 against 2 x 2 (wide) and 4 x 2 (narrow): the embedded model's
- * projections at 512 rows 1.73-1.89x as fast, its head at 8 rows 37.9 -> 21.0 ms
- * (bench/cpu_ab.py, bench/results/cpu_ab.json); AVX-512's narrow tiles follow the same rule
- * (one row: 4 panels, as before). */
+ * scales stay in registers (bench/cpu_ab.py, bench/results/cpu_ab.json, docs/cpu.md); AVX-512's
+ * narrow tiles follow the same rule (one row: 4 panels). */
 #if VEC_REGS >= 32
 #define WIDE_PANELS 2
 #define NR_WIDE 12

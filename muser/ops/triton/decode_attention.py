@@ -212,16 +212,10 @@ def launch_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int
     """(splits, keys per iteration, warps, pipeline stages or None for Triton's default) for a
     step whose sequences hold up to `max_keys` keys. Short ranges (rings, short contexts): 32
     keys per iteration in two stages, ~4 programs per SM of 132, at least 16 keys per split, at
-    most 64 splits; measured on the H200 at batch 1 with the step's new row, split and merge
-    together from a CUDA graph (bench/decode_depth.py, gemma3-27b's 16 KV heads): 1,024 keys
-    7.5 us in 32 splits of two stages, 8.6 us in the 16 splits of three stages this rule gave
-    before; 2,048 keys 9.2 against 11.3 us; two stages beat three at every split count tried
-    (8 to 64); gemma3-1b (one KV head): a 512-key ring 7.2 us in 32 splits, 8.9 us in 8. Long
-    ranges (bench/results/decode_depth_h200.json): 64 keys per iteration and ~4 programs per
-    SM, up to 128 splits; at 131,072 keys of gemma3-27b's full layers 32 splits of 64 keys read
-    K and V at 1.03 of the copy bandwidth (247 us, with the step's new row, from a CUDA
-    graph), where 16 splits of 32 keys reached 0.56 of it (eager, before the loops lost their
-    masks)."""
+    most 64 splits: at these ranges the kernel's latency, not its bytes, sets its time, so more,
+    shorter splits win (bench/results/decode_short_h200.json). Long ranges: 64 keys per
+    iteration and ~4 programs per SM, up to 128 splits, which read K and V at the copy
+    bandwidth at 131,072 keys (bench/results/decode_depth_h200.json; docs/gpu-notes.md)."""
     want = max(1, 512 // max(1, batch * num_kv_heads))
     if max_keys < LONG_KEYS:
         by_keys = next_power_of_2(-(-max_keys // 16))

@@ -12,9 +12,8 @@ codes times h and times l in PTX dp4a (four an instruction, codes as bytes cut o
 words: Q8_0's as they are, signed; Q4_K's high nibbles read in place as 16 q, unsigned; Q5_K's,
 Q6_K's and Q5_0's high bits shifted onto their nibbles; Q4_0's and Q5_0's words joined from
 int16 loads, their blocks being 2-byte aligned), and of 128 h + l (int8_rows' sums). Per
-sub-block and row the float work is a few multiplies. (x as one int16 in dp2a, two codes an
-instruction, measured slower for Q4_K on the H200: bench/GPU_NOTES.md; Q5_0 and Q4_0 in float32
-FMAs on x ran at 0.2-0.3 of copy bandwidth there.)
+sub-block and row the float work is a few multiplies. (Why dp4a and not x as one int16 in
+dp2a, or float FMAs on x: docs/gpu-notes.md, "GGUF blocks on the GPU".)
 
     type  B   words                                  s_j, t_j
     Q4_K  32  int32 0: d|dmin, 1-3: 12 scale bytes,   d sc_j, dmin m_j (6-bit sc, m)

@@ -17,8 +17,8 @@ Four main loops (GemvConfig.kind), the fastest picked per shape by timing (linea
   cp.async (Triton's pipeliner, asked for by `tl.range`: it does not pipeline loads that feed
   no dot on its own). The first two tiles (AHEAD) are loaded before the programmatic-launch
   wait (pdl.py): weights are no earlier kernel's output, so the loads run while the kernel
-  before finishes (gemma3-27b FP8 decode on an H100: 0.75 % faster a step with two than with
-  one; four were 2.9 % slower, at ~170 registers a thread against ~125: bench/GPU_NOTES.md);
+  before finishes; two, not more, because each tile held across the wait costs registers a
+  thread (docs/gpu-notes.md has the measurements);
 - "dot": tensor cores in float16. Every e4m3 value is a float16 value, widened by one packed
   convert per two codes. x enters float16 multiplied by a power of two per row
   (`_pow2_scales`: the row's largest |x| in [2^14, 2^15), exact), divided out of the float32 sums

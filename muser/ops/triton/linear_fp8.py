@@ -121,8 +121,7 @@ def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
     if n > MAX_ROWS:
         # NOTE: one route, not "dequant" beside scaled_mm: that route writes the whole weight in
         # bfloat16 on every call; timed eagerly it won only where the launches' host time
-        # decided (the 27B's o_proj at 512 rows: 17 us of dequantization + a 32 us bfloat16
-        # GEMM a call in the chunk's kernels, bench/GPU_NOTES.md)
+        # decided, and lost in the chunk's kernels (docs/gpu-notes.md, "The FP8 kernels")
         return [chunk_route(weight.dtype, m, k)]
     picks: list[Pick] = ["scaled_mm"] if scaled_mm_fits(weight.dtype, m, k) else []
     for c in candidates_fp8(n, m, k):

@@ -7,14 +7,11 @@ has completed (and its writes are visible), then lets the next kernel launch. By
 kernel starts only after every kernel two or more places before it has completed, so what it
 reads of theirs (the step's metadata, cos/sin, K/V rows stored by earlier steps) and the
 weights may be loaded before the wait, in flight while the kernel before finishes: the row
-GEMV's first weight tiles, the norms' weights, the decode split's metadata and first key tile
-(gemma3-27b FP8 decode graph: 8.06 ms against 8.11 with only the first; bench/GPU_NOTES.md).
+GEMV's first weight tiles, the norms' weights, the decode split's metadata and first key tile.
+Nothing is prefetched into L2 before the wait: the loads above are what the kernel itself
+consumes first, an L2 prefetch only adds traffic (docs/gpu-notes.md has the measurements).
 
 Captured into a CUDA graph, the launches become programmatic edges. MUSER_PDL=0 turns it off.
-(Measured on the H200, gemma3-1b decode: the graph replays in 1.093 ms with it, 1.180 ms
-without. Prefetching each kernel's weights or KV rows into L2 before its wait was slower:
-1.148 and 1.191 ms, run 18; so was a bulk L2 prefetch of each FP8 row GEMV's rows on
-gemma3-27b: 8.17 ms with 16 KiB a program, 8.61 with 64 KiB, 8.07 without.)
 """
 
 from __future__ import annotations

@@ -184,9 +184,8 @@ class FlashConfig:
 
 
 # NOTE: a split count is a runtime argument (one compiled kernel for every count: the warm-up's
-# chunks, a few thousand keys deep, compile what a chunk at 131k runs). On the H200
-# (bench/prefill_depth.py) splitting pays only while the (query tile, head) grid leaves SMs
-# idle: 8 splits took gemma3-1b's 512 rows at 8k keys from 0.91 to 0.34 ms.
+# chunks, a few thousand keys deep, compile what a chunk at 131k runs). Splitting pays only
+# while the (query tile, head) grid leaves SMs idle (bench/prefill_depth.py; docs/gpu-notes.md).
 MIN_TILES_PER_SPLIT = 16
 SMS = 132  # an H200's multiprocessors
 SHARED = 232448  # bytes of shared memory a program may take on sm_90 (227 KB)
@@ -195,10 +194,10 @@ SHARED = 232448  # bytes of shared memory a program may take on sm_90 (227 KB)
 def shared_bytes(pack: int, wide: int, stages: int, head_dim: int, tile: int,
                  itemsize: int) -> int:
     """An upper bound of the shared memory the compiled kernel holds: three key + value buffers
-    of `wide` tiles (fewer below num_stages 3) and the program's query rows. The H200 refused
-    this count, 458,752 bytes, for pack 2, wide 2, num_stages 5, head_dim 128 and 64-row tiles
-    of float32 multiplied in TF32; in IEEE float32 that config compiles to 393,248, still past
-    SHARED; the rule's own float32 configs compile within it (tests/ops/test_sm90_compile.py)."""
+    of `wide` tiles (fewer below num_stages 3) and the program's query rows. The bound keeps
+    float32 configs (pack 2, wide 2, num_stages 5, head_dim 128: 458,752 bytes) out of launches
+    the GPU refuses; the rule's own float32 configs compile within SHARED
+    (tests/ops/test_sm90_compile.py)."""
     return (min(stages, 3) * 2 * wide + pack) * tile * head_dim * itemsize
 
 
@@ -214,10 +213,8 @@ def launch_config(q_tiles: int, heads: int, kv_heads: int, k_tiles: int, head_di
     Otherwise four warps (eight for head_dim > 128), two programs per SM. Where the buffers of
     `itemsize`-byte keys (float32) would not fit SHARED: one head a program, then fewer stages.
     Then split the key range while the grid stays within the programs the SMs hold at once and
-    each split walks at least MIN_TILES_PER_SPLIT tiles. Measured on the H200
-    (bench/results/prefill_depth_h200.json, 27B, 512 rows at 131k keys in place): 2.92 ms a
-    layer, where the previous kernel and rule (one tile a block, four warps, two buffers, two
-    splits) took 3.93."""
+    each split walks at least MIN_TILES_PER_SPLIT tiles (the rule's figures at depth:
+    bench/results/prefill_depth_h200.json, docs/gpu.md)."""
     pack = 2 if (heads // kv_heads) % 2 == 0 and head_dim <= 128 and tile <= 64 else 1
     if pack == 2 and shared_bytes(2, 2, 3, head_dim, tile, itemsize) <= SHARED:
         warps, stages, room, wide = 8, 5 if in_place else 3, SMS, 2
