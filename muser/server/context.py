@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -12,6 +13,7 @@ from fastapi import Request
 from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from muser.core import PromptError, SamplingParams, StepOutput
 from muser.errors import MuserError
@@ -24,6 +26,8 @@ from muser.server.metrics import Metrics
 from muser.server.options import ServerOptions
 from muser.server.templates import ChatTemplate
 from muser.tokenizer import Tokenizer
+
+log = logging.getLogger("muser.server")
 
 _DISCONNECT_POLL_S = 0.25
 
@@ -55,15 +59,24 @@ class ServerContext:
             raise MuserError(f"the chat template does not parse: {exc}") from None
 
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
-        """Size-limited, strict JSON -> `model`; any problem is a 4xx ApiError."""
+        """Size-limited, strict JSON sent as application/json -> `model`; any problem is a
+        4xx ApiError (a client gone mid-body: one log line, and nothing was started)."""
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body_bytes:
-                raise _too_large(self.max_body_bytes)
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > self.max_body_bytes:
+                    raise _too_large(self.max_body_bytes)
+        except ClientDisconnect:
+            peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
+            log.info("%s %s from %s: the client went away after %d bytes of the body",
+                     request.method, request.url.path, peer, len(data))
+            raise ApiError(400, "the body ended early: the client disconnected",
+                           "client_disconnected") from None
+        _check_json_type(request.headers.get("content-type", ""))
         try:
             obj = json.loads(bytes(data).decode("utf-8"), parse_constant=_reject_constant)
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
@@ -212,6 +225,17 @@ def sampling_or_400(build: Any, max_tokens: int,
 
 _MESSAGES = {"extra_forbidden": "unknown field; this server does not support it",
              "none_required": "not supported by this server (send null or leave it out)"}
+
+
+def _check_json_type(content_type: str) -> None:
+    """415 unless the body is declared application/json (any parameters, e.g. charset).
+
+    NOTE: a browser sends a cross-origin POST of text/plain, form or multipart data without a
+    CORS preflight; refusing every other type keeps a web page from driving the server."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        got = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        raise ApiError(415, f"the body must be JSON sent as Content-Type: application/json "
+                       f"(got {got})", "unsupported_media_type")
 
 
 def _reject_constant(name: str) -> None:

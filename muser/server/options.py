@@ -32,6 +32,7 @@ class ServerOptions:
     thinking: bool = True  # chat templates' enable_thinking (--reasoning off: False)
     defaults: Defaults = Defaults()
     max_n: int = 8  # most samples (n, best_of) one request may ask for
+    keyless_admin: bool = False  # slot save / restore / erase without --admin-key
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -61,6 +62,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="folder for POST /slots/{id}?action=save|restore (slot KV files; "
                    "created if missing; default: save and restore are off)")
+    p.add_argument("--keyless-admin", action="store_true",
+                   help="let a server without --admin-key run POST /slots/{id}?action=save|"
+                   "restore|erase: anyone who can reach the port may then write, read back and "
+                   "erase slot files and cancel requests (default: those routes answer 403 "
+                   "until --admin-key is given)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -92,7 +98,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                              f"{args.slot_save_path}") from None
         folder = os.path.realpath(args.slot_save_path)
     return ServerOptions(
-        max_n=args.max_n,
+        max_n=args.max_n, keyless_admin=args.keyless_admin,
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,
