@@ -15,13 +15,14 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from muser.core import PromptError, SamplingParams, StepOutput
+from muser.core import PromptError, SamplingParams, StepOutput, check_prompt
 from muser.errors import MuserError
 from muser.scheduler import QueueFull
 from muser.server.auth import Keys
 from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.errors import ApiError
 from muser.server.generation import Generation
+from muser.server.grammar_check import GrammarCheck
 from muser.server.metrics import Metrics
 from muser.server.options import ServerOptions
 from muser.server.templates import ChatTemplate
@@ -52,6 +53,7 @@ class ServerContext:
         """model_name: 'name[,alias...]' -> the name; every one is in `aliases`."""
         self.aliases = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
         self.model_name = self.aliases[0]
+        self.grammars = GrammarCheck(self.tokenizer, self.options.grammar_limits)
         try:
             self.template = ChatTemplate(self.tokenizer, self.options.chat_template,
                                          self.options.thinking)
@@ -154,20 +156,22 @@ class ServerContext:
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams,
               llama: bool = False) -> Generation:
-        """llama: answer a prompt over the context with llama-server's error shape."""
-        if len(prompt_ids) >= self.max_model_len:
-            raise self.overflow(len(prompt_ids), llama)
+        """The prompt checked (the one check of its length on the server path), then
+        submitted; llama: a prompt over the context gets llama-server's error shape."""
+        try:
+            check_prompt(prompt_ids, self.max_model_len)
+        except PromptError as exc:
+            if prompt_ids:
+                raise self.overflow(len(prompt_ids), llama) from None
+            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
         try:
             return Generation(self.loop, self.metrics, prompt_ids, sampling)
-        except PromptError as exc:
-            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
         except EngineDead as exc:
             raise ApiError(503, f"the engine is not running ({exc}); see the server log",
                            "engine_dead") from None
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy ({exc}); retry later",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from None
-
 
     def overflow(self, num_prompt: int, llama: bool) -> ApiError:
         if llama:
