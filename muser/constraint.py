@@ -141,7 +141,8 @@ def compile_constraint(vocab: Vocab, grammar: str, limits: GrammarLimits,
     matcher = llguidance.LLMatcher(vocab.get(), grammar, log_level=0,
                                    limits=limits.parser_limits())
     if matcher.is_error():
-        raise GrammarError(matcher.get_error())
+        error = _first_line(matcher.get_error())
+        raise GrammarError(error + " (--grammar-max-size)" if "grammar size" in error else error)
     if check:
         start = time.perf_counter()
         mask = matcher.compute_bitmask()

@@ -38,7 +38,7 @@ class _Worker:
     """One checking process and the server's end of its pipe."""
 
     def __init__(self, tokenizer: Tokenizer, limits: GrammarLimits) -> None:
-        """Starts the process and waits until its vocabulary table is built."""
+        """Starts the process (wait_ready: until its vocabulary table is built)."""
         # NOTE: forked from a fresh forkserver process (no torch, no server state in it), so
         # they start quickly and are no children of the server beside its engine process
         ctx = mp.get_context("forkserver")
@@ -47,11 +47,14 @@ class _Worker:
                                 name="muser-grammar-check", daemon=True)
         self.proc.start()
         child.close()
+
+    def wait_ready(self) -> _Worker:
         try:
             self.conn.recv()
         except EOFError:
             raise MuserError(f"a grammar check process exited with code "
                              f"{self.proc.exitcode} while starting") from None
+        return self
 
     def call(self, kind: str, spec: Any) -> tuple[str, str]:
         self.conn.send((kind, spec))
@@ -68,8 +71,8 @@ class GrammarCheck:
         """Starts the workers (each builds the vocabulary table, 1.5-4 s)."""
         self.tokenizer, self.limits = tokenizer, limits
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        for _ in range(CHECK_WORKERS):
-            self._idle.put_nowait(_Worker(tokenizer, limits))
+        for worker in [_Worker(tokenizer, limits) for _ in range(CHECK_WORKERS)]:
+            self._idle.put_nowait(worker.wait_ready())
 
     async def check(self, kind: str, spec: Any) -> str:
         """kind "schema" | "grammar" -> llguidance grammar text; GrammarError with the reason
@@ -99,10 +102,15 @@ class GrammarCheck:
             raise GrammarError(answer)
         return answer
 
+    def close(self) -> None:
+        """Stop the idle workers (one still checking exits when its pipe closes)."""
+        while not self._idle.empty():
+            self._idle.get_nowait().kill()
+
     def _replace(self, worker: _Worker, loop: asyncio.AbstractEventLoop) -> None:
         """Kill a worker, start another and put it in the idle queue (on an executor thread)."""
         worker.kill()
-        fresh = _Worker(self.tokenizer, self.limits)
+        fresh = _Worker(self.tokenizer, self.limits).wait_ready()
         loop.call_soon_threadsafe(self._idle.put_nowait, fresh)
 
 

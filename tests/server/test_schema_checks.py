@@ -37,3 +37,27 @@ def test_a_wide_schema_is_searched_in_bounded_time() -> None:
     defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 3} for i in range(60)}
     defs["d60"] = {"type": "integer"}
     assert unsatisfiable({"$defs": defs, "$ref": "#/$defs/d0"}) is None
+
+
+def test_a_check_past_its_time_is_refused_and_its_worker_replaced(gguf_reader) -> None:
+    import asyncio
+    import dataclasses
+
+    from muser.constraint import GrammarError, GrammarLimits
+    from muser.server.grammar_check import GrammarCheck
+    from muser.tokenizer import Tokenizer
+
+    async def run() -> None:
+        check = GrammarCheck(Tokenizer.from_gguf(gguf_reader), GrammarLimits())
+        assert await check.check("schema", {"type": "integer"})
+        check.limits = dataclasses.replace(check.limits, compile_s=1e-4)
+        with pytest.raises(GrammarError, match="took more than"):
+            await check.check("schema", {"type": "string", "pattern": "^(a{1000}){1000}$"})
+        check.limits = GrammarLimits()
+        for _ in range(3):  # NOTE: every worker, the replaced one too, once it is back
+            assert await check.check("grammar", 'root ::= "x"')
+        with pytest.raises(GrammarError, match="no finite instance"):
+            await check.check("schema", {"$ref": "#"})
+        check.close()
+
+    asyncio.run(run())
