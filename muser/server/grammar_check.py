@@ -85,6 +85,7 @@ class GrammarCheck:
         except TimeoutError:
             log.warning("a grammar check took more than %g s; restarting its worker",
                         self.limits.compile_s)
+            fut.add_done_callback(_consume)  # NOTE: it ends in EOFError once killed
             loop.run_in_executor(None, self._replace, worker, loop)
             raise GrammarError(f"compiling and checking it took more than "
                                f"{self.limits.compile_s:g} s (--grammar-compile-s)") from None
@@ -95,6 +96,7 @@ class GrammarCheck:
             raise GrammarError("checking it made the checking process exit") from None
         except asyncio.CancelledError:
             # NOTE: the client went away; the worker is free again once its answer is in
+            fut.add_done_callback(_consume)
             fut.add_done_callback(lambda _: self._idle.put_nowait(worker))
             raise
         self._idle.put_nowait(worker)
@@ -112,6 +114,13 @@ class GrammarCheck:
         worker.kill()
         fresh = _Worker(self.tokenizer, self.limits).wait_ready()
         loop.call_soon_threadsafe(self._idle.put_nowait, fresh)
+
+
+def _consume(fut: asyncio.Future) -> None:
+    """Retrieve the outcome of a call no request waits for any more (asyncio logs a
+    traceback for an exception never retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _serve(tokenizer: Tokenizer, limits: GrammarLimits, conn: Connection) -> None:
