@@ -1,33 +1,40 @@
-"""Constrained decoding: a request's grammar (llguidance) as a token mask per step.
+"""Constrained decoding: every constrained row's token mask for one engine step (torch).
 
-A request whose SamplingParams.grammar is set gets a Constraint: an llguidance LLMatcher over
-the model's vocabulary, advanced on the host by every token the request accepts. Each step the
-engine asks GrammarMasks for the bitmask of the constrained rows only (rows without a grammar
-pay nothing): [R, ceil(vocab / 32)] int32 words, bit t % 32 of word t // 32 set when token t
-may come next, computed for all R rows in parallel on llguidance's threads (the GIL released),
-while the device still runs the step's forward pass. The sampler unpacks it and applies it on
-the device (muser/sampler.py: disallowed logits -> -inf). A grammar that has ended
-(is_stopped) ends the request. The grammar text is llguidance's (Lark, or its JSON grammar
-form); the server builds it from JSON schemas and GBNF (muser/server/structured.py).
+A request whose SamplingParams.grammar is set gets a Constraint (muser/constraint.py, compiled
+in Engine.make_request, off the engine loop). Each step the engine asks GrammarMasks for the
+bitmask of the constrained rows only (rows without a grammar pay nothing): [R, ceil(vocab /
+32)] int32 words, bit t % 32 of word t // 32 set when token t may come next, computed for the
+R rows in parallel on a small thread pool (llguidance releases the GIL) while the device
+still runs the step's forward pass. The sampler unpacks it and applies it on the device
+(muser/sampler.py: disallowed logits -> -inf). A grammar that has ended (is_stopped) ends the
+request.
 
-The vocabulary table (LLTokenizer) costs 1.5-4 s for Gemma 3's 262k tokens (a loaded 2-core
-CPU): built once per engine, on the first constrained request, in the thread that submits it
-(Engine.make_request), not on the engine loop.
+Each step waits at most GrammarLimits.mask_ms for its masks. A row whose mask is late gets a
+mask of end-of-generation only and its Constraint fails, so the request ends at this token;
+the late computation finishes in the background into that row's own buffer, read by no one.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
+import time
 from typing import NamedTuple
 
 import torch
 
-from muser.errors import MuserError
+from muser.constraint import (
+    Constraint,
+    GrammarError,
+    GrammarLimits,
+    Vocab,
+    compile_constraint,
+)
 from muser.tokenizer import Tokenizer
 
+__all__ = ["Bitmask", "GrammarError", "GrammarMasks"]
 
-class GrammarError(MuserError, ValueError):
-    """A grammar that llguidance cannot compile."""
+MASK_THREADS = 4
 
 
 class Bitmask(NamedTuple):
@@ -37,67 +44,24 @@ class Bitmask(NamedTuple):
     words: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32 on the host
 
 
-def llg_tokenizer(tokenizer: Tokenizer):
-    """muser's tokenizer -> llguidance's LLTokenizer: token bytes, control tokens marked
-    special (a 0xff prefix: they never match grammar text), end-of-generation ids as EOS."""
-    import llguidance
-
-    tokens = [tokenizer.token_to_piece(i) for i in range(tokenizer.vocab_size)]
-    for i in range(tokenizer.vocab_size):
-        if tokenizer.is_special(i):
-            tokens[i] = b"\xff" + tokens[i]
-
-    class _Vocab:
-        eos_token_id, bos_token_id = tokenizer.eos_id, tokenizer.bos_id
-
-        def __init__(self) -> None:
-            self.tokens = tokens
-
-        def __call__(self, text: bytes) -> list[int]:
-            return tokenizer.encode(text.decode("utf-8", "replace"), add_bos=False,
-                                    parse_special=False)
-
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()),
-                                  eos_token=sorted(tokenizer.eot_ids))
-
-
-class Constraint:
-    """One request's grammar state (host only)."""
-
-    def __init__(self, matcher) -> None:
-        self.matcher = matcher
-
-    def consume(self, token: int) -> bool:
-        """Advance by an accepted token -> whether the grammar took it."""
-        return self.matcher.consume_token(token)
-
-    @property
-    def is_stopped(self) -> bool:
-        """The grammar has ended: nothing but end-of-generation can follow."""
-        return self.matcher.is_stopped()
-
-
 class GrammarMasks:
     """Compiles grammars and computes the step's masks; one per engine."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, limits: GrammarLimits | None = None) -> None:
         self.tokenizer = tokenizer
-        self._llg = None
-        self._executor = None
+        self.limits = limits or GrammarLimits()
+        self.vocab = Vocab(tokenizer)
+        self._pool: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._end_only: torch.Tensor | None = None
 
     @property
     def num_words(self) -> int:
-        return (self.tokenizer.vocab_size + 31) // 32
+        return self.vocab.num_words
 
     def compile(self, grammar: str) -> Constraint:
         """llguidance grammar text -> a fresh Constraint; raises GrammarError."""
-        import llguidance
-
-        matcher = llguidance.LLMatcher(self._vocab(), grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
-        return Constraint(matcher)
+        return compile_constraint(self.vocab, grammar, self.limits)
 
     def masks(self, constraints: list[Constraint | None]) -> Bitmask | None:
         """The bitmask of the rows that have a Constraint (None when no row has one)."""
@@ -105,24 +69,55 @@ class GrammarMasks:
         if not rows:
             return None
         words = torch.empty(len(rows), self.num_words, dtype=torch.int32)
-        row_bytes = self.num_words * 4
-        if len(rows) == 1:
-            constraints[rows[0]].matcher.unsafe_compute_mask_ptr(words.data_ptr(), row_bytes)
-        else:
-            jobs = [(constraints[r].matcher, k) for k, r in enumerate(rows)]
-            self._parallel().unsafe_compute_mask_ptr(jobs, words.data_ptr(), row_bytes,
-                                                     len(rows))
+        todo = {}
+        for k, r in enumerate(rows):
+            c = constraints[r]
+            if c.failure is not None:
+                words[k] = self._end_mask()
+                continue
+            if c.scratch is None:
+                c.scratch = torch.empty(self.num_words, dtype=torch.int32)
+            todo[self._executor().submit(_fill, c.matcher, c.scratch)] = (k, c)
+        if todo:
+            deadline = time.perf_counter() + self.limits.mask_ms / 1e3
+            done, late = cf.wait(todo, timeout=max(0.0, deadline - time.perf_counter()))
+            for fut in done:
+                k, c = todo[fut]
+                if fut.exception() is not None:
+                    c.fail(f"the token mask failed: {fut.exception()}")
+                    words[k] = self._end_mask()
+                else:
+                    words[k] = c.scratch
+                    if c.matcher.is_error():
+                        c.fail(c.matcher.get_error())
+            for fut in late:
+                k, c = todo[fut]
+                c.fail(f"its token mask took more than {self.limits.mask_ms:g} ms "
+                       "(--grammar-mask-ms)")
+                c.scratch = None  # NOTE: the late computation still writes its own buffer
+                words[k] = self._end_mask()
         return Bitmask(rows, words)
 
-    def _vocab(self):
+    def _end_mask(self) -> torch.Tensor:
+        """End-of-generation tokens only."""
+        if self._end_only is None:
+            mask = torch.zeros(self.num_words, dtype=torch.int32)
+            for t in self.tokenizer.eot_ids:
+                mask[t >> 5] |= _bit(t & 31)
+            self._end_only = mask
+        return self._end_only
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
         with self._lock:
-            if self._llg is None:
-                self._llg = llg_tokenizer(self.tokenizer)
-            return self._llg
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(MASK_THREADS, "muser-grammar")
+            return self._pool
 
-    def _parallel(self):
-        if self._executor is None:
-            import llguidance
 
-            self._executor = llguidance.LLExecutor()
-        return self._executor
+def _fill(matcher, buf: torch.Tensor) -> None:
+    matcher.unsafe_compute_mask_ptr(buf.data_ptr(), buf.numel() * 4)
+
+
+def _bit(i: int) -> int:
+    """Bit i of an int32 word as a signed value (bit 31 is the sign)."""
+    return -(1 << 31) if i == 31 else 1 << i

@@ -11,6 +11,7 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --batch-size N               --max-batched-tokens max(N, P): rows per step
     --alias A[,B...]             --model-name A[,B...]
     --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
+    no --api-key                 --keyless-admin  (a keyless llama-server runs slot actions)
     --port, --host, --seed, --temp, --n-predict, --chat-template, --chat-template-file,
     --cors-origins, --slot-save-path, --reasoning   the same flags
     no --cors-origins            --cors-origins '*' (llama-server reflects any origin by default,
@@ -144,6 +145,8 @@ def muser_args(argv: list[str]) -> list[str]:
         out += ["--model-name", a.alias]
     if a.api_key:
         out += ["--api-key", a.api_key, "--admin-key", a.api_key]
+    else:
+        out.append("--keyless-admin")
     out += ["--metrics" if a.metrics else "--no-metrics", "--slots" if a.slots else "--no-slots"]
     if a.verbose:
         out.append("--verbose")

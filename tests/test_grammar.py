@@ -104,3 +104,36 @@ def test_device_unpack_matches_numpys() -> None:
     count = 9 * 32 - 7
     want = np.unpackbits(words.numpy().view(np.uint8), axis=1, count=count, bitorder="little")
     assert torch.equal(unpack_bits(words, count), torch.from_numpy(want))
+
+
+def test_a_late_mask_ends_its_request_and_leaves_the_others(masks: GrammarMasks) -> None:
+    """A mask later than mask_ms: its row may only end (end-of-generation tokens), its
+    Constraint fails and takes no more tokens; the next step's on-time rows are exact."""
+    from muser.constraint import GrammarLimits
+    from muser.grammar import GrammarMasks as Masks
+
+    late = Masks(masks.tokenizer, GrammarLimits(mask_ms=1e-6))
+    late.vocab = masks.vocab  # NOTE: the vocabulary table is built once per test module
+    tok, vocab = masks.tokenizer, masks.tokenizer.vocab_size
+    grammar = LLMatcher.grammar_from_lark('start: "yes" | "no"')
+    c = late.compile(grammar)
+    bitmask = late.masks([None, c])
+    assert bitmask.rows == [1] and _allowed(bitmask, 0, vocab) == set(tok.eot_ids)
+    assert c.failure and "mask" in c.failure and c.is_stopped
+    assert not c.consume(tok.token_id("yes"))
+    fresh = masks.compile(grammar)
+    assert tok.token_id("yes") in _allowed(masks.masks([fresh]), 0, vocab)
+
+
+def test_check_refuses_what_matches_nothing_or_costs_too_much(masks: GrammarMasks) -> None:
+    from muser.constraint import GrammarError, GrammarLimits, compile_constraint
+
+    limits = GrammarLimits()
+    slow = LLMatcher.grammar_from_json_schema({"type": "string", "pattern": "^(a{1000}){1000}$"})
+    with pytest.raises(GrammarError, match="first token mask took"):
+        compile_constraint(masks.vocab, slow, limits, check=True)
+    empty = LLMatcher.grammar_from_json_schema({"enum": []})
+    with pytest.raises(GrammarError, match="nsatisfiable"):
+        compile_constraint(masks.vocab, empty, limits, check=True)
+    ok = LLMatcher.grammar_from_json_schema(SCHEMA)
+    assert not compile_constraint(masks.vocab, ok, limits, check=True).is_stopped

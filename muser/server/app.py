@@ -77,6 +77,7 @@ def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
         app.state.draining = True
         if startup.ctx is not None:
             startup.ctx.loop.stop()
+            startup.ctx.grammars.close()
 
     app = FastAPI(title="muser", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

@@ -79,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from muser.server.app import create_app
-    from muser.server.loop import LoopStats
+    from muser.server.loop_stats import LoopStats
     from muser.server.metrics import Metrics
     from muser.server.startup import Startup
 
@@ -135,7 +135,7 @@ def _context(args: argparse.Namespace, keys, metrics):
 
     options = server_options(args)
     spec = EngineSpec(args.model, kwargs, args.log_level, sys.stderr.isatty(),
-                      disagg_options(args), options.slot_save_path)
+                      disagg_options(args), options.slot_save_path, options.grammar_limits)
     loop = EngineProcess(spec, args.max_queue)
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -12,18 +13,22 @@ from fastapi import Request
 from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
-from muser.core import PromptError, SamplingParams, StepOutput
+from muser.core import PromptError, SamplingParams, StepOutput, check_prompt
 from muser.errors import MuserError
 from muser.scheduler import QueueFull
 from muser.server.auth import Keys
 from muser.server.engine_process import EngineDead, EngineProcess
 from muser.server.errors import ApiError
 from muser.server.generation import Generation
+from muser.server.grammar_check import GrammarCheck
 from muser.server.metrics import Metrics
 from muser.server.options import ServerOptions
 from muser.server.templates import ChatTemplate
 from muser.tokenizer import Tokenizer
+
+log = logging.getLogger("muser.server")
 
 _DISCONNECT_POLL_S = 0.25
 
@@ -48,6 +53,7 @@ class ServerContext:
         """model_name: 'name[,alias...]' -> the name; every one is in `aliases`."""
         self.aliases = tuple(n.strip() for n in self.model_name.split(",") if n.strip())
         self.model_name = self.aliases[0]
+        self.grammars = GrammarCheck(self.tokenizer, self.options.grammar_limits)
         try:
             self.template = ChatTemplate(self.tokenizer, self.options.chat_template,
                                          self.options.thinking)
@@ -55,15 +61,24 @@ class ServerContext:
             raise MuserError(f"the chat template does not parse: {exc}") from None
 
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
-        """Size-limited, strict JSON -> `model`; any problem is a 4xx ApiError."""
+        """Size-limited, strict JSON sent as application/json -> `model`; any problem is a
+        4xx ApiError (a client gone mid-body: one log line, and nothing was started)."""
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body_bytes:
-                raise _too_large(self.max_body_bytes)
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > self.max_body_bytes:
+                    raise _too_large(self.max_body_bytes)
+        except ClientDisconnect:
+            peer = f"{request.client.host}:{request.client.port}" if request.client else "?"
+            log.info("%s %s from %s: the client went away after %d bytes of the body",
+                     request.method, request.url.path, peer, len(data))
+            raise ApiError(400, "the body ended early: the client disconnected",
+                           "client_disconnected") from None
+        _check_json_type(request.headers.get("content-type", ""))
         try:
             obj = json.loads(bytes(data).decode("utf-8"), parse_constant=_reject_constant)
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
@@ -141,20 +156,22 @@ class ServerContext:
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams,
               llama: bool = False) -> Generation:
-        """llama: answer a prompt over the context with llama-server's error shape."""
-        if len(prompt_ids) >= self.max_model_len:
-            raise self.overflow(len(prompt_ids), llama)
+        """The prompt checked (the one check of its length on the server path), then
+        submitted; llama: a prompt over the context gets llama-server's error shape."""
+        try:
+            check_prompt(prompt_ids, self.max_model_len)
+        except PromptError as exc:
+            if prompt_ids:
+                raise self.overflow(len(prompt_ids), llama) from None
+            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
         try:
             return Generation(self.loop, self.metrics, prompt_ids, sampling)
-        except PromptError as exc:
-            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
         except EngineDead as exc:
             raise ApiError(503, f"the engine is not running ({exc}); see the server log",
                            "engine_dead") from None
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy ({exc}); retry later",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from None
-
 
     def overflow(self, num_prompt: int, llama: bool) -> ApiError:
         if llama:
@@ -212,6 +229,17 @@ def sampling_or_400(build: Any, max_tokens: int,
 
 _MESSAGES = {"extra_forbidden": "unknown field; this server does not support it",
              "none_required": "not supported by this server (send null or leave it out)"}
+
+
+def _check_json_type(content_type: str) -> None:
+    """415 unless the body is declared application/json (any parameters, e.g. charset).
+
+    NOTE: a browser sends a cross-origin POST of text/plain, form or multipart data without a
+    CORS preflight; refusing every other type keeps a web page from driving the server."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        got = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        raise ApiError(415, f"the body must be JSON sent as Content-Type: application/json "
+                       f"(got {got})", "unsupported_media_type")
 
 
 def _reject_constant(name: str) -> None:

@@ -74,7 +74,7 @@ def samples(outputs: list[StepOutput], n: int) -> list[list[StepOutput]]:
 class Generation:
     def __init__(self, loop: EngineProcess, metrics: Metrics, prompt_ids: list[int],
                  sampling: SamplingParams) -> None:
-        """Submits at once; raises PromptError or QueueFull."""
+        """Submits at once (the prompt checked by the caller); raises QueueFull or EngineDead."""
         self.loop, self.metrics = loop, metrics
         self.num_prompt = len(prompt_ids)
         self.n = sampling.n
@@ -132,6 +132,12 @@ class Generation:
         return {"prompt_n": self.num_prompt, "prompt_ms": prompt_ms,
                 "predicted_n": self.num_output, "predicted_ms": gen_ms,
                 "predicted_per_second": per_s}
+
+    def record_finished(self) -> None:
+        """This generation's phases into the llamacpp: metric families (once, when done)."""
+        t = self.timings()
+        self.metrics.observe_finished(t["prompt_ms"], t["predicted_ms"],
+                                      self.num_prompt + self.num_output)
 
     def close(self) -> None:
         if self.finish_reason is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from muser.server.loop import LoopStats
+from muser.server.loop_stats import LoopStats
 
 
 @dataclass

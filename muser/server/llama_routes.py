@@ -110,14 +110,12 @@ async def completion(request: Request) -> Any:
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
                        "prompt")
-    for ids in prompts:
-        if len(ids) >= ctx.max_model_len:
-            raise ctx.overflow(len(ids), llama=True)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
     given = bool({"n_predict", "max_tokens", "max_completion_tokens"} & body.model_fields_set)
     samplings = [await with_grammar(body, sampling_or_400(
         lambda m: body.sampling(m, ctx.max_model_len),
-        ctx.n_predict(body.num_predict, len(ids), given), bias)) for ids in prompts]
+        ctx.n_predict(body.num_predict, len(ids), given), bias), ctx.grammars)
+        for ids in prompts]
     gens: list[Generation] = []
     try:
         for ids, sampling in zip(prompts, samplings):
@@ -189,7 +187,7 @@ def _final(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
         kind == "word") else ""
     if kind == "word" and not word:
         kind = "eos"  # NOTE: the grammar ended it (llama.cpp's grammar ends with an EOS)
-    ctx.metrics.observe_finished(gen)
+    gen.record_finished()
     return {"id_slot": -1, "stop": True, "model": ctx.model_name,
             "tokens_predicted": gen.num_output, "tokens_evaluated": gen.num_prompt,
             "generation_settings": generation_settings(ctx, body, sampling),

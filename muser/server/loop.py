@@ -1,37 +1,22 @@
-"""EngineLoop: one thread owns the engine; other threads submit and abort through a locked inbox."""
+"""EngineLoop: one thread owns the engine; other threads submit and abort through a locked inbox.
+
+It runs in the engine process (muser/server/engine_child.py); the server reads its LoopStats.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from muser.core import Request, SamplingParams, StepOutput
-from muser.engine import Engine, SlotInfo
-from muser.kvcache.prefix import PrefixStats
-from muser.memory import MemoryReport
-from muser.scheduler import STEP_KINDS, QueueFull
+from muser.engine import Engine
+from muser.scheduler import QueueFull
+from muser.server.loop_stats import LoopStats, SlotView
 
 log = logging.getLogger("muser.server")
 
 Sink = Callable[[StepOutput], None]
-
-
-@dataclass(frozen=True, slots=True)
-class LoopStats:
-    """A consistent snapshot taken by the loop thread after every step."""
-
-    queue_depth: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
-    steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
-    rows: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
-    slots: tuple[SlotInfo, ...] = ()
-    num_free_seqs: int = 0
-    num_free_pages: int = 0
-    memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
-    preemptions: int = 0
-    prefix: PrefixStats | None = None  # None: --no-prefix-cache
-    disagg: dict | None = None  # the prefill workers' outcomes and transfers, when any
 
 
 class EngineLoop:
@@ -150,7 +135,8 @@ class EngineLoop:
     def _snapshot(self) -> None:
         sched, runner = self.engine.scheduler, self.engine.runner
         self.stats = LoopStats(sched.queue_depth(), dict(sched.stats.steps),
-                               dict(sched.stats.rows), tuple(self.engine.slots()),
+                               dict(sched.stats.rows),
+                               tuple(SlotView(*s) for s in self.engine.slots()),
                                len(runner.free_slots), runner.pages.num_free, runner.memory,
                                sched.stats.preemptions,
                                runner.prefix.stats() if runner.prefix is not None else None,

@@ -4,7 +4,6 @@ KV pages and memory by category; llama-server's `llamacpp:` families beside them
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -17,10 +16,7 @@ from prometheus_client.registry import Collector
 
 from muser.kvcache.prefix import PrefixStats
 from muser.server.llama_metrics import LlamaTotals, render_llama
-from muser.server.loop import LoopStats
-
-if TYPE_CHECKING:
-    from muser.server.generation import Generation
+from muser.server.loop_stats import LoopStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -103,11 +99,9 @@ class Metrics:
         r.register(_EngineCollector(stats))
         self.stats, self.llama = stats, LlamaTotals()
 
-    def observe_finished(self, gen: Generation) -> None:
+    def observe_finished(self, prompt_ms: float, predicted_ms: float, num_tokens: int) -> None:
         """A generation's phases, for the llamacpp: families (once per generation)."""
-        t = gen.timings()
-        self.llama.observe(t["prompt_ms"] / 1e3, t["predicted_ms"] / 1e3,
-                           gen.num_prompt + gen.num_output)
+        self.llama.observe(prompt_ms / 1e3, predicted_ms / 1e3, num_tokens)
 
     def observe_request(self, route: str, code: int) -> None:
         self.requests.labels(route, str(code)).inc()

@@ -91,7 +91,7 @@ async def completions(request: Request) -> Any:
     llama = is_llama_path(request)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, num_samples, wanted, echo_k), n, bias))
+        lambda m: body.sampling(m, num_samples, wanted, echo_k), n, bias), ctx.grammars)
     gens: list[Generation] = []
     try:
         for ids in all_ids:
@@ -129,7 +129,7 @@ async def completions(request: Request) -> Any:
     choices = []
     for p, (gen, ids, result) in enumerate(zip(gens, all_ids, results)):
         _raise_if_failed(result.finish_reason)
-        ctx.metrics.observe_finished(gen)
+        gen.record_finished()
         echo_entries = prompt_entries(ids, result.outputs) if body.echo else []
         chosen = best(split(result.outputs, num_samples), body.n)
         choices += [choice(p * body.n + i, echoed[p] + s.text, echo_entries + s.entries,
@@ -155,7 +155,7 @@ async def chat_completions(request: Request) -> Any:
     num_samples = check_samples(ctx, body.n, None, body.stream)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, num_samples, k), n, bias))
+        lambda m: body.sampling(m, num_samples, k), n, bias), ctx.grammars)
     gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
     pieces = Pieces(ctx.tokenizer)
@@ -178,7 +178,7 @@ async def chat_completions(request: Request) -> Any:
                        first, always=k is not None)
     result = await gen.collect(request)
     _raise_if_failed(result.finish_reason)
-    ctx.metrics.observe_finished(gen)
+    gen.record_finished()
     verbose = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
             "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
@@ -242,7 +242,7 @@ def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_u
                 yield sse({**head, "choices": [content(out, is_first, offsets)]})
             if out.finished:
                 yield sse({**head, "choices": [finish(out.index, out.finish_reason)]})
-        ctx.metrics.observe_finished(gen)
+        gen.record_finished()
         if include_usage:
             usage = {**head, "choices": [], "usage": _usage(gen)}
             yield sse({**usage, "timings": timings(gen)} if llama else usage)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from muser.constraint import GrammarLimits
 from muser.errors import MuserError
 
 
@@ -32,6 +33,8 @@ class ServerOptions:
     thinking: bool = True  # chat templates' enable_thinking (--reasoning off: False)
     defaults: Defaults = Defaults()
     max_n: int = 8  # most samples (n, best_of) one request may ask for
+    keyless_admin: bool = False  # slot save / restore / erase without --admin-key
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -61,6 +64,23 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="folder for POST /slots/{id}?action=save|restore (slot KV files; "
                    "created if missing; default: save and restore are off)")
+    p.add_argument("--keyless-admin", action="store_true",
+                   help="let a server without --admin-key run POST /slots/{id}?action=save|"
+                   "restore|erase: anyone who can reach the port may then write, read back and "
+                   "erase slot files and cancel requests (default: those routes answer 403 "
+                   "until --admin-key is given)")
+    g = GrammarLimits()
+    p.add_argument("--grammar-max-size", type=int, default=g.max_size, metavar="N",
+                   help="most symbols a request's schema or grammar may compile to; more is a "
+                   "400 (default: %(default)s)")
+    p.add_argument("--grammar-compile-s", type=float, default=g.compile_s, metavar="S",
+                   help="seconds compiling and checking one schema or grammar may take, off "
+                   "the event loop and the engine; more is a 400 (default: %(default)s)")
+    p.add_argument("--grammar-mask-ms", type=float, default=g.mask_ms, metavar="MS",
+                   help="milliseconds one token mask of a constrained request may take on an "
+                   "engine step: a grammar whose first mask takes more than half of it is a "
+                   "400, and a request whose mask is later than that on a step is ended there "
+                   "with a warning, so no grammar slows the batch (default: %(default)s)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -83,6 +103,11 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--n-predict must be -1 or >= 1")
     if args.max_n < 1:
         raise MuserError("--max-n must be >= 1")
+    if args.grammar_max_size < 1 or args.grammar_compile_s <= 0 or args.grammar_mask_ms <= 0:
+        raise MuserError("--grammar-max-size, --grammar-compile-s and --grammar-mask-ms must "
+                         "be > 0")
+    limits = GrammarLimits(max_size=args.grammar_max_size, compile_s=args.grammar_compile_s,
+                           mask_ms=args.grammar_mask_ms)
     folder = None
     if args.slot_save_path:
         try:
@@ -92,7 +117,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                              f"{args.slot_save_path}") from None
         folder = os.path.realpath(args.slot_save_path)
     return ServerOptions(
-        max_n=args.max_n,
+        max_n=args.max_n, keyless_admin=args.keyless_admin, grammar_limits=limits,
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,

@@ -1,10 +1,13 @@
 """Admin routes: GET /slots, POST /slots/{id}?action=save|restore|erase (llama-server's).
 
-Save and restore name a file inside --slot-save-path: a plain name (no path separator, no
-leading dot, no control or reserved character, at most 255 bytes), never a symlink; anything
-else is refused with 400 before the engine sees it (and the engine opens files without
-following symlinks). The action itself runs in the engine process between two steps
-(muser/slot_actions.py); its answer has llama-server's fields.
+Slot actions change state, so a server without --admin-key refuses them (403) unless started
+with --keyless-admin. Save and restore name a file inside --slot-save-path: a plain name (no
+path separator, no leading dot, no control or reserved character, short enough that the
+temporary name the engine writes first, .NAME.PID.tmp, fits the folder's file name limit:
+242 bytes where the limit is 255), never a symlink; anything else is refused with 400 before
+the engine sees it (and the engine opens files without following symlinks). The action itself
+runs in the engine process between two steps (muser/slot_actions.py); its answer has
+llama-server's fields.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ router = APIRouter()
 ACTIONS = ("save", "restore", "erase")
 ACTION_TIMEOUT_S = 300
 _RESERVED = set('/\\:*?"<>|')
+# NOTE: muser/kvcache/slot_file.py writes ".NAME.PID.tmp" and renames it; a pid has at most
+# 7 digits on Linux (PID_MAX_LIMIT = 4194304)
+_TMP_NAME_EXTRA = len("..") + 7 + len(".tmp")
 
 
 def _ctx(request: Request) -> ServerContext:
@@ -58,6 +64,10 @@ async def slot_action(request: Request, slot_id: int, action: str) -> dict[str, 
     """erase: cancels the request running in the slot, then forgets the slot's KV; save /
     restore: the slot's KV to / from a file in --slot-save-path."""
     ctx = _ctx(request)
+    if not ctx.keys.admin and not ctx.options.keyless_admin:
+        raise ApiError(403, "slot actions write files and cancel requests: start the server "
+                       "with --admin-key (or --keyless-admin to allow them without a key)",
+                       "admin_disabled")
     if action not in ACTIONS:
         raise ApiError(400, f"Invalid action {action!r}: one of {', '.join(ACTIONS)}",
                        "invalid_value", "action")
@@ -90,7 +100,7 @@ async def slot_action(request: Request, slot_id: int, action: str) -> dict[str, 
 def _check_file(folder: str, name: str, must_exist: bool) -> None:
     """400 unless `name` is a plain file name in `folder` (not a symlink); 404 when it must
     exist and does not."""
-    why = _bad_name(name)
+    why = _bad_name(name, _name_max(folder) - _TMP_NAME_EXTRA)
     if why:
         raise ApiError(400, f"Invalid filename: {why}", "invalid_filename", "filename")
     path = os.path.join(folder, name)
@@ -109,12 +119,19 @@ def _check_file(folder: str, name: str, must_exist: bool) -> None:
                        "invalid_filename", "filename")
 
 
-def _bad_name(name: str) -> str | None:
-    """Why `name` is not a plain file name, or None."""
+def _name_max(folder: str) -> int:
+    """The longest file name `folder`'s file system takes, in bytes."""
+    return os.pathconf(folder, "PC_NAME_MAX")
+
+
+def _bad_name(name: str, max_bytes: int) -> str | None:
+    """Why `name` is not a plain file name of at most `max_bytes` bytes, or None."""
     if not name:
         return "empty"
-    if len(name.encode("utf-8", "surrogatepass")) > 255:
-        return "longer than 255 bytes"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        return (f"{size} bytes, longer than {max_bytes} (the folder's limit less the "
+                "temporary name's extra bytes)")
     if name.startswith("."):
         return "starts with '.' (no '.', '..' or hidden names)"
     if name != name.strip():

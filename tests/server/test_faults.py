@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,13 +16,26 @@ CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
 
 
+# NOTE: issue 60's: a regex whose first token mask takes seconds, recursion with no base case
+HOSTILE_SCHEMAS = [{"type": "string", "pattern": "^(a{1000}){1000}$"},
+                   {"type": "string", "pattern": "^(a{1000}){3000}$"},
+                   {"type": "object", "properties": {f"p{i}": {
+                       "type": "string", "pattern": "^(a{1000}){1000}$"} for i in range(3)},
+                    "required": ["p0", "p1", "p2"]},
+                   {"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                   "$ref": "#/$defs/a"},
+                   {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+                   {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+                   {"anyOf": [{"$ref": "#"}, {"$ref": "#"}]}, {"type": []},
+                   {"allOf": [{"type": "string"}, {"type": "integer"}]},
+                   {"type": "array", "minItems": 5, "maxItems": 2}]
 _BAD_GRAMMARS = ["root ::= [a-", "root ::= undefined", "x ::= \"a\"", "root ::= (\"a\"",
                  "root ::= \"unterminated", "%llguidance {}\nstart: nothing_here", 5,
                  ["root ::= \"a\""], "root ::= \"a\"" + " | \"b\"" * 40000]
 _BAD_SCHEMAS = [{"type": "nope"}, {"type": "object", "properties": 5}, {"enum": []},
                 {"type": "string", "pattern": "(?<=a)b"}, {"$ref": "#/definitions/none"},
                 {"type": "integer", "minimum": "0"}, {"not": {"type": "string"}}, "schema", 7,
-                {"type": "string", "format": "no-such-format"}]
+                {"type": "string", "format": "no-such-format"}, *HOSTILE_SCHEMAS]
 _BAD_FORMATS = [{"type": "json"}, {"type": "json_schema"}, {"type": "json_schema",
                 "json_schema": {"name": "x", "schema": {"type": "nope"}}},
                 {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
@@ -94,6 +108,37 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
             ("PUT", "/v1/models", None), ("GET", "/no/such/route", None),
             ("POST", "/slots/99?action=erase", None), ("POST", "/slots/0?action=save", None)]
     return bad
+
+
+def test_hostile_schemas_do_not_stall_running_streams(server: Server) -> None:
+    """Issue 60's requests while 4 streams run: each is answered (here a 400), and the streams'
+    largest gap between tokens stays within 3x their median."""
+    def stream(i: int) -> list[float]:
+        body = {"prompt": f"Story {i}:", "n_predict": 60, "ignore_eos": True, "stream": True}
+        stamps = []
+        with server.client().stream("POST", "/completion", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    stamps.append(time.perf_counter())
+        return [b - a for a, b in itertools.pairwise(stamps[1:])]
+
+    hostile = [{"prompt": "x", "n_predict": 8, "json_schema": j} for j in HOSTILE_SCHEMAS]
+    with ThreadPoolExecutor(MAX_NUM_SEQS) as pool:
+        streams = [pool.submit(stream, i) for i in range(MAX_NUM_SEQS)]
+        time.sleep(1.0)
+        codes = [server.client().post("/completion", json=b).status_code for b in hostile]
+        gaps = sorted(g for s in streams for g in s.result(timeout=120))
+    assert all(400 <= c < 500 for c in codes), codes
+    median = gaps[len(gaps) // 2]
+    assert gaps[-1] <= 3 * median, (gaps[-1], median, gaps[::20])
+    _assert_no_leaks(server)
+
+
+def test_text_plain_is_415(server: Server) -> None:
+    r = server.client().post("/completion", content=b'{"prompt": "x", "n_predict": 2}',
+                             headers={"Content-Type": "text/plain",
+                                      "Origin": "http://evil.example"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
 
 
 def _good(server: Server, i: int) -> str:

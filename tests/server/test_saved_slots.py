@@ -89,6 +89,9 @@ def test_refusals(slot_server: Server, server: Server) -> None:
         ("save", {"filename": "a\\b"}, 400, "Invalid filename"),
         ("save", {"filename": ""}, 400, "Invalid filename"),
         ("save", {"filename": "x\n.bin"}, 400, "Invalid filename"),
+        ("save", {"filename": "a" * 243}, 400, "Invalid filename"),
+        ("save", {"filename": "a" * 255}, 400, "Invalid filename"),
+        ("save", {"filename": "é" * 122}, 400, "Invalid filename"),
         ("restore", {"filename": "link.bin"}, 400, "symlink"),
         ("save", {"filename": "out.bin"}, 400, "symlink"),
         ("restore", {"filename": "missing.bin"}, 404, "no slot file"),
@@ -100,6 +103,9 @@ def test_refusals(slot_server: Server, server: Server) -> None:
     for action, body, status, words in cases:
         r = admin.post(f"/slots/0?action={action}", json=body)
         assert r.status_code == status and words in r.json()["error"]["message"], (body, r.text)
+    longest = "a" * 242  # NOTE: with ".NAME.PID.tmp", the engine's temporary name, 255 bytes
+    r = admin.post("/slots/0?action=save", json={"filename": longest})
+    assert r.status_code == 200 and (folder / longest).is_file(), r.text
     assert Path("/etc/hostname").read_text()  # NOTE: not written through the symlink
     assert os.path.islink(folder / "out.bin") and not (Path("/tmp") / "x.bin").exists()
     r = c.post("/slots/0?action=save", json={"filename": "user.bin"})

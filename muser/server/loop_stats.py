@@ -1,0 +1,37 @@
+"""LoopStats: what the engine loop reports after each step (torch-free: the server reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from muser.kvcache.prefix import PrefixStats
+from muser.memory import MemoryReport
+from muser.scheduler import STEP_KINDS
+
+
+class SlotView(NamedTuple):
+    """One request in the engine (muser.engine.SlotInfo's fields, without the engine)."""
+
+    uid: int
+    slot: int | None  # runner slot; None until the first chunk is scheduled
+    status: str
+    num_prompt: int
+    num_cached: int
+    num_output: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStats:
+    """A consistent snapshot taken by the loop thread after every step."""
+
+    queue_depth: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
+    steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
+    rows: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
+    slots: tuple[SlotView, ...] = ()
+    num_free_seqs: int = 0
+    num_free_pages: int = 0
+    memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
+    preemptions: int = 0
+    prefix: PrefixStats | None = None  # None: --no-prefix-cache
+    disagg: dict | None = None  # the prefill workers' outcomes and transfers, when any
