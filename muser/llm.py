@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 
 from muser.config import EngineConfig, default_dtypes
-from muser.core import Request, SamplingParams, StepOutput
+from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
 from muser.ops.fp8 import require_fp8_device
 from muser.runner import Runner
 from muser.scheduler import Scheduler
+from muser.sequence import Sequence
 from muser.startup import StartupLog
 
 
@@ -35,7 +36,7 @@ class Completion:
     decode_tokens_per_s: float | None
 
     @classmethod
-    def of(cls, req: Request, text: str) -> Completion:
+    def of(cls, req: Sequence, text: str) -> Completion:
         ttft = req.first_token_s - req.arrival_s
         steps = len(req.output_ids) - 1
         tpot = (req.finish_s - req.first_token_s) / steps if steps > 0 else None

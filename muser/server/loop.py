@@ -7,11 +7,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from muser.core import Request, SamplingParams, StepOutput
+from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine, SlotInfo
 from muser.kvcache.prefix import PrefixStats
 from muser.memory import MemoryReport
 from muser.scheduler import STEP_KINDS, QueueFull
+from muser.sequence import Sequence
 
 log = logging.getLogger("muser.server")
 
@@ -40,7 +41,7 @@ class EngineLoop:
         self.engine, self.max_queue = engine, max_queue
         self.stats = LoopStats()
         self._cond = threading.Condition()
-        self._inbox: list[tuple[Request, Sink]] = []
+        self._inbox: list[tuple[Sequence, Sink]] = []
         self._aborts: list[int] = []
         self._calls: list[tuple[Callable[[Engine], object], Callable[[object], None]]] = []
         self._sinks: dict[int, Sink] = {}

@@ -1,4 +1,4 @@
-"""The KV checksums a worker sends and the serving node verifies (muser/disagg/snapshot.py):
+"""The KV checksums a worker sends and the serving node verifies (muser/kvcache/snapshot.py):
 their definition, computed by another route, and what they catch."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser.disagg.snapshot import MOD, layer_checksums
+from muser.kvcache.snapshot import MOD, layer_checksums
 
 
 def _by_definition(x: torch.Tensor) -> int:
