@@ -17,6 +17,7 @@ from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
+from muser.loading.fingerprint import fingerprint as model_fingerprint
 from muser.ops.fp8 import require_fp8_device
 from muser.runner import Runner
 from muser.scheduler import Scheduler
@@ -117,11 +118,9 @@ class LLM:
     def fingerprint(self) -> str:
         """What another process compares before it uses this one's KV (a prefill worker's, a
         slot file's): muser/loading/fingerprint.py, with FP8 quantization as the weights' form."""
-        from muser.loading.fingerprint import fingerprint
-
         c = self.config
         form = "" if c.quantization == "none" else "fp8+head" if c.fp8_head else "fp8"
-        return fingerprint(self.model_config, self.path, form)
+        return model_fingerprint(self.model_config, self.path, form)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through."""

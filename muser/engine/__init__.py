@@ -7,6 +7,7 @@ emit over `Sequence`s (muser/sequence.py); its collaborators each own one concer
     echo.py      prompt logprobs
     proposer.py  the speculative-decoding seam (default: no drafts)
     sampling.py  sampler rows of a step's due sequences
+    emit.py      a sampled token -> its text, stops, finish
     source.py    admission sources (prefill elsewhere) that register with the engine
 """
 

@@ -9,7 +9,8 @@ finishes.
 
 Its collaborators, each in its own file: n-sample forks (forks.py), prompt logprobs (echo.py),
 decode ahead (ahead.py), the drafts of a speculation lane (proposer.py), and the admission
-sources that prefill prompts elsewhere (source.py: a prefill worker's client registers itself).
+sources that prefill prompts elsewhere (source.py: a prefill worker's client registers itself),
+and what a token emits (emit.py: text, stops, finishes).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from muser.core import Logprobs, SamplingParams, Status, StepOutput, check_prompt
 from muser.engine.ahead import DecodeAhead, gather
 from muser.engine.echo import ECHO_ROWS, due_prompt_logprobs
+from muser.engine.emit import emit
 from muser.engine.forks import Forks
 from muser.engine.plan import StepPlan, plan_step
 from muser.engine.proposer import NoDraft, Proposer
@@ -165,9 +167,12 @@ class Engine:
         if plan is None:
             return outputs
         logits = self._run(plan)
-        if not plan.due:
+        seqs, rows = self._to_sample(plan, outputs)
+        if not seqs:
             return outputs
-        return outputs + self._sample_and_emit(plan, logits)
+        tokens, lps = self._sample(plan, seqs, logits, rows)
+        return outputs + [self._emit(seq, token, lp) for seq, token, lp in zip(seqs, tokens,
+                                                                              lps)]
 
     def _place_admitted(self) -> None:
         """Sequences the scheduler admits now get a slot, after their longest cached prefix
@@ -199,10 +204,12 @@ class Engine:
         return gather([d.ahead for d in plan.due], [d.row for d in plan.due], logits,
                       plan.ahead_logits)
 
-    def _sample_and_emit(self, plan: StepPlan, logits: torch.Tensor) -> list[StepOutput]:
-        """Fork the due requests that have samples to make, sample every due sequence's token
-        (queuing the next decode step ahead when it can), emit them."""
-        due, rows, outputs = [d.seq for d in plan.due], list(range(len(plan.due))), []
+    def _to_sample(self, plan: StepPlan, outputs: list[StepOutput]
+                   ) -> tuple[list[Sequence], list[int]]:
+        """The due sequences, with the forks of those that have samples to make, less those
+        that want no token (max_tokens 0: finished into `outputs`) -> (the sequences to sample,
+        each one's row of the due logits)."""
+        due, rows = [d.seq for d in plan.due], list(range(len(plan.due)))
         for i, seq in enumerate(list(due)):
             if seq.num_forks:
                 forks = self.forks.make(seq)
@@ -211,12 +218,14 @@ class Engine:
         for seq in [seq for seq in due if seq.sampling.max_tokens == 0]:
             outputs.append(self._finish(seq, None, "", "length"))
         chosen = [(seq, row) for seq, row in zip(due, rows) if seq.sampling.max_tokens]
-        if not chosen:
-            return outputs
-        picked = [row for _, row in chosen]
-        if picked != list(range(len(chosen))):
-            logits = logits[picked]
-        seqs = [seq for seq, _ in chosen]
+        return [seq for seq, _ in chosen], [row for _, row in chosen]
+
+    def _sample(self, plan: StepPlan, seqs: list[Sequence], logits: torch.Tensor,
+                rows: list[int]) -> tuple[list[int], list[Logprobs | None]]:
+        """One token per sequence from its row of `logits`, chosen on the device (the next
+        decode step queued ahead there when it can) -> the tokens and logprobs on the host."""
+        if rows != list(range(len(seqs))):
+            logits = logits[rows]
         pending = launch_sample(self.sampler, self.grammars, logits[:len(seqs)], seqs)
         going = self.ahead.launch(plan.batch, seqs, pending.tokens, self.scheduler,
                                   bool(self._arrived), self.max_model_len) if (
@@ -224,8 +233,7 @@ class Engine:
         tokens, lps = pending.result()
         if going:
             self.ahead.known([tokens[i] for i in going])
-        return outputs + [self._emit(seq, token, lp) for seq, token, lp in zip(seqs, tokens,
-                                                                              lps)]
+        return tokens, lps
 
     def _install_arrived(self) -> list[StepOutput]:
         """Prefills done elsewhere -> sequences admitted for decode (their first token chosen
@@ -280,28 +288,13 @@ class Engine:
             self.abort(seq.uid)
 
     def _emit(self, seq: Sequence, token: int, lp: Logprobs | None = None) -> StepOutput:
-        p = seq.sampling
-        now = time.perf_counter()
-        seq.first_token_s = seq.first_token_s or now
+        seq.first_token_s = seq.first_token_s or time.perf_counter()
         seq.status = Status.DECODE
-        if token in self.tokenizer.eot_ids and not p.ignore_eos:
-            return self._finish(seq, None, self._flush(seq), "stop")
-        seq.output_ids.append(token)
-        text, hit_stop = seq.stops.push(seq.detok.push(token))
-        ended = seq.constraint is not None and (
-            not seq.constraint.consume(token) or seq.constraint.is_stopped)
-        if hit_stop or ended:
-            if ended:
-                text += self._flush(seq)
-            return self._finish(seq, token, text, "stop", lp)
-        if len(seq.output_ids) >= p.max_tokens or seq.num_cached + 1 >= self.max_model_len:
-            return self._finish(seq, token, text + self._flush(seq), "length", lp)
-        return self._output(seq, token, text, False, None, lp)
-
-    @staticmethod
-    def _flush(seq: Sequence) -> str:
-        """The text held back (an incomplete character, a possible stop string's start)."""
-        return seq.stops.push(seq.detok.flush())[0] + seq.stops.flush()
+        out = emit(seq, token, self.tokenizer.eot_ids, self.max_model_len)
+        if out.finish_reason is None:
+            return self._output(seq, token, out.text, False, None, lp)
+        return self._finish(seq, out.token_id, out.text, out.finish_reason,
+                            None if out.token_id is None else lp)
 
     def _finish(self, seq: Sequence, token: int | None, text: str, reason: str,
                 lp: Logprobs | None = None) -> StepOutput:
