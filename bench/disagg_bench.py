@@ -101,13 +101,12 @@ def ttft_cells(llm, remote, args: argparse.Namespace, lengths: list[int]) -> lis
     cells = []
     for n in lengths:
         ids = prompt(n)
-        llm.engine.remote = None
         local = [ttft_s(llm, ids) for _ in range(args.reps)]
-        llm.engine.remote = remote
+        llm.engine.add_source(remote)
         before = remote.stats()
         far = [ttft_s(llm, ids) for _ in range(args.reps)]
         after = remote.stats()
-        llm.engine.remote = None
+        llm.engine.remove_source(remote)
         sent = after["outcomes"]["remote"] - before["outcomes"]["remote"]
         wire = (after["bytes"]["sum"] - before["bytes"]["sum"]) / max(1, sent)
         transfer = (after["seconds"]["sum"] - before["seconds"]["sum"]) / max(1, sent)
@@ -142,7 +141,7 @@ def stream_gaps(llm, remote, args: argparse.Namespace, arrivals: int | None = No
 
     arrivals = args.arrivals if arrivals is None else arrivals
     engine = llm.engine
-    engine.remote = remote
+    engine.add_source(remote)
     streams = [engine.add_request(prompt(32, i), SamplingParams(
         max_tokens=10_000, ignore_eos=True)).uid for i in range(args.streams)]
     last: dict[int, float] = {}
@@ -175,7 +174,7 @@ def stream_gaps(llm, remote, args: argparse.Namespace, arrivals: int | None = No
     finally:
         for uid in streams:
             engine.abort(uid)
-        engine.remote = None
+        engine.remove_source(remote)
     gaps.sort()
     return {"streams": args.streams, "arrivals": arrivals,
             "arrival_tokens": args.arrival_tokens if arrivals else None,
@@ -205,7 +204,7 @@ def goodput_run(llm, remote, args: argparse.Namespace, rate: float) -> dict:
     from muser import SamplingParams
 
     engine = llm.engine
-    engine.remote = remote
+    engine.add_source(remote)
     sampling = SamplingParams(max_tokens=args.goodput_output, ignore_eos=True)
     arrival: dict[int, float] = {}
     first: dict[int, float] = {}
@@ -232,7 +231,7 @@ def goodput_run(llm, remote, args: argparse.Namespace, rate: float) -> dict:
     finally:
         for uid in set(arrival) - set(done):
             engine.abort(uid)
-        engine.remote = None
+        engine.remove_source(remote)
     wall = max(t for t, _ in done.values()) - start
     ttft = {u: first[u] - arrival[u] for u in done}
     tpot = {u: (t - first[u]) / (n - 1) * 1e3 if n > 1 else 0.0 for u, (t, n) in done.items()}
@@ -301,9 +300,9 @@ def cross_check(llm, remote, args: argparse.Namespace) -> dict:
     near = prefill(llm, ids).logits
     far = remote._workers[0].transfer(-2, ids).snapshot.logits.to(near)
     local = llm.generate(ids, greedy).token_ids
-    llm.engine.remote = remote
+    llm.engine.add_source(remote)
     served = llm.generate(ids, greedy).token_ids
-    llm.engine.remote = None
+    llm.engine.remove_source(remote)
     first = next((i for i, (a, b) in enumerate(zip(local, served)) if a != b), None)
     return {"prompt_tokens": len(ids), "steps": args.check_steps,
             "tokens_match": sum(a == b for a, b in zip(local, served)),
@@ -435,7 +434,7 @@ def main() -> None:
         llm = LLM(args.model, device=args.device, max_model_len=args.max_model_len,
                   progress=False, prefix_cache=False, **kwargs)
         remote = attach(llm, [address], 1, 600.0, args.backend)
-        llm.engine.remote = None
+        llm.engine.remove_source(remote)
         lengths = [n for n in args.lengths if n < llm.config.max_model_len]
         receipt |= {"model": label(args), "device": args.device,
                     "worker_device": args.worker_device,

@@ -113,7 +113,7 @@ class EngineConfig:
     max_batched_tokens: int | None = None  # most rows per step (decode + prefill)
     enforce_eager: bool = False  # GPU: no CUDA graphs for decode
     decode_ahead: bool | None = None  # queue each decode step before the last one's tokens
-    # reach the host (muser/engine.py; None: where decode replays CUDA graphs)
+    # reach the host (muser/engine/ahead.py; None: where decode replays CUDA graphs)
     max_model_len: int = 32768
     page_size: int = 256  # rows per KV page of full-attention layers
     num_pages: int | None = None  # None: from free GPU memory (CPU: max_num_seqs * max_model_len)

@@ -1,13 +1,13 @@
-"""The nouns that flow through the engine: sampling parameters, requests, step outputs."""
+"""The nouns that flow through the engine: sampling parameters, statuses, step outputs, the
+prompt check (torch-free: the server process imports them). A request itself is a
+muser.sequence.Sequence."""
 
 from __future__ import annotations
 
-import itertools
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from muser.errors import MuserError
 
@@ -80,53 +80,6 @@ class Status(Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     FINISHED = "finished"
-
-
-_uids = itertools.count()
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One generation request (host only). The scheduler reads counts; the engine the rest."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    uid: int = field(default_factory=lambda: next(_uids))
-    output_ids: list[int] = field(default_factory=list)
-    num_cached: int = 0  # rows of this sequence already in the KV cache
-    num_reused: int = 0  # prompt rows found in the prefix cache when first admitted
-    status: Status = Status.WAITING
-    finish_reason: str | None = None
-    arrival_s: float = field(default_factory=time.perf_counter)
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    constraint: Any = None  # muser.grammar.Constraint when sampling.grammar is set (host state)
-    num_forks: int = 0  # samples still to fork from this one once its prompt is prefilled
-    max_chunk: int | None = None  # most prefill rows per step (None: the scheduler's chunk)
-
-    @property
-    def num_prompt(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def num_pending(self) -> int:
-        """Rows to compute before the next token: the prompt's uncached rest while prefilling,
-        the last token while decoding, prompt + outputs when recomputed after a preemption."""
-        return self.num_prompt + len(self.output_ids) - self.num_cached
-
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    def next_rows(self, n: int) -> list[int]:
-        """The ids of the next `n` rows to compute (all_ids[num_cached:][:n], without joining
-        prompt and outputs when the rows lie in one of them)."""
-        start, prompt = self.num_cached, self.num_prompt
-        if start + n <= prompt:
-            return self.prompt_ids[start:start + n]
-        if start >= prompt:
-            return self.output_ids[start - prompt:start - prompt + n]
-        return self.all_ids[start:start + n]
 
 
 class PromptError(MuserError, ValueError):

@@ -13,13 +13,15 @@ from pathlib import Path
 import torch
 
 from muser.config import EngineConfig, default_dtypes
-from muser.core import Request, SamplingParams, StepOutput
+from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
+from muser.loading.fingerprint import fingerprint as model_fingerprint
 from muser.ops.fp8 import require_fp8_device
 from muser.runner import Runner
 from muser.scheduler import Scheduler
+from muser.sequence import Sequence
 from muser.startup import StartupLog
 
 
@@ -35,7 +37,7 @@ class Completion:
     decode_tokens_per_s: float | None
 
     @classmethod
-    def of(cls, req: Request, text: str) -> Completion:
+    def of(cls, req: Sequence, text: str) -> Completion:
         ttft = req.first_token_s - req.arrival_s
         steps = len(req.output_ids) - 1
         tpot = (req.finish_s - req.first_token_s) / steps if steps > 0 else None
@@ -116,11 +118,9 @@ class LLM:
     def fingerprint(self) -> str:
         """What another process compares before it uses this one's KV (a prefill worker's, a
         slot file's): muser/loading/fingerprint.py, with FP8 quantization as the weights' form."""
-        from muser.loading.fingerprint import fingerprint
-
         c = self.config
         form = "" if c.quantization == "none" else "fp8+head" if c.fp8_head else "fp8"
-        return fingerprint(self.model_config, self.path, form)
+        return model_fingerprint(self.model_config, self.path, form)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through."""

@@ -1,12 +1,15 @@
 """The runner: turns sequences into device tensors, runs one forward step, commits metadata.
 
-Only the runner touches device tensors; callers pass host integers and token ids.
+Only the runner touches device tensors; callers pass host integers and token ids. A sequence's
+placement (muser/kvcache/placement.py: slot, ring, pages, rows cached) is the caller's object,
+which the runner places, grows and frees in place; the runner keeps the pool's tensors, keyed by
+slot and page ids, and nothing per sequence.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +21,7 @@ from muser.graph.decoder import Decoder
 from muser.graph.weights import ModelWeights
 from muser.graphs import DecodeGraphs
 from muser.kvcache.pages import OutOfPages, PageAllocator
+from muser.kvcache.placement import Placement
 from muser.kvcache.pool import KVPool
 from muser.kvcache.reuse import CHECKPOINT_EVERY, PrefixCache
 from muser.kvcache.ring import RingState
@@ -28,23 +32,10 @@ from muser.startup import StartupLog
 class Ahead:
     """A decode step queued before the host knew its tokens (Runner.forward_ahead)."""
 
-    seqs: list[SeqState]
+    seqs: list[Placement]
     logits: torch.Tensor  # [len(seqs), vocab] float32 on the device
     rings: list[RingState]  # each sequence's ring after the step
     new_pages: list[int]  # pages reserved for it, per sequence
-
-
-@dataclass(slots=True)
-class SeqState:
-    """One sequence's cache placement (host only)."""
-
-    slot: int
-    ring: RingState
-    num_cached: int = 0
-    page_ids: list[int] = field(default_factory=list)
-    # with the prefix cache: the ids of the rows cached, and the key of each full page
-    token_ids: list[int] = field(default_factory=list)
-    keys: list[bytes] = field(default_factory=list)
 
 
 class Runner:
@@ -155,23 +146,29 @@ class Runner:
             self.pool.num_pages, self.engine.page_size,
             self.prefix.store.nbytes if self.prefix is not None else 0)
 
-    def allocate(self, token_ids: list[int] | None = None, count: bool = True) -> SeqState:
-        """A fresh sequence in a free slot: empty, or (with the prefix cache) holding the
-        longest cached prefix of `token_ids[:-1]` (then `num_cached` > 0; `count`: as a
-        prompt's lookup in the prefix cache's counters)."""
+    def allocate(self, token_ids: list[int] | None = None, count: bool = True,
+                 seq: Placement | None = None) -> Placement:
+        """`seq` (unplaced; default a new one) placed in a free slot -> it: empty, or (with the
+        prefix cache) holding the longest cached prefix of `token_ids[:-1]` (then `num_cached`
+        > 0; `count`: as a prompt's lookup in the prefix cache's counters)."""
         if not self.free_slots:
             raise RuntimeError("no free sequence slot")
-        seq = SeqState(slot=self.free_slots.pop(), ring=RingState(self.cfg.sliding_window))
+        seq = Placement() if seq is None else seq
+        assert not seq.is_placed and not seq.num_cached and not seq.page_ids, "placed already"
+        seq.slot, seq.ring = self.free_slots.pop(), RingState(self.cfg.sliding_window)
         if self.prefix is not None and token_ids:
             self.prefix.restore(seq, token_ids, count)
         return seq
 
-    def fork(self, seq: SeqState) -> SeqState:
-        """A new sequence in a free slot holding what `seq` holds: its full pages shared by
-        reference (read-only: a sequence only appends), its partial last page and its sliding
-        rings copied. Raises RuntimeError (no free slot) or OutOfPages, taking nothing."""
+    def fork(self, seq: Placement, into: Placement | None = None) -> Placement:
+        """`into` (unplaced; default a new one) placed in a free slot holding what `seq` holds
+        -> it: `seq`'s full pages shared by reference (read-only: a sequence only appends), its
+        partial last page and its sliding rings copied. Raises RuntimeError (no free slot) or
+        OutOfPages, taking nothing."""
         if not self.free_slots:
             raise RuntimeError("no free sequence slot")
+        into = Placement() if into is None else into
+        assert not into.is_placed and not into.num_cached, "placed already"
         full = seq.num_cached // self.engine.page_size
         tail = self.pages.allocate(1) if seq.num_cached % self.engine.page_size else []
         slot = self.free_slots.pop()
@@ -179,23 +176,26 @@ class Runner:
         self.pages.share(shared)
         self.pool.copy_slot(seq.slot, slot, seq.page_ids[full] if tail else None,
                             tail[0] if tail else None)
-        return SeqState(slot, seq.ring, seq.num_cached, shared + tail, list(seq.token_ids),
-                        list(seq.keys))
+        into.slot, into.ring, into.num_cached = slot, seq.ring, seq.num_cached
+        into.page_ids, into.token_ids, into.keys = shared + tail, list(seq.token_ids), list(
+            seq.keys)
+        return into
 
-    def free(self, seq: SeqState) -> None:
-        """Release the sequence's slot and pages (with the prefix cache: its pages stay cached
-        and its state at its end is checkpointed first)."""
+    def free(self, seq: Placement) -> None:
+        """Release the sequence's slot and pages, leaving it unplaced and empty (with the prefix
+        cache: its pages stay cached and its state at its end is checkpointed first)."""
         if self.prefix is not None:
             self.prefix.save(seq, final=True)
         self.pages.free(seq.page_ids)
-        seq.page_ids, seq.token_ids, seq.keys = [], [], []
         self.free_slots.append(seq.slot)
+        seq.slot, seq.ring, seq.num_cached = None, None, 0
+        seq.page_ids, seq.token_ids, seq.keys = [], [], []
 
-    def num_freed_by(self, seq: SeqState) -> int:
+    def num_freed_by(self, seq: Placement) -> int:
         """Pages `free(seq)` gives back (free or cached): those no other sequence holds."""
         return self.pages.num_freed_by(seq.page_ids)
 
-    def prefill(self, seq: SeqState, token_ids: list[int]) -> torch.Tensor:
+    def prefill(self, seq: Placement, token_ids: list[int]) -> torch.Tensor:
         """Append a prompt to `seq` in chunks of prefill_chunk rows, as the engine serves one
         (no LM head on the chunks before the last) -> the logits of its last row [1, vocab]."""
         chunk = self.engine.prefill_chunk
@@ -207,7 +207,7 @@ class Runner:
 
     @torch.inference_mode()
     def forward(
-        self, seqs: list[SeqState], token_ids: list[list[int]], all_logits: bool = False,
+        self, seqs: list[Placement], token_ids: list[list[int]], all_logits: bool = False,
         logit_rows: list[int] | None = None,
     ) -> torch.Tensor:
         """Append `token_ids[i]` to `seqs[i]` -> logits of each sequence's last row [B, vocab],
@@ -224,7 +224,7 @@ class Runner:
         return logits
 
     @torch.inference_mode()
-    def forward_ahead(self, seqs: list[SeqState], tokens: torch.Tensor) -> Ahead:
+    def forward_ahead(self, seqs: list[Placement], tokens: torch.Tensor) -> Ahead:
         """Queue the decode step that appends tokens[i] to seqs[i], the tokens [B] still on the
         device (sampled there, not yet known to the host) -> that step, to `commit_ahead` once
         they are. The caller has checked that a page is free for each sequence's next row."""
@@ -234,12 +234,11 @@ class Runner:
         logits, rings = self._run(seqs, [[-1]] * len(seqs), tokens, False, None)
         return Ahead(seqs, logits, rings, new_pages)
 
-    def commit_ahead(self, ahead: Ahead, tokens: list[int]) -> None:
-        """The step launched ahead appended tokens[i] to ahead.seqs[i] (now known)."""
-        for seq, token, ring in zip(ahead.seqs, tokens, ahead.rings):
-            self.commit(seq, [token], ring)
+    def commit_ahead(self, ahead: Ahead, i: int, token: int) -> None:
+        """Row i of the step launched ahead appended `token` (now known) to ahead.seqs[i]."""
+        self.commit(ahead.seqs[i], [token], ahead.rings[i])
 
-    def _run(self, seqs: list[SeqState], token_ids: list[list[int]], feed: torch.Tensor | None,
+    def _run(self, seqs: list[Placement], token_ids: list[list[int]], feed: torch.Tensor | None,
              all_logits: bool, logit_rows: list[int] | None) -> tuple[torch.Tensor, list]:
         """Queue one step (pages reserved) -> (its logits, each sequence's ring after it).
         feed: one-row sequences' ids [B] on the device (token_ids then placeholders)."""
@@ -267,7 +266,7 @@ class Runner:
             ids_dev = feed
         return self.model.forward(ids_dev, positions_dev, plan, rows_dev), plan.next_rings
 
-    def commit(self, seq: SeqState, ids: list[int], ring: RingState) -> None:
+    def commit(self, seq: Placement, ids: list[int], ring: RingState) -> None:
         """`ids` are now in `seq`'s cache, its ring `ring` (after a step, or an install)."""
         seq.num_cached += len(ids)
         seq.ring = ring
@@ -276,7 +275,7 @@ class Runner:
             if len(ids) > 1 and seq.num_cached % CHECKPOINT_EVERY == 0:
                 self.prefix.save(seq)
 
-    def reserve(self, seq: SeqState, num_positions: int) -> None:
+    def reserve(self, seq: Placement, num_positions: int) -> None:
         """Pages for positions [0, num_positions) of `seq`; raises OutOfPages (taking none)."""
         if num_positions > self.engine.max_model_len:
             raise ValueError(
@@ -287,9 +286,9 @@ class Runner:
         if needed:
             seq.page_ids += self.pages.allocate(needed)
 
-    def pages_needed(self, seq: SeqState, num_positions: int) -> int:
+    def pages_needed(self, seq: Placement, num_positions: int) -> int:
         """Pages `seq` lacks for positions [0, num_positions)."""
         return max(0, -(-num_positions // self.engine.page_size) - len(seq.page_ids))
 
 
-__all__ = ["Ahead", "OutOfPages", "Runner", "SeqState"]
+__all__ = ["Ahead", "OutOfPages", "Runner"]

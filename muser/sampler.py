@@ -53,9 +53,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from muser import logprobs
 from muser.core import Logprobs, SamplingParams
 from muser.grammar import Bitmask
+from muser.logprobs import pack, unpack
 from muser.ops import native
 
 
@@ -107,7 +107,7 @@ class Pending:
             self._copied.synchronize()
         if self._ks is None:
             return Choice(self._host.tolist(), [None] * len(self._host))
-        return Choice(*logprobs.unpack(self._host, self._ks))
+        return Choice(*unpack(self._host, self._ks))
 
 
 class BatchSampler:
@@ -138,7 +138,7 @@ class BatchSampler:
         ks = [row.params.logprobs for row in rows]
         if all(k is None for k in ks):
             return Pending(tokens, tokens, None)
-        return Pending(tokens, logprobs.pack(logits, tokens, max(k or 0 for k in ks)), ks)
+        return Pending(tokens, pack(logits, tokens, max(k or 0 for k in ks)), ks)
 
     def _tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """[B, vocab] -> [B] int64 chosen ids on the device."""

@@ -17,8 +17,9 @@ outputs when pages free up). A prompt whose chunk finds no free page waits.
 A request that will fork into n samples once prefilled (`num_forks` = n - 1) is admitted only
 when that many more sequence places are free, and keeps them (its seats) until it forks.
 
-A request admitted with a cached prefix (`num_cached` > 0 before its first step, set by the
-engine between `admit()` and `schedule()`) holds the pages of those rows already; pages shared
+A request admitted with a cached prefix (`num_cached` > 0 before its first step: the engine
+places it between `admit()` and `schedule()`; the count is the sequence's own, committed by the
+runner, muser/kvcache/placement.py) holds the pages of those rows already; pages shared
 with other sequences are not given back by its preemption, so the engine's `preempt` hook
 says how many are.
 """
@@ -29,7 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from muser.core import Request, Status
+from muser.core import Status
+from muser.sequence import Sequence
 
 WORK_CLASSES = ("decode", "prefill")
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -43,11 +45,11 @@ class QueueFull(RuntimeError):
 class Batch:
     """One step: `reqs[:num_decode]` bring one decode row each, the rest prefill rows."""
 
-    reqs: list[Request]
+    reqs: list[Sequence]
     num_tokens: list[int]  # new rows per request
     num_decode: int
     # KV to drop before the step (already dropped when schedule() had a preempt hook)
-    preempted: list[Request] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -93,11 +95,11 @@ class Scheduler:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold a decode "
                              f"row of every sequence (max_num_seqs = {max_num_seqs})")
         self.page_size = page_size
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
         self.stats = SchedulerStats()
 
-    def add(self, req: Request, first: bool = False) -> None:
+    def add(self, req: Sequence, first: bool = False) -> None:
         """Queue a request (first: at the head of the queue, past its bound)."""
         if first:
             self.waiting.appendleft(req)
@@ -111,11 +113,11 @@ class Scheduler:
         """Sequence places taken: running requests and the forks they will make."""
         return len(self.running) + sum(r.num_forks for r in self.running)
 
-    def release_seat(self, req: Request) -> None:
+    def release_seat(self, req: Sequence) -> None:
         """One of `req`'s forks is made (its seat goes to it, or back to the pool)."""
         req.num_forks -= 1
 
-    def add_prefilled(self, req: Request) -> None:
+    def add_prefilled(self, req: Sequence) -> None:
         """A request whose prompt is in the cache already (prefilled elsewhere, or forked)
         joins the running sequences, its next row a decode row. The caller checks there is
         room."""
@@ -128,7 +130,7 @@ class Scheduler:
     def is_full(self) -> bool:
         return self.max_waiting is not None and len(self.waiting) >= self.max_waiting
 
-    def remove(self, uid: int) -> Request | None:
+    def remove(self, uid: int) -> Sequence | None:
         """Drop a request wherever it is; returns it, or None if unknown."""
         for queue in (self.waiting, self.running):
             for req in queue:
@@ -138,11 +140,11 @@ class Scheduler:
         return None
 
     @property
-    def decode_ready(self) -> list[Request]:
+    def decode_ready(self) -> list[Sequence]:
         return [r for r in self.running if r.status == Status.DECODE]
 
     @property
-    def prefilling(self) -> list[Request]:
+    def prefilling(self) -> list[Sequence]:
         return [r for r in self.running if r.status == Status.PREFILL]
 
     @property
@@ -155,14 +157,14 @@ class Scheduler:
                 "prefill": len(self.waiting) + len(self.prefilling)}
 
     def schedule(self, free_pages: int | None = None,
-                 preempt: Callable[[Request], int] | None = None) -> Batch | None:
+                 preempt: Callable[[Sequence], int] | None = None) -> Batch | None:
         """The next step, or None when nothing is running or waiting. free_pages: KV pages
         free now (counted only with a page_size). preempt: called with each request as it is
         preempted, drops its KV -> the pages that gave back (default: none is called, and
         every page its cached rows fill counts as given back)."""
         self.admit()
         pages = _Pages(self.page_size, free_pages)
-        preempted: list[Request] = []
+        preempted: list[Sequence] = []
         while True:
             decodes = self.decode_ready
             if decodes and not pages.take_all(decodes):
@@ -193,12 +195,12 @@ class Scheduler:
         self.stats.rows["prefill"] += batch.num_prefill_rows
         return batch
 
-    def finish(self, req: Request) -> None:
+    def finish(self, req: Sequence) -> None:
         req.status = Status.FINISHED
         if req in self.running:
             self.running.remove(req)
 
-    def admit(self) -> list[Request]:
+    def admit(self) -> list[Sequence]:
         """Move waiting requests into free sequence places -> those admitted (schedule() admits
         too; a caller that places cached prefixes admits first)."""
         admitted = []
@@ -210,8 +212,8 @@ class Scheduler:
             admitted.append(req)
         return admitted
 
-    def _preempt_newest(self, pages: _Pages, preempted: list[Request],
-                        preempt: Callable[[Request], int] | None) -> None:
+    def _preempt_newest(self, pages: _Pages, preempted: list[Sequence],
+                        preempt: Callable[[Sequence], int] | None) -> None:
         """Drop the KV of the newest running sequence that holds pages (never the oldest
         one: the pool holds one full sequence, so the oldest always goes on); it waits first in
         line, to be recomputed."""
@@ -235,11 +237,11 @@ class _Pages:
         self.page_size = page_size
         self.free = free if page_size is not None and free is not None else None
 
-    def needed(self, req: Request, rows: int) -> int:
+    def needed(self, req: Sequence, rows: int) -> int:
         ps = self.page_size
         return -(-(req.num_cached + rows) // ps) - -(-req.num_cached // ps)
 
-    def take_all(self, reqs: list[Request]) -> bool:
+    def take_all(self, reqs: list[Sequence]) -> bool:
         """Take a page for every decode row that starts one -> False (nothing taken) if the
         free pages do not cover them all."""
         if self.free is None:
@@ -250,7 +252,7 @@ class _Pages:
         self.free -= want
         return True
 
-    def fit(self, req: Request, rows: int) -> int:
+    def fit(self, req: Sequence, rows: int) -> int:
         """The most rows (<= rows) of `req` whose pages are free; those pages are taken."""
         if self.free is None:
             return rows
@@ -259,7 +261,7 @@ class _Pages:
         self.free -= self.needed(req, rows)
         return rows
 
-    def release(self, req: Request, num_pages: int | None) -> None:
+    def release(self, req: Sequence, num_pages: int | None) -> None:
         """Count the pages a preempted request gave back (None: every page its rows fill)."""
         if self.free is not None:
             self.free += -(-req.num_cached // self.page_size) if num_pages is None else num_pages

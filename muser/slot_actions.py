@@ -7,7 +7,7 @@ partial page in a checkpoint) and the engine remembers which token ids the slot'
 left there (Engine.slot_ids): that is what llama-server calls the slot's cache.
 
     save ..... looks those ids up in the prefix cache (the lookup a prompt makes, into a spare
-               slot), copies the rows out (muser/disagg/snapshot.py's export) and writes a slot
+               slot), copies the rows out (muser/kvcache/snapshot.py's export) and writes a slot
                file (muser/kvcache/slot_file.py)
     restore .. reads and checks a slot file, installs it in a spare slot and fresh pages (the
                install a remote prefill gets) and frees that sequence at once: its rows enter
@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from muser.disagg.snapshot import export, install
 from muser.engine import Engine
 from muser.errors import MuserError
 from muser.kvcache import slot_file
 from muser.kvcache.pages import OutOfPages
+from muser.kvcache.snapshot import export, install
 
 
 class SlotError(MuserError):
@@ -131,8 +131,7 @@ class SlotActions:
         if runner.prefix is None or not runner.prefix.index.capacity:
             raise SlotError(501, "slot files need the prefix cache (this server runs with "
                             "--no-prefix-cache or --prefix-cache-gb 0)", "not_supported")
-        if any(live.seq is not None and live.seq.slot == slot
-               for live in self.engine.live.values()):
+        if any(seq.slot == slot for seq in self.engine.live.values()):
             raise SlotError(409, f"slot {slot} is processing a request; retry when it is idle",
                             "slot_busy")
         if not runner.free_slots:

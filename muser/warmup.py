@@ -149,14 +149,15 @@ def scheduled(runner: Runner) -> None:
     """The steps the scheduler itself makes: max_num_seqs requests arriving one per step
     (prompts of 1 .. ~600 rows, the first one wrapping the ring), each decoding until the last
     has arrived, so every decode-group size meets chunks with cached prefixes beside it."""
-    from muser.core import Request, SamplingParams, Status
+    from muser.core import SamplingParams, Status
     from muser.scheduler import Scheduler
+    from muser.sequence import Sequence
 
     e, window = runner.engine, runner.cfg.sliding_window
     n = min(e.max_num_seqs, len(runner.free_slots))
     room = e.max_model_len - 2 * n - 2
     lengths = [min(room, window + 37)] + [min(room, (97 * i) % 600 + 1) for i in range(1, n)]
-    pending = [Request([_TOKEN] * m, SamplingParams(max_tokens=n - i + 1))
+    pending = [Sequence([_TOKEN] * m, SamplingParams(max_tokens=n - i + 1))
                for i, m in enumerate(lengths)]
     sched = Scheduler(n, e.prefill_chunk, e.decode_waiting_chunk or e.prefill_chunk,
                       max_batched_tokens=e.max_batched_tokens, page_size=e.page_size)

@@ -1,4 +1,4 @@
-"""Decode ahead (muser/engine.py): the next decode step queued before the tokens it is fed
+"""Decode ahead (muser/engine/ahead.py): the next decode step queued before the tokens it is fed
 reach the host. On a GPU that overlaps the host's work with the device's; here, on the CPU
 (where it is off by default and runs eagerly), the same bookkeeping is checked against the
 engine without it: the same tokens, texts, logprobs and finish reasons, every page back, and a
@@ -60,7 +60,7 @@ def run(llm: LLM, requests: list[tuple[list[int], SamplingParams]], ahead: bool,
             if abort_after and abort_after.get(i) == len(outs[i]) and not out.finished:
                 out = engine.abort(out.uid)
                 outs[i].append((out.token_id, out.text_delta, out.finish_reason, out.logprobs))
-    assert engine.runner.pages.num_free == free and engine._ahead is None
+    assert engine.runner.pages.num_free == free and not engine.ahead
     return outs
 
 

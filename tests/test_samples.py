@@ -49,7 +49,7 @@ def test_each_sample_draws_what_its_own_seeded_request_draws(llm: LLM, num_promp
 
     def pages_after_fork(eng: Engine) -> None:
         if not shared and len(eng.live) == 3:
-            shared.extend(live.seq.page_ids for live in eng.live.values())
+            shared.extend(seq.page_ids for seq in eng.live.values())
 
     before = engine.scheduler.stats.rows["prefill"]
     outs = _drive(engine, ids, params, 1000, pages_after_fork)

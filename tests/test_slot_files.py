@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from muser import LLM, SamplingParams
-from muser.disagg.snapshot import KVSnapshot, export
 from muser.kvcache import slot_file
+from muser.kvcache.snapshot import KVSnapshot, export
 from muser.runner import Runner
 from muser.slot_actions import SlotActions, SlotError
 from tests.test_prefix_reuse import _run

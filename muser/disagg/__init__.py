@@ -2,7 +2,9 @@
 their KV installed here, verified, as if prefilled locally (docs/disaggregation.md).
 
     wire.py      the link over torch.distributed: rendezvous, framing, heartbeats
-    snapshot.py  a sequence's KV detached from its pool; export and install
     worker.py    `muser prefill-worker`
-    client.py    the serving node's side: workers, verification, outcomes
+    client.py    the serving node's side: workers, verification, outcomes; an admission
+                 source the engine takes requests' prefills from (muser/engine/source.py)
+
+A sequence's KV detached from its pool (export, install) is muser/kvcache/snapshot.py.
 """

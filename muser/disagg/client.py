@@ -28,9 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.disagg.snapshot import KVSnapshot
-from muser.disagg.wire import DEAD_S, HEARTBEAT_S, Link, LinkError, parse_address
+from muser.disagg.wire import DEAD_S, HEARTBEAT_S, Link, LinkError, check_backend, parse_address
+from muser.disagg.worker import prefill
 from muser.kvcache.ring import RingState
+from muser.kvcache.snapshot import KVSnapshot, install
+from muser.sequence import Sequence
 
 log = logging.getLogger("muser.disagg")
 
@@ -50,6 +52,17 @@ class Result:
     nbytes: int = 0
     seconds: float = 0.0  # the round trip: send, the worker's prefill, the KV back, checks
     receive_s: float = 0.0  # the KV's hand-off: its tensors received, after their header
+
+    @property
+    def failed(self) -> bool:
+        """No snapshot came (a fallback outcome): the engine prefills the prompt itself."""
+        return self.snapshot is None
+
+    def install(self, runner, seq: Sequence) -> torch.Tensor:
+        """The engine's Arrival (muser/engine/source.py): the verified snapshot installed into
+        unplaced `seq` (whose prompt it prefilled) -> its last row's logits [vocab]."""
+        install(runner, self.snapshot, seq.prompt_ids, seq)
+        return self.snapshot.logits
 
 
 class Histogram:
@@ -101,8 +114,13 @@ class RemotePrefill:
         self._next = 0
         self.in_flight: set[int] = set()
 
-    def wants(self, num_prompt: int) -> bool:
-        return num_prompt >= self.min_tokens
+    def offer(self, seq: Sequence, num_uncached: int) -> bool:
+        """The engine's admission source (muser/engine/source.py): a prompt of at least
+        min_tokens tokens not cached there is sent to a worker (True)."""
+        if num_uncached < self.min_tokens:
+            return False
+        self.start(seq.uid, seq.prompt_ids)
+        return True
 
     def count_local(self) -> None:
         with self._lock:
@@ -286,10 +304,9 @@ def _check_header(header: dict, expect: Expect, num_tokens: int) -> str:
 
 def attach(llm, workers: list[str], min_tokens: int | None, timeout_s: float,
            backend: str = "gloo") -> RemotePrefill:
-    """Give `llm`'s engine these prefill workers; min_tokens None: the crossover measured now
-    (remote never faster: every prompt stays local). -> the RemotePrefill."""
-    from muser.disagg.wire import check_backend
-
+    """Give `llm`'s engine these prefill workers (an admission source it takes prompts'
+    prefills from); min_tokens None: the crossover measured now (remote never faster: every
+    prompt stays local). -> the RemotePrefill."""
     runner, cfg, engine = llm.runner, llm.model_config, llm.engine
     check_backend(backend, runner.device)
     expect = Expect(llm.fingerprint(), len(cfg.layers_of("sliding")),
@@ -299,7 +316,7 @@ def attach(llm, workers: list[str], min_tokens: int | None, timeout_s: float,
                            runner.device, on_done=lambda: engine.wake())
     if min_tokens is None:
         remote.min_tokens = crossover(llm, remote)
-    engine.remote = remote
+    engine.add_source(remote)
     log.info("prefill workers %s: prompts of %s tokens or more go remote (fingerprint %s)",
              ", ".join(workers), remote.min_tokens if remote.min_tokens < 1 << 60 else "no",
              expect.fingerprint)
@@ -311,8 +328,6 @@ def crossover(llm, remote: RemotePrefill, lengths: tuple[int, ...] = (128, 512, 
     """The shortest of `lengths` whose remote round trip beats prefilling it here (each
     timed once after a first untimed pair) -> tokens (1 << 62: none did; UNMEASURED_TOKENS
     when no round trip succeeded, e.g. the worker is not up yet)."""
-    from muser.disagg.worker import prefill
-
     fits = [n for n in lengths if n < llm.config.max_model_len]
     answered = False
     for i, n in enumerate(fits):

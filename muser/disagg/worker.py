@@ -4,7 +4,7 @@ One request at a time: the serving node's header (request id, model fingerprint,
 -> the prompt prefilled in chunks of --prefill-chunk rows on this worker's runner (the rules
 the serving node's own prefill follows; on the CPU the result does not depend on them) -> a
 header (status, shapes, dtype, ring metadata, per-layer checksums) and the KV tensors and
-last-row logits (muser/disagg/snapshot.py). A request for another model is answered with this
+last-row logits (muser/kvcache/snapshot.py). A request for another model is answered with this
 worker's fingerprint and nothing else.
 """
 
@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from muser.disagg.snapshot import KVSnapshot, export
 from muser.disagg.wire import Link, LinkError, Listener
+from muser.kvcache.snapshot import KVSnapshot, export
 
 log = logging.getLogger("muser.disagg")
 

@@ -18,15 +18,11 @@ backend's exactness construction), so a hit gives the same bits as a cold prefil
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from muser.kvcache.checkpoints import CheckpointStore, checkpoint_nbytes
 from muser.kvcache.pages import OutOfPages, PageAllocator
+from muser.kvcache.placement import Placement
 from muser.kvcache.pool import KVPool
 from muser.kvcache.prefix import ROOT, CheckpointIndex, PrefixStats, chain_keys
-
-if TYPE_CHECKING:
-    from muser.runner import SeqState
 
 # NOTE: a prompt that shares only a first part with an earlier one (a system prompt) resumes
 # from the last checkpoint inside that part. Checkpoints are taken where a chunk ends, so their
@@ -76,7 +72,7 @@ class PrefixCache:
         match = self._match(token_ids, touch=False)
         return match[2].num_tokens if match else 0
 
-    def restore(self, seq: SeqState, token_ids: list[int], count: bool = True) -> None:
+    def restore(self, seq: Placement, token_ids: list[int], count: bool = True) -> None:
         """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any
         (`count`: in the lookup / hit counters; a slot file's export is not a prompt)."""
         self._lookups += count
@@ -111,7 +107,7 @@ class PrefixCache:
         for key in keys:
             self.pages.unregister(key)
 
-    def append(self, seq: SeqState, token_ids: list[int]) -> None:
+    def append(self, seq: Placement, token_ids: list[int]) -> None:
         """Record rows the sequence has just computed (their page keys as pages fill)."""
         seq.token_ids += token_ids
         done, full = len(seq.keys), len(seq.token_ids) // self.page_size
@@ -119,7 +115,7 @@ class PrefixCache:
             seq.keys += chain_keys(seq.token_ids[done * self.page_size:full * self.page_size],
                                    self.page_size, seq.keys[-1] if seq.keys else ROOT)
 
-    def save(self, seq: SeqState, final: bool = False) -> None:
+    def save(self, seq: Placement, final: bool = False) -> None:
         """Register the sequence's full pages and checkpoint its state now; `final`: at its
         end, before its pages are freed (a protected checkpoint, see CheckpointIndex)."""
         n, ps = seq.num_cached, self.page_size

@@ -4,7 +4,7 @@ A safetensors file (no pickle: reading one runs no code) holding
 
     token_ids  int64 [num_tokens]                                       the rows' token ids
     sliding    [sliding layers, 2 (K, V), ring length, kv_heads, head_dim]  the ring's retained
-               rows in logical order (muser/disagg/snapshot.py's KVSnapshot layout)
+               rows in logical order (muser/kvcache/snapshot.py's KVSnapshot layout)
     full       [full layers, 2, num_tokens, kv_heads, head_dim]           every row
 
 and in its metadata the format and version, the model's fingerprint (muser/loading/
@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from muser.disagg.snapshot import KVSnapshot
 from muser.errors import MuserError
 from muser.kvcache.ring import RingState
+from muser.kvcache.snapshot import KVSnapshot
 
 FORMAT, VERSION = "muser-slot", "1"
 _RING = ("capacity", "logical_origin", "physical_origin", "length")

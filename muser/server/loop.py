@@ -9,9 +9,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from muser.core import Request, SamplingParams, StepOutput
+from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.scheduler import QueueFull
+from muser.sequence import Sequence
 from muser.server.loop_stats import LoopStats, SlotView
 
 log = logging.getLogger("muser.server")
@@ -25,7 +26,7 @@ class EngineLoop:
         self.engine, self.max_queue = engine, max_queue
         self.stats = LoopStats()
         self._cond = threading.Condition()
-        self._inbox: list[tuple[Request, Sink]] = []
+        self._inbox: list[tuple[Sequence, Sink]] = []
         self._aborts: list[int] = []
         self._calls: list[tuple[Callable[[Engine], object], Callable[[object], None]]] = []
         self._sinks: dict[int, Sink] = {}

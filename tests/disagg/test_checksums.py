@@ -1,4 +1,4 @@
-"""The KV checksums a worker sends and the serving node verifies (muser/disagg/snapshot.py):
+"""The KV checksums a worker sends and the serving node verifies (muser/kvcache/snapshot.py):
 their definition, computed by another route, and what they catch."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser.disagg.snapshot import MOD, layer_checksums
+from muser.kvcache.snapshot import MOD, layer_checksums
 
 
 def _by_definition(x: torch.Tensor) -> int:
@@ -47,7 +47,7 @@ def test_a_changed_or_moved_value_changes_its_slice_only() -> None:
 
 def test_summed_in_passes_the_same(monkeypatch) -> None:
     """A GPU sums a long slice's words a few rows at a time: the passes add up to one."""
-    from muser.disagg import snapshot
+    from muser.kvcache import snapshot
 
     x = torch.randn(3, 5 * MOD + 17, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     whole = layer_checksums(x)

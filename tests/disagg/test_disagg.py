@@ -35,7 +35,7 @@ def _served(llm: LLM, address: str, timeout_s: float = 60.0, min_tokens: int = 1
     try:
         tokens = llm.generate(SHORT, GREEDY).token_ids
     finally:
-        llm.engine.remote = None
+        llm.engine.remove_source(remote)
     return tokens, remote.stats()["outcomes"]
 
 
@@ -54,7 +54,7 @@ def test_remote_prefill_is_bitwise_the_local_one(llm: LLM, gguf_path: Path,
         for name in ("sliding", "full", "logits"):
             assert torch.equal(getattr(far.snapshot, name), getattr(near, name)), name
     finally:
-        llm.engine.remote = None
+        llm.engine.remove_source(remote)
     assert served.token_ids == llm.generate(PROMPT, GREEDY).token_ids
 
 
@@ -82,7 +82,7 @@ def test_a_prompt_mostly_cached_here_stays_local(llm: LLM, gguf_path: Path,
         llm.generate(fresh, GREEDY)
         assert remote.stats()["outcomes"]["remote"] == 1
     finally:
-        llm.engine.remote = None
+        llm.engine.remove_source(remote)
     assert served == llm.generate(turn, GREEDY).token_ids
 
 
@@ -154,7 +154,7 @@ def test_a_worker_restarted_between_requests(llm: LLM, gguf_path: Path, worker_f
             worker_factory(["--model", str(gguf_path)], port=port)
             runs += [llm.generate(SHORT, GREEDY).token_ids for _ in range(2)]
     finally:
-        llm.engine.remote = None
+        llm.engine.remove_source(remote)
     assert runs == [local_tokens] * 3
     assert f"prefill worker 127.0.0.1:{port} is down" in caplog.text
     assert remote.stats()["outcomes"]["remote"] == 3
@@ -165,7 +165,7 @@ def test_auto_crossover_is_measured_and_logged(llm: LLM, gguf_path: Path, worker
     worker = worker_factory(["--model", str(gguf_path)])
     with caplog.at_level(logging.INFO, "muser.disagg"):
         remote = attach(llm, [worker.address], None, 60.0)
-    llm.engine.remote = None
+    llm.engine.remove_source(remote)
     measured = [line for line in caplog.text.splitlines() if "crossover:" in line]
     assert [int(line.split("crossover: ")[1].split()[0]) for line in measured][:1] == [128]
     assert all("local prefill" in line and "remote round trip" in line for line in measured)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from muser.runner import Runner, SeqState
+from muser.kvcache.placement import Placement
+from muser.runner import Runner
 
 
-def kv_rows(runner: Runner, seq: SeqState, layer_id: int, pos: int) -> torch.Tensor:
+def kv_rows(runner: Runner, seq: Placement, layer_id: int, pos: int) -> torch.Tensor:
     """[2, kv_heads, head_dim] K and V of logical row `pos`, located through cache metadata."""
     k, v = runner.pool.layer(layer_id)
     if runner.cfg.layer_kinds[layer_id] == "sliding":

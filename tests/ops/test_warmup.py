@@ -11,13 +11,14 @@ import types
 import torch
 
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
-from muser.core import Request, SamplingParams, Status
+from muser.core import SamplingParams, Status
 from muser.graph.decoder import Decoder
 from muser.graph.weights import random_weights
 from muser.ops import ref
 from muser.ops import triton as triton_ops
 from muser.runner import Runner
 from muser.scheduler import Scheduler
+from muser.sequence import Sequence
 from muser.warmup import prefill_widths, prepare
 
 CFG = ModelConfig(
@@ -47,7 +48,7 @@ def _serve(runner: Runner, prompts: list[int], max_tokens: list[int]
     """Greedy requests admitted one every other step -> (kind, decode rows, rows) of every
     step."""
     sched = Scheduler(ENGINE.max_num_seqs, ENGINE.prefill_chunk, ENGINE.decode_waiting_chunk)
-    pending = [Request([(7 * i + j) % CFG.vocab_size for j in range(n)],
+    pending = [Sequence([(7 * i + j) % CFG.vocab_size for j in range(n)],
                        SamplingParams(max_tokens=m)) for i, (n, m) in enumerate(
                            zip(prompts, max_tokens))]
     seqs, steps = {}, []

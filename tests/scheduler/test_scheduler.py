@@ -6,12 +6,13 @@ import random
 
 import pytest
 
-from muser.core import Request, SamplingParams, Status
+from muser.core import SamplingParams, Status
 from muser.scheduler import Batch, QueueFull, Scheduler
+from muser.sequence import Sequence
 
 
-def _req(num_prompt: int, max_tokens: int = 4) -> Request:
-    return Request(list(range(num_prompt)), SamplingParams(max_tokens=max_tokens))
+def _req(num_prompt: int, max_tokens: int = 4) -> Sequence:
+    return Sequence(list(range(num_prompt)), SamplingParams(max_tokens=max_tokens))
 
 
 class _Engine:

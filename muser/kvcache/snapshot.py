@@ -8,7 +8,7 @@ What a prefill leaves behind, in logical order:
     logits    [vocab] float32                                              the last row's
 
 `export` copies them out of a runner's pool; `install` copies a verified snapshot into a fresh
-slot and fresh pages of another runner and returns the sequence, ring metadata and pages
+slot and fresh pages of another runner and places the sequence, ring metadata and pages
 together: nothing is visible to attention before it returns, so a snapshot that fails its
 checks never leaves partial KV behind. The ring is restored at the same physical rows, so the
 installed sequence attends its keys in the order the sender's would have.
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from muser.kvcache.placement import Placement
 from muser.kvcache.ring import RingState
 
 
@@ -76,7 +77,7 @@ def layer_checksums(t: torch.Tensor) -> list[int]:
     return [a * 2**64 + b for a, b in zip(s1.tolist(), s2.tolist(), strict=True)]
 
 
-def export(runner, seq, logits: torch.Tensor) -> KVSnapshot:
+def export(runner, seq: Placement, logits: torch.Tensor) -> KVSnapshot:
     """The cache of `seq` (every prompt row computed) on `runner`, copied out, with the logits
     of its last row."""
     cfg, pool, ring = runner.cfg, runner.pool, seq.ring
@@ -91,14 +92,15 @@ def export(runner, seq, logits: torch.Tensor) -> KVSnapshot:
                       logits.detach().float().reshape(-1).clone())
 
 
-def install(runner, snap: KVSnapshot, token_ids: list[int]):
-    """A new sequence on `runner` holding `snap` of `token_ids` (converted to the pool's dtype
-    and device): a free slot, pages for its rows, its ring. Raises OutOfPages or RuntimeError
-    (no free slot) having changed nothing."""
+def install(runner, snap: KVSnapshot, token_ids: list[int],
+            seq: Placement | None = None) -> Placement:
+    """`seq` (unplaced; default a new one) placed on `runner` holding `snap` of `token_ids`
+    (converted to the pool's dtype and device): a free slot, pages for its rows, its ring ->
+    it. Raises OutOfPages or RuntimeError (no free slot) having changed nothing."""
     cfg, pool = runner.cfg, runner.pool
     if snap.ring.capacity != pool.ring_capacity:
         raise ValueError(f"ring capacity {snap.ring.capacity} != {pool.ring_capacity}")
-    seq = runner.allocate()
+    seq = runner.allocate(seq=seq)
     try:
         runner.reserve(seq, snap.num_tokens)
     except Exception:

@@ -1,0 +1,45 @@
+"""A sampled token -> the text it adds and whether its sequence ends there (host only).
+
+    end of turn (EOS/EOT) ... ends with "stop"; the token is not an output, the text held back
+                              is flushed (unless ignore_eos)
+    a stop string ........... ends with "stop" at the text before it
+    the grammar ends ........ (or refuses the token) ends with "stop", the text flushed
+    max_tokens, context ..... ends with "length", the text flushed
+
+The sequence's detokenizer and stop matcher hold the text not yet safe to emit (an incomplete
+character, a possible stop string's start).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from muser.sequence import Sequence
+
+
+class Emitted(NamedTuple):
+    token_id: int | None  # the output token (None: an end of turn, not an output)
+    text: str
+    finish_reason: str | None  # None: the sequence goes on
+
+
+def emit(seq: Sequence, token: int, eot_ids: frozenset[int],
+         max_model_len: int) -> Emitted:
+    """Append `token` to `seq`'s outputs (unless it ends the turn) -> what it emits."""
+    if token in eot_ids and not seq.sampling.ignore_eos:
+        return Emitted(None, flush(seq), "stop")
+    seq.output_ids.append(token)
+    text, hit_stop = seq.stops.push(seq.detok.push(token))
+    ended = seq.constraint is not None and (
+        not seq.constraint.consume(token) or seq.constraint.is_stopped)
+    if hit_stop or ended:
+        return Emitted(token, text + flush(seq) if ended else text, "stop")
+    if len(seq.output_ids) >= seq.sampling.max_tokens or (
+            seq.num_cached + 1 >= max_model_len):
+        return Emitted(token, text + flush(seq), "length")
+    return Emitted(token, text, None)
+
+
+def flush(seq: Sequence) -> str:
+    """The text held back, now final."""
+    return seq.stops.push(seq.detok.flush())[0] + seq.stops.flush()
