@@ -46,7 +46,8 @@ def child_main(spec: EngineSpec, requests: Connection, outputs: Connection) -> N
         if msg[0] == "add":
             _, uid, prompt_ids, sampling = msg
             try:
-                loop.submit(prompt_ids, sampling, loop.on_output, uid=uid)
+                # NOTE: the HTTP process checked the prompt (ServerContext.start)
+                loop.submit(prompt_ids, sampling, loop.on_output, uid=uid, checked=True)
             except Exception as exc:  # noqa: BLE001  (the server checked it first; not fatal)
                 log.error("request %d refused by the engine: %s", uid, exc)
                 loop.refuse(uid)

@@ -53,11 +53,11 @@ class EngineLoop:
             log.error("the engine loop did not stop within %.0f s", timeout_s)
 
     def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink,
-               uid: int | None = None) -> int:
+               uid: int | None = None, checked: bool = False) -> int:
         """Queue a request -> its uid (`uid`, or the engine's next); `sink` is called from the
-        loop thread with each StepOutput. Raises PromptError, or QueueFull when the waiting
-        queue is at its bound."""
-        req = self.engine.make_request(prompt_ids, sampling, uid)
+        loop thread with each StepOutput. Raises PromptError (unless `checked`: the caller ran
+        muser.core.check_prompt), or QueueFull when the waiting queue is at its bound."""
+        req = self.engine.make_request(prompt_ids, sampling, uid, checked=checked)
         bound = self.max_queue
         with self._cond:
             if self._stopping:
