@@ -3,17 +3,17 @@ every width (`cpu`); MUSER_OPS=ref forces the torch reference (`ref`) anywhere."
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import torch
 
+from muser import env
 from muser.ops import ref
 
 
 def backend(device: torch.device | str) -> ModuleType:
     """The op namespace for `device`: Triton on CUDA (unless MUSER_OPS=ref), else `cpu`."""
-    if os.environ.get("MUSER_OPS") == "ref":
+    if env.reference_ops():
         return ref
     if torch.device(device).type != "cuda":
         from muser.ops import cpu

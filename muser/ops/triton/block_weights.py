@@ -18,7 +18,7 @@ tuning cache (family "blocks" in `picks.py`, written after a warm-up that timed 
 CUDA the fastest of `candidates_blocks`, timed in CUDA graphs over copies of the blocks that
 defeat L2 (as linear.py times its GEMVs; the warm-up's decode shapes are timed there, and one
 first seen after it logs a warning); elsewhere `default_config`. The block GEMV has no cuBLAS
-twin: MUSER_GEMV=0 reaches the dense route only.
+twin: the `gemv` switch off (switches.py) reaches the dense route only.
 
 `prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
 block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype

@@ -14,7 +14,7 @@ warm-up), or `tune` times it the first time the shape is seen; the runner's warm
 (`muser/warmup.py`) sees every shape serving can run before the engine reports ready, so `tune`
 is never reached on the request path (`STATS.tuned` counts its calls). Inside
 `launch.compile_only`, a shape without a pick compiles every candidate and runs none.
-MUSER_GEMV=0 routes every projection to cuBLAS. Outputs are in the weight dtype (the
+The `gemv` switch off (switches.py) routes every projection to cuBLAS. Outputs are in the weight dtype (the
 reference rounds to it too); consumers upcast on load. A weight kept as GGUF blocks takes the
 block route (muser/ops/triton/block_weights.py), which ends here for its dense rows.
 """
@@ -25,13 +25,12 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 from collections.abc import Callable
 
 import torch
 
 from muser.ops.blocks import Blocks
-from muser.ops.triton import block_weights, pdl
+from muser.ops.triton import block_weights, pdl, switches
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import GemmConfig, gemm
@@ -43,11 +42,10 @@ from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotati
 PICKS = PickTable()  # shape key -> GemvConfig | GemmConfig | None (cuBLAS)
 remember, measured = PICKS.remember, PICKS.measured
 _UNSET = object()
-_CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
 GRAPH_ROWS = 64  # decode batches of up to this many rows replay CUDA graphs
 # weight type -> the projection of weights that are not plain tensors (linear_fp8.py adds
-# Fp8Matrix's when the package is imported; MUSER_GEMV=0 does not apply to them)
+# Fp8Matrix's when the package is imported; the `gemv` switch does not apply to them)
 ROUTES: dict[type, Callable] = {}
 
 
@@ -109,7 +107,7 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     route = ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)
-    if _CUBLAS_ONLY:
+    if not switches.current().gemv:
         return _cublas(x, weight, geglu_out, norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
     config = PICKS.pick.get(key, _UNSET)

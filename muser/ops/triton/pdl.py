@@ -19,28 +19,26 @@ gemma3-27b: 8.17 ms with 16 KiB a program, 8.61 with 64 KiB, 8.07 without.)
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_ENABLED = os.environ.get("MUSER_PDL", "1") != "0"
-_OPTIONS: dict[torch.device, dict] = {}  # device -> launch keywords (called per launch)
+from muser.ops.triton import switches
+
+_OPTIONS: dict[torch.device, dict] = {}  # device -> launch keywords with the switch on
 _OFF = {"PDL": False}
 _ON = {"PDL": True, "launch_pdl": True}
 
 
-def set_enabled(enabled: bool) -> None:
-    """Turn programmatic dependent launch on or off for later launches and graph captures."""
-    global _ENABLED
-    _ENABLED = enabled
-    _OPTIONS.clear()
-
-
 def enabled(device: torch.device) -> bool:
-    if not _ENABLED or device.type != "cuda":
+    """Whether launches on `device` use it: the switch on (switches.py) and a Hopper or later
+    GPU."""
+    return switches.current().pdl and _supported(device)
+
+
+def _supported(device: torch.device) -> bool:
+    if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) >= (9, 0)
@@ -48,9 +46,11 @@ def enabled(device: torch.device) -> bool:
 
 def options(device: torch.device) -> dict:
     """The launch keywords of a PDL-aware kernel: its PDL constexpr and Triton's option."""
+    if not switches.current().pdl:
+        return _OFF
     opts = _OPTIONS.get(device)
     if opts is None:
-        opts = _OPTIONS[device] = _ON if enabled(device) else _OFF
+        opts = _OPTIONS[device] = _ON if _supported(device) else _OFF
     return opts
 
 

@@ -28,7 +28,7 @@ from triton.runtime.errors import OutOfResources
 from muser.ops.triton import block_weights, kernel_list, linear, linear_fp8, picks
 from muser.ops.triton.gemv import MAX_ROWS
 from muser.ops.triton.launch import compile_only
-from muser.tuning_cache import TuningCache
+from muser.ops.tuning_cache import TuningCache
 
 EXACT_ROWS = MAX_ROWS  # projections of up to this many rows are keyed by their exact count
 
