@@ -43,6 +43,7 @@ from muser.ops.triton.gemm import gemm
 from muser.ops.triton.gemv import NormEpilogue
 from muser.presets import preset
 from muser.runner import Runner
+from muser.startup.start import start as start_runner
 
 T0 = time.perf_counter()
 DEV = "cuda"
@@ -383,7 +384,7 @@ def make_runner(cfg, weights, max_len: int, eager: bool = False) -> tuple[Runner
     engine = EngineConfig(device=DEV, max_num_seqs=1, max_model_len=max_len,
                           prefill_chunk=max_len, enforce_eager=eager)
     t0 = time.perf_counter()
-    runner = Runner(cfg, engine, weights)
+    runner = start_runner(cfg, engine, weights)
     torch.cuda.synchronize()
     return runner, time.perf_counter() - t0
 

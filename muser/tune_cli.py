@@ -50,7 +50,7 @@ def tune(args: argparse.Namespace) -> int:
         llm = LLM(args.model if load_format == "auto" else None, progress=False,
                   load_format=load_format, model_config=name, max_num_seqs=args.max_num_seqs,
                   log=log, **kwargs)
-        report[label] = {"phases_s": log.phases, "details": llm.runner.warmup}
+        report[label] = {"phases_s": log.phases, "details": dict(llm.runner.startup.phases)}
         del llm
     if args.json:
         print(json.dumps(report, indent=1))

@@ -7,15 +7,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from muser import env
+from muser.env import cache_dir
 from muser.errors import ModelLoadError
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
-
-
-def cache_dir() -> Path:
-    """MUSER_CACHE_DIR, else ~/.cache/muser (muser/env.py)."""
-    return env.cache_dir()
 
 
 def default_model_path(progress: bool = True) -> Path:

@@ -7,13 +7,13 @@ from types import ModuleType
 
 import torch
 
-from muser import env
+from muser.env import reference_ops
 from muser.ops import ref
 
 
 def backend(device: torch.device | str) -> ModuleType:
     """The op namespace for `device`: Triton on CUDA (unless MUSER_OPS=ref), else `cpu`."""
-    if env.reference_ops():
+    if reference_ops():
         return ref
     if torch.device(device).type != "cuda":
         from muser.ops import cpu

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from muser import env
+from muser.env import c_compiler, cache_dir
 from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
@@ -72,7 +72,7 @@ def _build(cc: str, target: Path) -> None:
 @functools.cache
 def library() -> ctypes.CDLL:
     """The loaded kernel library, built on first use."""
-    cc = env.c_compiler()
+    cc = c_compiler()
     if shutil.which(cc) is None:
         raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
@@ -81,7 +81,7 @@ def library() -> ctypes.CDLL:
         [*(src.read_text() for src in SOURCES + HEADERS), " ".join(FLAGS), version, _cpu_flags(),
          platform.machine()]
     ).encode()).hexdigest()[:16]
-    target = env.cache_dir() / "native" / f"muser-cpu-{key}.so"
+    target = cache_dir() / "native" / f"muser-cpu-{key}.so"
     if not target.exists():
         _build(cc, target)
     lib = ctypes.CDLL(str(target))

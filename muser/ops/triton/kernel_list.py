@@ -34,7 +34,7 @@ from triton.compiler import ASTSource
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction, convert_to_tuple_if_list
 
-from muser import env
+from muser.env import cache_dir
 from muser.ops.triton import picks
 from muser.ops.tuning_cache import TuningCache
 
@@ -49,7 +49,7 @@ def store(device: torch.device, config: str) -> TuningCache:
     fingerprint = {**picks.fingerprint(device), "sources": sources.hexdigest()[:16],
                    "triton env": json.dumps(get_cache_invalidating_env_vars(), sort_keys=True),
                    "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
-    return TuningCache.at(env.cache_dir(), fingerprint, "kernels")
+    return TuningCache.at(cache_dir(), fingerprint, "kernels")
 
 
 def save(kernels: TuningCache, compiled: list[Compiled], device_index: int) -> int:

@@ -31,10 +31,10 @@ from contextvars import ContextVar
 import torch
 from triton.runtime.jit import JITFunction
 
-from muser import env
-from muser.ops.triton import switches
+from muser.env import triton_interpret
+from muser.ops.triton.switches import current as switches_in_force
 
-_INTERPRET = env.triton_interpret()
+_INTERPRET = triton_interpret()
 _KERNELS: dict[tuple, object] = {}
 _COMPILED: set[tuple] = set()  # keys already handed to the JIT inside compile_only
 _TENSOR = torch.Tensor
@@ -74,7 +74,7 @@ def _bind(args: tuple, key: list) -> tuple[list, list]:
 def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), where `args` are the kernel's runtime arguments in order
     and `kwargs` its constexprs (every remaining parameter) and launch options (num_warps...)."""
-    if _INTERPRET or not isinstance(kernel, JITFunction) or not switches.current().direct:
+    if _INTERPRET or not isinstance(kernel, JITFunction) or not switches_in_force().direct:
         kernel[grid](*args, **kwargs)
         return
     device = torch._C._cuda_getDevice()

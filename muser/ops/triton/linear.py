@@ -11,12 +11,13 @@ where the caller asks:
 
 A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
 warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up
-(`muser/warmup.py`) sees every shape serving can run before the engine reports ready, so `tune`
+(`muser/startup/`) sees every shape serving can run before the engine reports ready, so `tune`
 is never reached on the request path (`STATS.tuned` counts its calls). Inside
 `launch.compile_only`, a shape without a pick compiles every candidate and runs none.
-The `gemv` switch off (switches.py) routes every projection to cuBLAS. Outputs are in the weight dtype (the
-reference rounds to it too); consumers upcast on load. A weight kept as GGUF blocks takes the
-block route (muser/ops/triton/block_weights.py), which ends here for its dense rows.
+The `gemv` switch off (switches.py) routes every projection to cuBLAS. Outputs are in the
+weight dtype (the reference rounds to it too); consumers upcast on load. A weight kept as GGUF
+blocks takes the block route (muser/ops/triton/block_weights.py), which ends here for its dense
+rows.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from collections.abc import Callable
 import torch
 
 from muser.ops.blocks import Blocks
-from muser.ops.triton import block_weights, pdl, switches
+from muser.ops.triton import block_weights, pdl
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
+from muser.ops.triton.switches import current as switches_in_force
 from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
 
 PICKS = PickTable()  # shape key -> GemvConfig | GemmConfig | None (cuBLAS)
@@ -107,7 +109,7 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     route = ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)
-    if not switches.current().gemv:
+    if not switches_in_force().gemv:
         return _cublas(x, weight, geglu_out, norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
     config = PICKS.pick.get(key, _UNSET)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from muser.ops.triton import switches
+from muser.ops.triton.switches import current as switches_in_force
 
 _OPTIONS: dict[torch.device, dict] = {}  # device -> launch keywords with the switch on
 _OFF = {"PDL": False}
@@ -34,7 +34,7 @@ _ON = {"PDL": True, "launch_pdl": True}
 def enabled(device: torch.device) -> bool:
     """Whether launches on `device` use it: the switch on (switches.py) and a Hopper or later
     GPU."""
-    return switches.current().pdl and _supported(device)
+    return switches_in_force().pdl and _supported(device)
 
 
 def _supported(device: torch.device) -> bool:
@@ -46,7 +46,7 @@ def _supported(device: torch.device) -> bool:
 
 def options(device: torch.device) -> dict:
     """The launch keywords of a PDL-aware kernel: its PDL constexpr and Triton's option."""
-    if not switches.current().pdl:
+    if not switches_in_force().pdl:
         return _OFF
     opts = _OPTIONS.get(device)
     if opts is None:

@@ -30,7 +30,7 @@ import torch
 import triton
 from gguf import GGMLQuantizationType
 
-from muser import env
+from muser.env import cache_dir, shipped_picks
 from muser.ops.fp8 import chunk_route
 from muser.ops.triton.gemm import GemmConfig
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig
@@ -64,7 +64,7 @@ def _driver_version() -> str:
 
 
 def cache(device: torch.device) -> TuningCache:
-    return TuningCache.at(env.cache_dir(), fingerprint(device))
+    return TuningCache.at(cache_dir(), fingerprint(device))
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -155,7 +155,7 @@ def load(device: torch.device) -> tuple[dict[str, Family], dict[str, Family]]:
     """-> (this machine's stored picks, the shipped table's when this GPU has its name), each
     {family: {key: (pick, timed_ms)}}."""
     store = cache(device)
-    shipped = env.shipped_picks(SHIPPED)
+    shipped = shipped_picks(SHIPPED)
     same_gpu = read_fingerprint(shipped).get("gpu") == store.fingerprint["gpu"]
     return (parse_entries(store.load(), store.path),
             parse_entries(read_picks(shipped, None) if same_gpu else {}, shipped))

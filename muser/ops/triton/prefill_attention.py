@@ -85,7 +85,8 @@ def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, nu
 
 
 # NOTE: lengths, positions and the classifier's offsets in the step's metadata vary from one forward
-# to the next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+# to the next; left unspecialized, they need no compile the warm-up did not do
+# (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["T", "S", "q_start", "k_start", "num_k_tiles", "splits"],
             do_not_specialize_on_alignment=["tiles_ptr", "ranges_ptr", "rows_ptr"])
 def _flash_kernel(
