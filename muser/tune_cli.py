@@ -7,12 +7,11 @@ import argparse
 import json
 import sys
 
+from muser.engine_args import add_engine_args, engine_kwargs, positive_int
 from muser.errors import MuserError
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
-    from muser.cli import _positive_int, add_engine_args
-
     p = sub.add_parser("tune", help="measure kernel picks ahead of time (GPU)",
                        description="Warm up each model as serving would (compile every kernel, "
                        "time every projection shape, capture the decode graphs) and store the "
@@ -21,7 +20,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", action="append", default=[], metavar="NAME",
                    help="tune a named shape with dummy weights, e.g. gemma3-1b (repeatable; "
                    "default: --model, or --model-config)")
-    p.add_argument("--max-num-seqs", type=_positive_int,
+    p.add_argument("--max-num-seqs", type=positive_int,
                    help="largest decode batch to tune, as `muser serve --max-num-seqs` "
                    "(default: the GPU's serving default, 32)")
     p.add_argument("--json", action="store_true", help="print what each phase did as JSON")
@@ -32,7 +31,6 @@ def tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from muser import LLM
-    from muser.cli import engine_kwargs
     from muser.startup import StartupLog
 
     kwargs = engine_kwargs(args)
