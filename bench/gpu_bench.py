@@ -31,12 +31,12 @@ from hf_compiled import compiled_prefill_calls
 from hf_twin import hf_twin
 
 import muser.ops.triton as tops
-from muser.attention.dense_ref import attention_dense
 from muser.attention.routes import Route
-from muser.attention.tiles import classify_tiles
 from muser.config import EngineConfig
 from muser.graph.weights import random_weights
 from muser.ops import ref
+from muser.ops.dense_ref import attention_dense
+from muser.ops.tiles import classify_tiles
 from muser.ops.triton import switches
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import gemm

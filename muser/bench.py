@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from muser.engine_args import add_engine_args, engine_kwargs
 from muser.errors import MuserError
+from muser.llm import LLM
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -65,8 +66,6 @@ def _prompt(vocab: int, length: int) -> list[int]:
 
 class MuserSide:
     def __init__(self, args: argparse.Namespace) -> None:
-        from muser import LLM
-
         # NOTE: every cell is a cold prompt: no checkpoint saved as a sequence is freed
         self.llm = LLM(args.model, max_num_seqs=1, **engine_kwargs(args) | {"prefix_cache": False})
         self.runner = self.llm.runner

@@ -7,6 +7,7 @@ import json
 import sys
 
 from muser.bench import add_bench_parser
+from muser.core import SamplingParams
 from muser.disagg.cli import add_worker_parser
 from muser.engine_args import (
     add_engine_args,
@@ -17,6 +18,7 @@ from muser.engine_args import (
     unit_interval,
 )
 from muser.errors import MuserError
+from muser.llm import LLM
 from muser.tune_cli import add_tune_parser
 
 
@@ -75,8 +77,6 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from muser import LLM, SamplingParams
-
     prompt = _read_prompt(args)
     if not prompt:
         raise MuserError("the prompt is empty")

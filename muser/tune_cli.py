@@ -7,8 +7,12 @@ import argparse
 import json
 import sys
 
+from tqdm import tqdm
+
 from muser.engine_args import add_engine_args, engine_kwargs, positive_int
 from muser.errors import MuserError
+from muser.llm import LLM
+from muser.startup import StartupLog
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,11 +32,6 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def tune(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from muser import LLM
-    from muser.startup import StartupLog
-
     kwargs = engine_kwargs(args)
     if kwargs.setdefault("device", "cuda") != "cuda":
         raise MuserError("muser tune measures GPU kernels: it needs --device cuda")

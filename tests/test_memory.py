@@ -4,6 +4,10 @@ fake free-memory figure)."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -130,3 +134,21 @@ def test_utilization_flag_and_field_are_validated() -> None:
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         EngineConfig(gpu_memory_utilization=0.0)
     assert EngineConfig(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+
+
+def test_the_report_and_the_startup_record_import_without_torch() -> None:
+    """The HTTP server's process reads MemoryReport (and the startup's record) without torch."""
+    code = ("import sys, muser.memory, muser.startup, muser.env\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_startup_record_is_frozen_and_the_runner_reads_it() -> None:
+    runner = _runner()
+    record = runner.startup
+    assert runner.memory is record.memory and record.num_pages == runner.pool.num_pages
+    assert record.waiting_chunk == runner.engine.decode_waiting_chunk and not record.phases
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.waiting_chunk = 1

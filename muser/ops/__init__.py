@@ -8,7 +8,7 @@ from types import ModuleType
 import torch
 
 from muser.env import reference_ops
-from muser.ops import ref
+from muser.ops import cpu, ref
 
 
 def backend(device: torch.device | str) -> ModuleType:
@@ -16,9 +16,7 @@ def backend(device: torch.device | str) -> ModuleType:
     if reference_ops():
         return ref
     if torch.device(device).type != "cuda":
-        from muser.ops import cpu
-
         return cpu
-    from muser.ops import triton as triton_ops
+    from muser.ops import triton as triton_ops  # NOTE: triton is the optional [gpu] extra
 
     return triton_ops

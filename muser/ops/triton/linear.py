@@ -31,13 +31,14 @@ from collections.abc import Callable
 import torch
 
 from muser.ops.blocks import Blocks
-from muser.ops.triton import block_weights, pdl
+from muser.ops.triton.block_weights import project as project_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
+from muser.ops.triton.pdl import enabled as pdl_enabled
 from muser.ops.triton.switches import current as switches_in_force
 from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
 
@@ -105,7 +106,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
     if isinstance(weight, Blocks):
-        return block_weights.project(x, weight, geglu_out, norm, _project)
+        return project_blocks(x, weight, geglu_out, norm, _project)
     route = ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)
@@ -181,7 +182,7 @@ def _pick(
     # drains; a cuBLAS call waits for its predecessor to finish, and makes its successor wait
     # too. Timed back to back against itself, cuBLAS does not pay for that, so it must win by
     # CUBLAS_MARGIN to be picked.
-    margin = CUBLAS_MARGIN if pdl.enabled(x.device) else 1.0
+    margin = CUBLAS_MARGIN if pdl_enabled(x.device) else 1.0
     best, best_score, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:

@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.attention.routes import Route
-from muser.attention.tiles import EMPTY, FULL, classify_tiles
-from muser.ops import ref
+from muser.ops.ref import prefill_attention as reference_attention
+from muser.ops.routes import Route
+from muser.ops.tiles import EMPTY, FULL, classify_tiles
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch
 
@@ -266,7 +266,7 @@ def prefill_attention(
     if route == Route.FALLBACK_F32:
         if read_rows is not None:
             keys, values = keys[read_rows], values[read_rows]
-        return ref.prefill_attention(q, keys, values, q_start, k_start, window, scale, None,
+        return reference_attention(q, keys, values, q_start, k_start, window, scale, None,
                                      tile, route)
     num_q, heads, head_dim = q.shape
     num_k = keys.shape[0] if read_rows is None else read_rows.shape[0]
