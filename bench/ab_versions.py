@@ -32,13 +32,16 @@ sys.path.insert(0, sys.argv[1])
 from muser.config import EngineConfig
 from muser.graph.weights import random_weights
 from muser.presets import preset
-from muser.runner import Runner
+try:
+    from muser.startup.start import start  # a version whose startup drives the runner
+except ImportError:
+    from muser.runner import Runner as start  # an earlier one: its runner warms itself up
 
 lengths, reps = [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
 cfg = preset("gemma3-1b")
 weights = random_weights(cfg, torch.bfloat16, "cuda", seed=0)
-runner = Runner(cfg, EngineConfig(device="cuda", max_num_seqs=1, max_model_len=8320,
-                                  prefill_chunk=8320), weights)
+runner = start(cfg, EngineConfig(device="cuda", max_num_seqs=1, max_model_len=8320,
+                                 prefill_chunk=8320), weights)
 ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
                     generator=torch.Generator().manual_seed(1)).tolist()
 

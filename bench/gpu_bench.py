@@ -31,18 +31,19 @@ from hf_compiled import compiled_prefill_calls
 from hf_twin import hf_twin
 
 import muser.ops.triton as tops
-from muser.attention.dense_ref import attention_dense
 from muser.attention.routes import Route
-from muser.attention.tiles import classify_tiles
 from muser.config import EngineConfig
 from muser.graph.weights import random_weights
 from muser.ops import ref
-from muser.ops.triton import alloc, launch, pdl
+from muser.ops.dense_ref import attention_dense
+from muser.ops.tiles import classify_tiles
+from muser.ops.triton import switches
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import gemm
 from muser.ops.triton.gemv import NormEpilogue
 from muser.presets import preset
 from muser.runner import Runner
+from muser.startup.start import start as start_runner
 
 T0 = time.perf_counter()
 DEV = "cuda"
@@ -96,9 +97,9 @@ def ulp_band_excess(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: t
     return ((got - want).abs() / band).max().item()
 
 
+@switches.switched(poison=True)
 def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
     """Each op at `cfg`'s real shapes vs float64, outputs poisoned (NaN) before each run."""
-    alloc.POISON = True
     rows = []
     h, i, q, kv, d = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, cfg.head_dim
     rn = lambda *s, dt=torch.float32, sc=1.0: (
@@ -206,7 +207,6 @@ def check_kernels(cfg, gen: torch.Generator) -> list[dict]:
     record("qk_norm_rope_pair v stored (bitwise)", tuple(v_rows.shape),
            0.0 if torch.equal(v_rows, v_want) else 1.0, 0.0)
     rows += check_cache_ops(cfg, rn, record)
-    alloc.POISON = False
     return rows
 
 
@@ -384,7 +384,7 @@ def make_runner(cfg, weights, max_len: int, eager: bool = False) -> tuple[Runner
     engine = EngineConfig(device=DEV, max_num_seqs=1, max_model_len=max_len,
                           prefill_chunk=max_len, enforce_eager=eager)
     t0 = time.perf_counter()
-    runner = Runner(cfg, engine, weights)
+    runner = start_runner(cfg, engine, weights)
     torch.cuda.synchronize()
     return runner, time.perf_counter() - t0
 
@@ -559,17 +559,16 @@ def prefill_times(runner: Runner, ids: list[int], lengths,
         host = []  # direct path: when forward() returned (host work done)
         for _ in range(PREFILL_REPS + 1):
             for d in direct:
-                launch.set_direct(d)
-                seq = runner.allocate()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                runner.forward([seq], [ids[:t]])
-                if d:
-                    host.append(time.perf_counter() - t0)
-                torch.cuda.synchronize()
-                times[d].append(time.perf_counter() - t0)
+                with switches.switched(direct=d):
+                    seq = runner.allocate()
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    runner.forward([seq], [ids[:t]])
+                    if d:
+                        host.append(time.perf_counter() - t0)
+                    torch.cuda.synchronize()
+                    times[d].append(time.perf_counter() - t0)
                 runner.free(seq)
-        launch.set_direct(True)
         for d in direct:
             out[d][t] = statistics.median(times[d][1:])
         out.setdefault("samples_ms", {})[t] = [round(x * 1e3, 3) for x in times[True]]
@@ -647,13 +646,12 @@ def decode_step(runner: Runner, ids: list[int], steps: int) -> dict:
 def pdl_ab(cfg, weights, ids: list[int], steps: int) -> dict:
     """The decode step with programmatic dependent launch off (the benchmark cells run with it
     on), in the same run and with the same GEMV configs."""
-    pdl.set_enabled(False)
-    say("  programmatic dependent launch off:")
-    runner, startup = make_runner(cfg, weights, 2048 + steps + 64)
-    out = {"off": decode_step(runner, ids, steps) | {"startup_s": startup}}
-    del runner
-    torch.cuda.empty_cache()
-    pdl.set_enabled(True)
+    with switches.switched(pdl=False):
+        say("  programmatic dependent launch off:")
+        runner, startup = make_runner(cfg, weights, 2048 + steps + 64)
+        out = {"off": decode_step(runner, ids, steps) | {"startup_s": startup}}
+        del runner
+        torch.cuda.empty_cache()
     return out
 
 

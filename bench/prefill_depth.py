@@ -25,8 +25,8 @@ from cuda_events import bench_ms
 from decode_depth import PAGE, SHAPES, say
 
 from muser.attention.routes import Route
-from muser.attention.tiles import classify_tiles
 from muser.ops import ref
+from muser.ops.tiles import classify_tiles
 from muser.ops.triton.prefill_attention import FlashConfig, launch_config, prefill_attention
 from muser.ops.triton.stage_gather import stage_gather
 

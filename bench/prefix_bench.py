@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from muser import LLM, SamplingParams
-from muser.cli import add_engine_args, engine_kwargs, model_kwargs
+from muser.engine_args import add_engine_args, engine_kwargs, model_kwargs
 
 
 def _args() -> argparse.Namespace:

@@ -30,7 +30,7 @@ the most any FP8 prefill could reach with its GEMMs alone. llama.cpp: `llama-ben
 tg of --decode-steps tokens at depth 2,048 and pp2048, --reps runs, on each --gguf file.
 --profile-decode STEPS: each cell also gets the kernels of STEPS decode steps after 2,048
 tokens (GPU time per step by kernel, torch.profiler; with programmatic dependent launch a
-kernel's time includes its wait on the one before, MUSER_PDL=0 shows them apart), and what
+kernel's time includes its wait on the one before, --no-pdl shows them apart), and what
 each kernel adds to the step's time (`critical_us_per_step`: how far its end lies past the
 latest end before it; `idle_us_per_step`: the GPU waiting on the host).
 """
@@ -49,9 +49,10 @@ import torch
 from muser import LLM, SamplingParams
 import triton
 from muser.graph.weights import matrix_tensors
-from muser.ops.triton import linear_fp8
+from muser.ops.triton import linear_fp8, switches
 
-name, fmt, source, reps, steps, depth, profile_steps, chunk = sys.argv[1:9]
+name, fmt, source, reps, steps, depth, profile_steps, chunk, pdl = sys.argv[1:10]
+switches.switched(pdl=pdl == "on").__enter__()  # NOTE: for the whole process (--no-pdl)
 reps, steps, depth, profile_steps = int(reps), int(steps), int(depth), int(profile_steps)
 steady_steps = 5 * steps
 
@@ -215,7 +216,7 @@ if profile_steps:  # the kernels of decode steps after `depth` tokens (CUDA grap
         "critical_us_per_step": {k: round(us / profile_steps, 1) for k, us in
                                  sorted(adds.items(), key=lambda kv: -kv[1])},
         "idle_us_per_step": round(idle / profile_steps, 1),
-        "steps": profile_steps, "pdl": __import__("os").environ.get("MUSER_PDL", "1") != "0",
+        "steps": profile_steps, "pdl": switches.current().pdl,
         "kernel_us_per_step": sum(us for us, _ in per_step.values()),
         "launches_per_step": sum(n for _, n in per_step.values()),
         "kernels": {k: [round(us, 1), n] for k, (us, n) in
@@ -286,6 +287,8 @@ def main() -> int:
                     help="rows per prefill chunk (0: the engine's default)")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
                     help="also profile STEPS decode steps (kernel time per step, by kernel)")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="programmatic dependent launch off (muser/ops/triton/switches.py)")
     args = ap.parse_args()
     receipt = json.loads(args.out.read_text()) if args.out.exists() else {"cells": []}
     receipt["model"] = args.model_config
@@ -294,7 +297,8 @@ def main() -> int:
     for fmt, source in runs:
         proc = subprocess.run([sys.executable, "-c", CHILD, args.model_config, fmt, source,
                                str(args.reps), str(args.decode_steps), str(args.depth),
-                               str(args.profile_decode), str(args.prefill_chunk)],
+                               str(args.profile_decode), str(args.prefill_chunk),
+                               "off" if args.no_pdl else "on"],
                               stdout=subprocess.PIPE, text=True, check=False)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 def llm_kwargs(serve_flags: list[str], chunk_policy: str) -> dict:
     """The LLM(...) keywords `muser serve` builds from the same flags (its _context)."""
-    from muser.cli import build_parser, engine_kwargs, model_kwargs
+    from muser.cli import build_parser
+    from muser.engine_args import engine_kwargs, model_kwargs
 
     ns = build_parser().parse_args(["serve", *serve_flags])
     kwargs = engine_kwargs(ns) | model_kwargs(ns) | {"model": ns.model}

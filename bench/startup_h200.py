@@ -224,7 +224,7 @@ def llm_check(shape: str, profile: Path | None) -> None:
     torch.cuda.synchronize()
     after = tuning.stats()
     print(json.dumps({"ready_s": round(ready, 2), "phases_s": llm.startup.phases,
-                      "warmup": llm.runner.warmup, "steps": steps,
+                      "warmup": dict(llm.runner.startup.phases), "steps": steps,
                       "after_ready": {"tuned": after["tuned"] - before["tuned"],
                                       "compiles": after["compiles"] - before["compiles"],
                                       "graphs_captured": len(llm.runner.graphs.graphs) - graphs,

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from muser.engine_args import add_engine_args, engine_kwargs
 from muser.errors import MuserError
+from muser.llm import LLM
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    from muser.cli import add_engine_args
-
     p = sub.add_parser("bench", help="measure prefill and decode tokens/s (JSON receipt)",
                        description="Prefill tokens/s per prompt length and decode tokens/s, "
                        "median of --repeats runs. When llama-cpp-python is installed, llama.cpp "
@@ -66,9 +66,6 @@ def _prompt(vocab: int, length: int) -> list[int]:
 
 class MuserSide:
     def __init__(self, args: argparse.Namespace) -> None:
-        from muser import LLM
-        from muser.cli import engine_kwargs
-
         # NOTE: every cell is a cold prompt: no checkpoint saved as a sequence is freed
         self.llm = LLM(args.model, max_num_seqs=1, **engine_kwargs(args) | {"prefix_cache": False})
         self.runner = self.llm.runner

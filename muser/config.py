@@ -68,7 +68,7 @@ def default_dtypes(device: str) -> tuple[str, str]:
 
 # Batching defaults per backend (EngineConfig fields left None). CPU: the DESIGN's 64-row cap
 # while decodes run and one 512-row chunk per step. GPU: docs/gpu-notes.md, "Serving on the GPU";
-# its decode_waiting_chunk stays None until the runner measures it (muser/waiting_chunk.py).
+# its decode_waiting_chunk stays None: the startup measures it (muser/startup/waiting_chunk.py).
 # A prompt's chunk on the GPU may fill the step's whole budget when nothing decodes (2,048
 # rows): four times fewer launches than 512-row chunks, so a lone prompt's prefill is the
 # GPU's time, not the host's, and the GEMMs run at the widths they are fastest at

@@ -19,10 +19,10 @@ from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
 from muser.loading.fingerprint import fingerprint as model_fingerprint
 from muser.ops.fp8 import require_fp8_device
-from muser.runner import Runner
 from muser.scheduler import Scheduler
 from muser.sequence import Sequence
 from muser.startup import StartupLog
+from muser.startup.start import start
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ class LLM:
         load_format="dummy": random weights of the named `model_config` (muser/presets.py),
         drawn on `dummy_made_on` (default: the engine's device).
         Startup phases are reported to `log` (default: a line each on stderr with `progress`);
-        on a GPU the engine is warmed up before this returns (`muser/warmup.py`)."""
+        on a GPU the engine is warmed up before this returns (`muser/startup/`)."""
         self.startup = log or StartupLog(_stderr_line if progress else None)
         engine_kwargs.setdefault("device", default_device())
         dtype, kv_dtype = default_dtypes(torch.device(engine_kwargs["device"]).type)
@@ -103,10 +103,12 @@ class LLM:
                                     fp8=fp8, blocks=_keeps_blocks(config))
             weights = with_fp8_head(loaded.weights) if config.fp8_head else loaded.weights
         limit = loaded.config.max_position_embeddings
-        self.config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
+        config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
-        self.runner = Runner(self.model_config, self.config, weights, self.startup)
-        self.config = c = self.runner.engine  # NOTE: with what the runner measured
+        self.runner = start(self.model_config, config, weights, self.startup)
+        # NOTE: serving's configuration: the runner's, with the chunk cap the startup measured
+        self.config = c = dataclasses.replace(
+            config, decode_waiting_chunk=self.runner.startup.waiting_chunk)
         scheduler = Scheduler(c.max_num_seqs, c.prefill_chunk, c.decode_waiting_chunk,
                               max_batched_tokens=c.max_batched_tokens, page_size=c.page_size)
         self.engine = Engine(self.runner, self.tokenizer, scheduler)

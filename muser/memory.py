@@ -1,5 +1,7 @@
 """Memory by category: what the weights, the KV caches and the step workspace hold on the
-device (MemoryReport), and how many KV pages the rest of a GPU holds (size_pages).
+device (MemoryReport), and how many KV pages the rest of a GPU holds (size_pages). No torch
+here: the HTTP server's process reads MemoryReport; the startup measures the device
+(muser/startup/memory.py).
 
     weights ....... bytes of the prepared weights (packed CPU matrices included)
     kv_sliding .... the ring of every sliding layer, per sequence slot
@@ -12,16 +14,11 @@ device (MemoryReport), and how many KV pages the rest of a GPU holds (size_pages
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
-
-import torch
+from typing import Literal
 
 from muser.config import ModelConfig
 from muser.errors import MuserError
-
-T = TypeVar("T")
 
 CATEGORIES = ("weights", "kv_sliding", "kv_pages", "workspace", "prefix_cache")
 
@@ -89,30 +86,3 @@ def estimate_workspace(cfg: ModelConfig, rows: int, context: int, logit_rows: in
     per_row = (2 * cfg.hidden_size + 2 * cfg.q_size + 2 * cfg.kv_size
                + 3 * cfg.intermediate_size + 4 * cfg.head_dim)
     return 4 * (rows * per_row + 2 * context * cfg.kv_size + logit_rows * cfg.vocab_size)
-
-
-def peak_bytes(run: Callable[[], T], device: torch.device) -> tuple[T, int]:
-    """(run()'s result, bytes allocated on a CUDA `device` at its peak beyond those allocated
-    before it)."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    result = run()
-    torch.cuda.synchronize(device)
-    return result, max(torch.cuda.max_memory_allocated(device) - before, 0)
-
-
-def kept_bytes(run: Callable[[], object], device: torch.device) -> int:
-    """Bytes `run()` leaves reserved on a CUDA `device` (e.g. a CUDA graph pool), with the
-    allocator's cache of free blocks returned before and after."""
-    before = device_memory(device)[0]
-    run()
-    return max(before - device_memory(device)[0], 0)
-
-
-def device_memory(device: torch.device) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA `device`, once the allocator's cached free blocks are
-    returned to it."""
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    return torch.cuda.mem_get_info(device)

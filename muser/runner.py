@@ -8,12 +8,11 @@ slot and page ids, and nothing per sequence.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from muser import memory, ops
+from muser import ops
 from muser.attention.decode_meta import prepare_plan
 from muser.attention.plan import SeqInput, plan_step
 from muser.config import EngineConfig, ModelConfig
@@ -25,7 +24,8 @@ from muser.kvcache.placement import Placement
 from muser.kvcache.pool import KVPool
 from muser.kvcache.reuse import CHECKPOINT_EVERY, PrefixCache
 from muser.kvcache.ring import RingState
-from muser.startup import StartupLog
+from muser.memory import MemoryReport
+from muser.startup.record import StartupRecord
 
 
 @dataclass(slots=True)
@@ -39,10 +39,9 @@ class Ahead:
 
 
 class Runner:
-    def __init__(self, cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights,
-                 log: StartupLog | None = None) -> None:
-        """Ready to serve when it returns: on a GPU every kernel, projection pick and decode
-        graph serving can use is compiled, chosen and captured (`muser/warmup.py`)."""
+    def __init__(self, cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights) -> None:
+        """The runner's pool, model and (on a GPU) graphs, not yet warmed up: muser/startup/
+        drives it ready to serve (`muser.startup.start.start`) and hands it the record."""
         self.cfg, self.engine = cfg, engine
         self.device = torch.device(engine.device)
         self.tile = 128 if self.device.type == "cpu" else 64
@@ -50,7 +49,8 @@ class Runner:
         num_pages = engine.num_pages or engine.max_num_seqs * pages_per_seq
         if self.device.type == "cuda" and engine.num_pages is None:
             # NOTE: enough for any warm-up step (one full-length sequence, or fresh sequences
-            # of max_batched_tokens rows, a partial page each); sized after it (_size_pages)
+            # of max_batched_tokens rows, a partial page each); sized after it
+            # (muser/startup/memory.py)
             per_step = -(-engine.max_batched_tokens // engine.page_size) + engine.max_num_seqs
             num_pages = min(max(pages_per_seq, per_step), num_pages)
         self.pool = KVPool(
@@ -70,81 +70,28 @@ class Runner:
         backend = ops.backend(self.device)
         self.model = Decoder(cfg, backend.prepare_weights(weights), self.pool, backend)
         self.graphs: DecodeGraphs | None = None
-        self.warmup: dict = {}  # what each warm-up phase did (receipts)
         if self.device.type == "cuda" and not engine.enforce_eager:
             self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, cfg.sliding_window,
                                        engine.page_size, pages_per_seq, self.device)
-        log = log or StartupLog()
-        workspace = self._warm_up(log) if self.device.type == "cuda" else None
-        if self.prefix is not None:
-            self.prefix.reset(self.pages)  # NOTE: nothing the warm-up computed is reused
-        self.memory = self._memory_report(workspace)
-        log.note(self.memory.pretty())
+        self.startup: StartupRecord | None = None  # what getting ready did (muser/startup/)
 
-    def _warm_up(self, log: StartupLog) -> int | None:
-        """Exercise every shape (`muser/warmup.py`) measuring the peak, size the KV pages from
-        the memory left unless num_pages is given, then capture graphs over the final pages
-        -> workspace bytes (activation peak + graph pool), None when the backend has no
-        warm-up."""
-        from muser.warmup import capture, exercise
+    def ready(self, startup: StartupRecord) -> None:
+        """Take the record of getting ready (muser/startup/start.py)."""
+        self.startup = startup
 
-        if hasattr(self.model.ops, "tuning"):  # NOTE: MUSER_OPS=ref on CUDA has no tuning
-            self.model.ops.tuning.warming()
-        ran, peak = memory.peak_bytes(lambda: exercise(self, log), self.device)
-        if self.engine.num_pages is None:
-            self._size_pages(peak if ran else self._estimated_workspace(), log)
-        graph_pool = memory.kept_bytes(lambda: capture(self, log), self.device)
-        if ran and self.engine.decode_waiting_chunk is None:
-            self._measure_waiting_chunk(log)
-        if ran:
-            self.model.ops.tuning.serving()
-        self.warmup = dict(log.details)
-        return peak + graph_pool if ran else None
+    @property
+    def memory(self) -> MemoryReport:
+        """What each category holds (the startup's report)."""
+        if self.startup is None:
+            raise RuntimeError("the runner has no memory report before muser.startup starts it")
+        return self.startup.memory
 
-    def _measure_waiting_chunk(self, log: StartupLog) -> None:
-        """Choose decode_waiting_chunk from step times measured here (muser/waiting_chunk.py),
-        then run the scheduler-made warm-up steps again under that cap."""
-        from muser import waiting_chunk
-        from muser.warmup import scheduled
-
-        with log.phase("chunk cap") as detail:
-            cap, measured = waiting_chunk.measure(self)
-            detail.update(cap=cap, **measured)
-            self.engine = dataclasses.replace(self.engine, decode_waiting_chunk=cap)
-            scheduled(self)
-
-    def _size_pages(self, workspace: int, log: StartupLog) -> None:
-        """Reallocate the KV pages to what utilization x the GPU's memory holds beside what
-        is in use and `workspace` (muser.memory.size_pages)."""
-        e, per_seq = self.engine, self.pages_per_seq
-        self.pool.allocate_pages(0)
-        free, total = memory.device_memory(self.device)
-        num_pages = memory.size_pages(free, total, e.gpu_memory_utilization, workspace,
-                                      self.pool.page_nbytes, per_seq, e.max_num_seqs * per_seq)
+    def resize_pages(self, num_pages: int) -> None:
+        """Reallocate the KV pages to `num_pages` (the startup sizes them), every page free."""
         self.pool.allocate_pages(num_pages)
         self.pages = PageAllocator(num_pages)
         if self.prefix is not None:
             self.prefix.reset(self.pages)
-        fmt = memory.format_bytes
-        log.note(f"kv pages: {num_pages} sized to {e.gpu_memory_utilization:.2f} x {fmt(total)} "
-                 f"less {fmt(total - free)} in use and {fmt(workspace)} of workspace (at most "
-                 f"{e.max_num_seqs * per_seq})")
-
-    def _estimated_workspace(self) -> int:
-        """The widest step's activations (muser.memory.estimate_workspace)."""
-        e = self.engine
-        rows = min(max(e.prefill_chunk, e.max_batched_tokens), e.max_model_len)
-        return memory.estimate_workspace(self.cfg, rows, e.max_model_len, e.max_num_seqs)
-
-    def _memory_report(self, workspace: int | None) -> memory.MemoryReport:
-        """What each category holds; workspace None: the widest step's estimate."""
-        basis = "measured" if workspace is not None else "estimated"
-        kv = self.pool.nbytes()
-        return memory.MemoryReport(
-            self.model.weights.nbytes(), kv["kv_sliding"], kv["kv_pages"],
-            self._estimated_workspace() if workspace is None else workspace, basis,
-            self.pool.num_pages, self.engine.page_size,
-            self.prefix.store.nbytes if self.prefix is not None else 0)
 
     def allocate(self, token_ids: list[int] | None = None, count: bool = True,
                  seq: Placement | None = None) -> Placement:

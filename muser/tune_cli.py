@@ -7,12 +7,15 @@ import argparse
 import json
 import sys
 
+from tqdm import tqdm
+
+from muser.engine_args import add_engine_args, engine_kwargs, positive_int
 from muser.errors import MuserError
+from muser.llm import LLM
+from muser.startup import StartupLog
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
-    from muser.cli import _positive_int, add_engine_args
-
     p = sub.add_parser("tune", help="measure kernel picks ahead of time (GPU)",
                        description="Warm up each model as serving would (compile every kernel, "
                        "time every projection shape, capture the decode graphs) and store the "
@@ -21,7 +24,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", action="append", default=[], metavar="NAME",
                    help="tune a named shape with dummy weights, e.g. gemma3-1b (repeatable; "
                    "default: --model, or --model-config)")
-    p.add_argument("--max-num-seqs", type=_positive_int,
+    p.add_argument("--max-num-seqs", type=positive_int,
                    help="largest decode batch to tune, as `muser serve --max-num-seqs` "
                    "(default: the GPU's serving default, 32)")
     p.add_argument("--json", action="store_true", help="print what each phase did as JSON")
@@ -29,12 +32,6 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def tune(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from muser import LLM
-    from muser.cli import engine_kwargs
-    from muser.startup import StartupLog
-
     kwargs = engine_kwargs(args)
     if kwargs.setdefault("device", "cuda") != "cuda":
         raise MuserError("muser tune measures GPU kernels: it needs --device cuda")
@@ -50,7 +47,7 @@ def tune(args: argparse.Namespace) -> int:
         llm = LLM(args.model if load_format == "auto" else None, progress=False,
                   load_format=load_format, model_config=name, max_num_seqs=args.max_num_seqs,
                   log=log, **kwargs)
-        report[label] = {"phases_s": log.phases, "details": llm.runner.warmup}
+        report[label] = {"phases_s": log.phases, "details": dict(llm.runner.startup.phases)}
         del llm
     if args.json:
         print(json.dumps(report, indent=1))

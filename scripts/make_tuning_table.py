@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from muser.loading.default_model import cache_dir
+from muser.env import cache_dir
 
 PRESETS = ("gemma3-1b", "gemma3-27b")
 TABLE = Path(__file__).resolve().parents[1] / "muser" / "ops" / "triton" / "picks_h200.json"

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from muser.config import ModelConfig
 from muser.loading.gguf import config_from_gguf
 from muser.loading.names import GLOBAL_NAMES, HF_GLOBAL_NAMES, HF_LAYER_NAMES, LAYER_NAMES, NORMS
-from muser.loading.quants import dequantize
+from muser.ops.quants import dequantize
 from muser.tokenizer import TYPE_CONTROL, TYPE_NORMAL, TYPE_USER_DEFINED
 
 # A short Gemma-style template (the GGUF carries none); {{ bos_token }} as the official one.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from muser.attention.dense_ref import attention_dense
 from muser.ops import cpu, native, ref
+from muser.ops.dense_ref import attention_dense
 from muser.ops.packed import PackedMatrix
 from tests.error_bounds import U, attention_bound, gamma
 from tests.test_packed import QT, _packed

@@ -18,8 +18,8 @@ from muser.config import EngineConfig
 from muser.graph.weights import LayerWeights
 from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
 from muser.loading.names import NORMS
-from muser.loading.quants import dequantize
 from muser.ops.blocks import BlockMatrix, BlockRows, Blocks, segments
+from muser.ops.quants import dequantize
 from tests.tiny_gguf import tiny_gguf
 
 MATRICES = [f for f in LayerWeights.__slots__ if f not in NORMS]

@@ -4,6 +4,10 @@ fake free-memory figure)."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -15,6 +19,8 @@ from muser.kvcache.pool import KVPool
 from muser.memory import CATEGORIES, MemoryReport, estimate_workspace, size_pages
 from muser.runner import Runner
 from muser.startup import StartupLog
+from muser.startup.memory import size_kv_pages
+from muser.startup.start import start
 
 GiB, MiB = 1 << 30, 1 << 20
 CFG = ModelConfig(
@@ -30,7 +36,7 @@ def _engine(**kw) -> EngineConfig:
 
 
 def _runner(log: StartupLog | None = None, **kw) -> Runner:
-    return Runner(CFG, _engine(**kw), random_weights(CFG, torch.float32, "cpu", seed=0), log)
+    return start(CFG, _engine(**kw), random_weights(CFG, torch.float32, "cpu", seed=0), log)
 
 
 def test_pages_fill_what_utilization_leaves_after_use_and_workspace() -> None:
@@ -99,21 +105,22 @@ def test_cpu_runner_reports_what_it_holds() -> None:
 
 
 def test_gpu_sizing_step_with_a_fake_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runner._size_pages as a GPU start runs it, the device's figures faked."""
+    """size_kv_pages as a GPU start runs it, the device's figures faked."""
     runner = _runner()
     page = runner.pool.page_nbytes
     total = 1000 * page
-    monkeypatch.setattr("muser.memory.device_memory", lambda device: (total - 300 * page, total))
+    monkeypatch.setattr("muser.startup.memory.device_memory",
+                        lambda device: (total - 300 * page, total))
     lines: list[str] = []
-    runner._size_pages(100 * page, StartupLog(emit=lines.append))  # 0.9 * 1000 - 300 - 100
+    size_kv_pages(runner, 100 * page, StartupLog(emit=lines.append))  # 0.9 * 1000 - 300 - 100
     assert runner.pool.num_pages == 3 * 5  # capped: 3 sequences of 5 pages
     assert runner.pages.num_pages == runner.pages.num_free == 15
     runner = _runner(max_num_seqs=200)
-    runner._size_pages(100 * page, StartupLog(emit=lines.append))
+    size_kv_pages(runner, 100 * page, StartupLog(emit=lines.append))
     assert runner.pool.num_pages == runner.pages.num_pages == 500
     assert runner.pool.pages.nbytes == 500 * page and "kv pages: 500" in lines[-1]
     with pytest.raises(MuserError, match="raise --gpu-memory-utilization"):
-        _runner(gpu_memory_utilization=0.3)._size_pages(100 * page, StartupLog())
+        size_kv_pages(_runner(gpu_memory_utilization=0.3), 100 * page, StartupLog())
 
 
 def test_utilization_flag_and_field_are_validated() -> None:
@@ -127,3 +134,21 @@ def test_utilization_flag_and_field_are_validated() -> None:
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         EngineConfig(gpu_memory_utilization=0.0)
     assert EngineConfig(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+
+
+def test_the_report_and_the_startup_record_import_without_torch() -> None:
+    """The HTTP server's process reads MemoryReport (and the startup's record) without torch."""
+    code = ("import sys, muser.memory, muser.startup, muser.env\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_startup_record_is_frozen_and_the_runner_reads_it() -> None:
+    runner = _runner()
+    record = runner.startup
+    assert runner.memory is record.memory and record.num_pages == runner.pool.num_pages
+    assert record.waiting_chunk == runner.engine.decode_waiting_chunk and not record.phases
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.waiting_chunk = 1

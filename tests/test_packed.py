@@ -9,9 +9,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from muser.loading.quants import codes, dequantize
 from muser.ops import cpu, native, ref
 from muser.ops.packed import PackedMatrix, cat_rows, dense
+from muser.ops.quants import codes, dequantize
 from tests.error_bounds import fma_chain_bound
 from tests.test_quants import _random_raw
 

@@ -1,4 +1,4 @@
-"""muser.loading.quants against gguf-py's numpy dequantizers, bit for bit."""
+"""muser.ops.quants against gguf-py's numpy dequantizers, bit for bit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from muser.loading.quants import SUPPORTED, UnsupportedQuantization, dequantize
+from muser.ops.quants import SUPPORTED, UnsupportedQuantization, dequantize
 
 QT = GGMLQuantizationType
 FLOAT_TYPES = {QT.F32: np.float32, QT.F16: np.float16}

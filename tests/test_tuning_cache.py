@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from muser.tuning_cache import TuningCache
+from muser.ops.tuning_cache import TuningCache
 
 HERE = {"gpu": "NVIDIA H200", "driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0",
         "triton": "3.6.0"}

@@ -7,10 +7,10 @@ import dataclasses
 
 import torch
 
-from muser import waiting_chunk
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
 from muser.graph.weights import random_weights
 from muser.runner import Runner
+from muser.startup import waiting_chunk
 
 
 def test_the_largest_cap_within_twice_the_decode_step() -> None:

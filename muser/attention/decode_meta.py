@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from muser.attention.plan import SeqInput, StepPlan
-from muser.attention.tiles import classify_tiles
 from muser.config import ModelConfig
 from muser.kvcache.ring import RingState
+from muser.ops.tiles import classify_tiles
 
 
 @dataclass(slots=True)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from muser.attention.routes import Route, choose_route, inner_route
-from muser.attention.tiles import classify_tiles
 from muser.config import LayerKind, ModelConfig
 from muser.kvcache.ring import RingState
+from muser.ops.tiles import classify_tiles
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,21 +13,11 @@ STAGING attends its detached shadow with the inner route picked by the same rule
 
 from __future__ import annotations
 
-from enum import Enum
-
 from muser.config import LayerKind
 from muser.kvcache.ring import RingState
+from muser.ops.routes import Route
 
 SHORT_CHUNK_ROWS = 16
-
-
-class Route(Enum):
-    DECODE = "decode"
-    SHORT_CHUNK = "short_chunk"
-    TILED = "tiled"
-    DENSE = "dense"
-    STAGING = "staging"
-    FALLBACK_F32 = "fallback_f32"
 
 
 def choose_route(

@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
+from muser.engine_args import add_engine_args, engine_kwargs, model_kwargs
+
 
 def add_worker_parser(sub: argparse._SubParsersAction) -> None:
-    from muser.cli import add_engine_args
-
     p = sub.add_parser("prefill-worker", help="prefill prompts for a serving node (`muser serve "
                        "--prefill-worker`) and send back their KV",
                        description="Load the model and serve prefill requests over "
@@ -67,7 +67,6 @@ def run_worker(args: argparse.Namespace) -> int:
     import torch
 
     from muser import LLM
-    from muser.cli import engine_kwargs, model_kwargs
     from muser.disagg.wire import Listener, check_backend, parse_address
     from muser.disagg.worker import run
     from muser.errors import MuserError

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from tqdm import tqdm
 
+from muser.env import cache_dir
 from muser.errors import ModelLoadError
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
-
-
-def cache_dir() -> Path:
-    """MUSER_CACHE_DIR, else ~/.cache/muser."""
-    return Path(os.environ.get("MUSER_CACHE_DIR", Path.home() / ".cache" / "muser"))
 
 
 def default_model_path(progress: bool = True) -> Path:

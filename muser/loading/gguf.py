@@ -15,10 +15,10 @@ from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
 from muser.graph.weights import LayerWeights, Matrix, ModelWeights
 from muser.loading.names import GLOBAL_NAMES, LAYER_NAMES, NORMS
-from muser.loading.quants import UnsupportedQuantization, codes, dequantize
 from muser.loading.reader import FastGGUFReader
 from muser.ops.blocks import KERNEL_TYPES, BlockMatrix, cat_blocks
 from muser.ops.packed import PackedMatrix, cat_rows, dense
+from muser.ops.quants import UnsupportedQuantization, codes, dequantize
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)
 GEMMA3_LOCAL_ROPE_THETA = 10_000.0  # not stored in GGUF; llama.cpp uses the same constant

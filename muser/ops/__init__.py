@@ -3,22 +3,20 @@ every width (`cpu`); MUSER_OPS=ref forces the torch reference (`ref`) anywhere."
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import torch
 
-from muser.ops import ref
+from muser.env import reference_ops
+from muser.ops import cpu, ref
 
 
 def backend(device: torch.device | str) -> ModuleType:
     """The op namespace for `device`: Triton on CUDA (unless MUSER_OPS=ref), else `cpu`."""
-    if os.environ.get("MUSER_OPS") == "ref":
+    if reference_ops():
         return ref
     if torch.device(device).type != "cuda":
-        from muser.ops import cpu
-
         return cpu
-    from muser.ops import triton as triton_ops
+    from muser.ops import triton as triton_ops  # NOTE: triton is the optional [gpu] extra
 
     return triton_ops

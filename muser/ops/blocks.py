@@ -9,6 +9,8 @@ from itertools import groupby
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from muser.ops.quants import dequantize
+
 # Block types whose fp16 d BlockMatrix keeps apart, and its byte offset in the file's block
 D_AT = {GGMLQuantizationType.Q8_0: 0, GGMLQuantizationType.Q6_K: 208}
 # The block types the Triton kernels read; the others stay CPU-only (or dequantized) for now.
@@ -77,11 +79,7 @@ class BlockMatrix:
                           body[..., at:]], dim=2).reshape(m, -1)
 
     def dequantize(self) -> torch.Tensor:
-        """[M, K] float32: gguf's dequantization, bit for bit (muser.loading.quants)."""
-        # NOTE: imported here: muser.loading's package imports muser.graph.weights, which
-        # imports this module
-        from muser.loading.quants import dequantize
-
+        """[M, K] float32: gguf's dequantization, bit for bit (muser.ops.quants)."""
         return dequantize(self.file_bytes(), self.qtype, self.shape)
 
 

@@ -13,18 +13,18 @@ import functools
 
 import torch
 
-from muser.graph.weights import ModelWeights
-from muser.ops import native, ref
+import muser.ops.native as c_kernels
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import embed, stage_gather
+from muser.ops.ref import Weights, embed, stage_gather, with_norm_rope
+from muser.ops.ref import store_kv as reference_store_kv
 
 FEW_ROWS = 8  # stores of at most this many rows are copied row by row (index_put is slower)
 
 
-def prepare_weights(weights: ModelWeights) -> ModelWeights:
+def prepare_weights(weights: Weights) -> Weights:
     """Every matrix in the kernels' panel layout (codes stay codes); builds the C kernels
     first, so a machine without a compiler fails here with one clear line."""
-    native.library()
+    c_kernels.library()
 
     def pack(m: torch.Tensor | PackedMatrix | None) -> PackedMatrix | None:
         if m is None or isinstance(m, PackedMatrix):
@@ -46,11 +46,11 @@ def _weight(weight: torch.Tensor | PackedMatrix) -> PackedMatrix:
 
 def linear(x: torch.Tensor, weight: PackedMatrix) -> torch.Tensor:
     """x: [N, K] (float32, or values of the weights' 16-bit dtype) -> [N, M] float32."""
-    return native.gemm(x.float(), _weight(weight))
+    return c_kernels.gemm(x.float(), _weight(weight))
 
 
 def geglu(gate_up: torch.Tensor) -> torch.Tensor:
-    return native.geglu(gate_up.float())
+    return c_kernels.geglu(gate_up.float())
 
 
 def linear_geglu(x: torch.Tensor, weight: PackedMatrix) -> torch.Tensor:
@@ -62,7 +62,7 @@ def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """ref.rms_norm of [N, D] rows; computed in float32, then rounded to `dtype`."""
-    return native.rms_norm(x.float(), weight.float(), eps).to(dtype)
+    return c_kernels.rms_norm(x.float(), weight.float(), eps).to(dtype)
 
 
 def add_rms_norm(
@@ -70,7 +70,7 @@ def add_rms_norm(
     next_weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ref.add_rms_norm."""
-    h, y = native.add_rms_norm(residual.float(), x.float(), post_weight.float(),
+    h, y = c_kernels.add_rms_norm(residual.float(), x.float(), post_weight.float(),
                                next_weight.float(), eps)
     return h, y.to(dtype)
 
@@ -95,13 +95,13 @@ def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ref.rope_cos_sin, each position's row computed on its own."""
-    return native.rope_cos_sin(positions, _inv_freq(head_dim, theta, scaling))
+    return c_kernels.rope_cos_sin(positions, _inv_freq(head_dim, theta, scaling))
 
 
 def qk_norm_rope(
     x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    return native.qk_norm_rope(x.float(), weight.float(), cos, sin, eps)
+    return c_kernels.qk_norm_rope(x.float(), weight.float(), cos, sin, eps)
 
 
 def qk_norm_rope_pair(
@@ -124,7 +124,7 @@ def store_kv(
 ) -> None:
     """ref.store_kv; a decode step's few rows are copied one by one."""
     if src.numel() > FEW_ROWS:
-        return ref.store_kv(k_rows, v_rows, k_new, v_new, src, dst)
+        return reference_store_kv(k_rows, v_rows, k_new, v_new, src, dst)
     for s, d in zip(src.tolist(), dst.tolist()):
         if d >= 0:
             k_rows[d].copy_(k_new[s])
@@ -141,10 +141,10 @@ def decode_attention(
     keys [start, len), read in place through the block table (a 16-bit cache widened exactly
     as the kernel reads it)."""
     if norm_rope is not None:
-        q, new = ref.with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
+        q, new = with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:
         store_kv(k_rows, v_rows, *new)
-    return native.decode_attention(q.float(), k_rows, v_rows, block_table, starts, lens,
+    return c_kernels.decode_attention(q.float(), k_rows, v_rows, block_table, starts, lens,
                                    origins, block_size, scale)
 
 
@@ -158,13 +158,13 @@ def prefill_attention(
     do not change a bit)."""
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
-    if keys.dtype != values.dtype or keys.dtype not in native.FORMATS:
+    if keys.dtype != values.dtype or keys.dtype not in c_kernels.FORMATS:
         keys, values = keys.float(), values.float()  # a 16-bit cache goes in as it is
     if keys.stride() != values.stride():
         # NOTE: not .contiguous(): torch calls a tensor with one row contiguous whatever its
         # row stride, and the kernel takes one set of strides for keys and values
         keys, values = _packed(keys), _packed(values)
-    return native.attention(q.float(), keys, values, q_start - k_start, 0, window, scale)
+    return c_kernels.attention(q.float(), keys, values, q_start - k_start, 0, window, scale)
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:

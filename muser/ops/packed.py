@@ -15,12 +15,10 @@ The CPU keeps nothing else: no dense twin, the embedding is looked up from the c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from muser.loading.quants import Codes
+from muser.ops.quants import Codes
 
 PANEL = 16
 VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

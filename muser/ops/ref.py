@@ -6,17 +6,19 @@ Activations on the residual stream are float32; projections take the weight's dt
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from muser.ops.blocks import BlockMatrix
+from muser.ops.dense_ref import attention_decode, attention_dense
+from muser.ops.flash_ref import attention_tiled
 from muser.ops.fp8 import Fp8Matrix
 from muser.ops.packed import PackedMatrix, dense
+from muser.ops.routes import Route
 
-if TYPE_CHECKING:
-    from muser.graph.weights import ModelWeights
-    from muser.ops.blocks import BlockMatrix
+Weights = TypeVar("Weights")  # muser.graph.weights.ModelWeights (ops/ imports no graph/)
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +26,7 @@ def _up(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def prepare_weights(weights: ModelWeights) -> ModelWeights:
+def prepare_weights(weights: Weights) -> Weights:
     """The weights as this backend reads them: as given (packed ones are dequantized per use)."""
     return weights
 
@@ -214,8 +216,6 @@ def decode_attention(
 
     new = (k, v, src, dst): the step's new rows, stored first (store_kv); the row stored for
     sequence b is its newest key, logical lens[b] - 1. norm_rope: see with_norm_rope."""
-    from muser.attention.dense_ref import attention_decode
-
     if norm_rope is not None:
         q, new = with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:
@@ -259,10 +259,6 @@ def prefill_attention(
     The reference runs the chunk's route: SHORT_CHUNK (decode per row), TILED (classifier),
     DENSE or FALLBACK_F32 (masked dense). `tile_ranges` is only used by the Triton twin.
     """
-    from muser.attention.dense_ref import attention_decode, attention_dense
-    from muser.attention.flash_ref import attention_tiled
-    from muser.attention.routes import Route
-
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
 

@@ -8,7 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
-from muser.cli import _positive_int, add_engine_args, engine_kwargs
+from muser.engine_args import add_engine_args, engine_kwargs, positive_int
 from muser.errors import MuserError
 from muser.server.options import add_options, server_options
 
@@ -26,19 +26,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-file", metavar="F", help="file with one API key per line")
     p.add_argument("--admin-key", action="append", default=[], metavar="KEY",
                    help="key for admin routes (/slots); also works as an API key")
-    p.add_argument("--max-num-seqs", type=_positive_int,
+    p.add_argument("--max-num-seqs", type=positive_int,
                    help="sequences in flight, decoded together (default: 32 on the GPU, 8 on "
                    "the CPU)")
-    p.add_argument("--max-batched-tokens", type=_positive_int,
+    p.add_argument("--max-batched-tokens", type=positive_int,
                    help="most rows one step computes, decode rows first, then prefill rows of "
                    "one or more prompts; at least --max-num-seqs (default: 2048 on the GPU, "
                    "512 on the CPU)")
-    p.add_argument("--decode-waiting-chunk", type=_positive_int,
+    p.add_argument("--decode-waiting-chunk", type=positive_int,
                    help="most prefill rows in a step while any sequence decodes: running "
                    "streams' TPOT vs new prompts' TTFT (default on the GPU: measured at "
                    "startup, the largest cap whose mixed step takes at most 2x the decode "
                    "step; 64 on the CPU)")
-    p.add_argument("--max-queue", type=_positive_int, default=64,
+    p.add_argument("--max-queue", type=positive_int, default=64,
                    help="requests waiting beyond --max-num-seqs before 429 (default: %(default)s)")
     p.add_argument("--chunk-policy", choices=["adaptive", "fixed"], default="adaptive",
                    help="adaptive: prefill rows are capped at --decode-waiting-chunk while "
@@ -46,7 +46,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: %(default)s)")
     p.add_argument("--model-name", metavar="NAME[,ALIAS...]", help="name clients use, then "
                    "other names it answers to (default: the model file's stem)")
-    p.add_argument("--max-body-bytes", type=_positive_int, default=4 << 20,
+    p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
                    help="largest request body (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=300.0,
                    help="seconds SIGTERM waits for in-flight requests (default: %(default)s)")

@@ -89,14 +89,14 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
     llm.engine.grammars.vocab.get()
     slots = SlotActions(llm.engine, spec.slot_save_path, functools.cache(llm.fingerprint))
     loop = _PipeLoop(llm.engine, outputs, slots)
-    c = llm.config
+    c, phases = llm.config, llm.runner.startup.phases
     ready = Ready(llm.tokenizer, str(llm.path), c.max_model_len, c.max_num_seqs,
                   llm.runner.memory, {"max_num_seqs": c.max_num_seqs,
                                       "max_batched_tokens": c.max_batched_tokens,
                                       "decode_waiting_chunk": c.decode_waiting_chunk,
                                       "prefill_chunk": c.prefill_chunk}
-                  | ({"decode_waiting_chunk_measured": llm.runner.warmup["chunk cap"]}
-                     if "chunk cap" in llm.runner.warmup else {}))
+                  | ({"decode_waiting_chunk_measured": phases["chunk cap"]}
+                     if "chunk cap" in phases else {}))
     outputs.send(("ready", ready, loop.stats))
     return loop
 

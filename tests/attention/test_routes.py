@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from muser.attention.dense_ref import attention_dense
 from muser.attention.layer import attend
 from muser.attention.plan import SeqInput, plan_step
 from muser.attention.routes import SHORT_CHUNK_ROWS, Route, choose_route
@@ -12,6 +11,7 @@ from muser.config import ModelConfig
 from muser.kvcache.pool import KVPool
 from muser.kvcache.ring import RingState
 from muser.ops import ref as ref_ops
+from muser.ops.dense_ref import attention_dense
 from tests.error_bounds import attention_bound
 
 WINDOW, TILE, PAGE = 32, 8, 16
@@ -93,7 +93,7 @@ def test_every_route_matches_float64_reference() -> None:
 
 
 def test_tile_classifier_never_reads_empty_tiles() -> None:
-    from muser.attention.tiles import EMPTY, FULL, PARTIAL, classify_tiles
+    from muser.ops.tiles import EMPTY, FULL, PARTIAL, classify_tiles
 
     tiles = classify_tiles(100, 40, 60, 80, 32, 8, 8)
     q = torch.arange(100, 140)[:, None]

@@ -1,7 +1,8 @@
 """Helpers of the kernel tests: device, dtypes, tolerances, seeded inputs.
 
 Imported before any Triton code: without CUDA it selects the interpreter (TRITON_INTERPRET=1;
-fp32/fp16 only, since the interpreter computes bf16 wrongly) and poisons every kernel output.
+fp32/fp16 only, since the interpreter computes bf16 wrongly). Every kernel output is poisoned
+(conftest.py's `poisoned` fixture).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("MUSER_POISON_OUTPUTS", "1")
 
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser.attention.dense_ref import attention_dense
 from muser.ops import ref
+from muser.ops.dense_ref import attention_dense
 from muser.ops.triton import decode_attention
 
 from opcheck import ATTN_DTYPES, DEVICE, check, rand

@@ -21,7 +21,7 @@ from triton.backends.nvidia.driver import make_launcher
 from triton.compiler import ASTSource
 from triton.runtime.jit import serialize_specialization_data
 from muser.ops.triton import kernel_list
-from muser.tuning_cache import TuningCache
+from muser.ops.tuning_cache import TuningCache
 
 store_kv = importlib.import_module("muser.ops.triton.store_kv")
 fn = store_kv._store_kv_kernel

@@ -61,7 +61,7 @@ def test_compile_only_hands_each_key_to_the_jit_once(monkeypatch):
     kernel = JITFunction(body)
     warmed = []
     monkeypatch.setattr(kernel, "warmup", lambda *args, grid, **kw: warmed.append(args))
-    monkeypatch.setattr(launch_module, "_DIRECT", True)
+    monkeypatch.setattr(launch_module, "_INTERPRET", False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     x = torch.zeros(8)
     token = compile_only.set(True)

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muser.attention.dense_ref import attention_dense
 from muser.attention.routes import Route
-from muser.attention.tiles import classify_tiles
+from muser.ops.dense_ref import attention_dense
+from muser.ops.tiles import classify_tiles
 from muser.ops.triton import prefill_attention
 from muser.ops.triton.prefill_attention import SHARED, FlashConfig, launch_config, shared_bytes
 
@@ -135,7 +135,7 @@ def test_classifier_ranges_are_the_tiles_runs(q_start, num_q, k_start, num_k, wi
     """Per query tile: [first, last + 1) spans exactly its non-empty key tiles and
     [full_first, full_last + 1) exactly its FULL ones, inside it (the kernel's three loops
     cover the range once, the middle one without a mask)."""
-    from muser.attention.tiles import EMPTY, FULL
+    from muser.ops.tiles import EMPTY, FULL
     from muser.ops.triton.prefill_attention import classifier_ranges
 
     tiles = classify_tiles(q_start, num_q, k_start, num_k, window, 16, 16)

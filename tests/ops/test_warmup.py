@@ -19,7 +19,8 @@ from muser.ops import triton as triton_ops
 from muser.runner import Runner
 from muser.scheduler import Scheduler
 from muser.sequence import Sequence
-from muser.warmup import prefill_widths, prepare
+from muser.startup.shapes import prefill_widths
+from muser.startup.warmup import prepare
 
 CFG = ModelConfig(
     architecture="gemma3", vocab_size=32, hidden_size=16, intermediate_size=16, num_layers=1,

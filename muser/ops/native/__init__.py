@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from muser.env import c_compiler, cache_dir
 from muser.errors import MuserError
 from muser.ops.packed import PackedMatrix
 
@@ -71,9 +72,7 @@ def _build(cc: str, target: Path) -> None:
 @functools.cache
 def library() -> ctypes.CDLL:
     """The loaded kernel library, built on first use."""
-    from muser.loading.default_model import cache_dir
-
-    cc = os.environ.get("CC", "cc")
+    cc = c_compiler()
     if shutil.which(cc) is None:
         raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,

@@ -1,15 +1,15 @@
-"""Output allocation for the launchers. MUSER_POISON_OUTPUTS=1 fills every output with NaN
-first (tests), so an element a kernel fails to write cannot pass as a plausible value."""
+"""Output allocation for the launchers. With the `poison` switch (switches.py: tests) every
+output is filled with NaN first, so an element a kernel fails to write cannot pass as a
+plausible value."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-POISON = os.environ.get("MUSER_POISON_OUTPUTS") == "1"
+from muser.ops.triton.switches import current as switches_in_force
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype, device=device)
-    return out.fill_(float("nan")) if POISON and dtype.is_floating_point else out
+    poison = dtype.is_floating_point and switches_in_force().poison
+    return out.fill_(float("nan")) if poison else out

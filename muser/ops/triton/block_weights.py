@@ -18,7 +18,7 @@ tuning cache (family "blocks" in `picks.py`, written after a warm-up that timed 
 CUDA the fastest of `candidates_blocks`, timed in CUDA graphs over copies of the blocks that
 defeat L2 (as linear.py times its GEMVs; the warm-up's decode shapes are timed there, and one
 first seen after it logs a warning); elsewhere `default_config`. The block GEMV has no cuBLAS
-twin: MUSER_GEMV=0 reaches the dense route only.
+twin: the `gemv` switch off (switches.py) reaches the dense route only.
 
 `prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
 block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype
@@ -34,10 +34,9 @@ from functools import partial
 
 import torch
 
-from muser.graph.weights import ModelWeights
-from muser.ops import ref
 from muser.ops.blocks import BlockMatrix, Blocks, block_tensors, segments
 from muser.ops.fp8 import Fp8Matrix
+from muser.ops.ref import Weights, fed
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.embed import embed_rows
@@ -62,7 +61,7 @@ choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 Dense = Callable[[torch.Tensor, torch.Tensor, bool, NormEpilogue | None], object]
 
 
-def prepare_weights(weights: ModelWeights) -> ModelWeights:
+def prepare_weights(weights: Weights) -> Weights:
     """The weights as given, the prefill workspace reserved when any matrix is blocks."""
     mats = [m for layer in weights.layers for m in (layer.qkv, layer.o_proj, layer.gate_up,
                                                     layer.down) if isinstance(m, Blocks)]
@@ -91,7 +90,7 @@ def embed(table: torch.Tensor | Fp8Matrix | Blocks, ids: torch.Tensor, scale: fl
     rows asked for are gathered as blocks and dequantized (float32)."""
     if not isinstance(table, BlockMatrix):
         return embed_rows(table, ids, scale, feed)
-    rows = dequantize_blocks(table.take(ref.fed(ids, feed)), torch.float32)
+    rows = dequantize_blocks(table.take(fed(ids, feed)), torch.float32)
     return rows if scale == 1.0 else rows * scale
 
 

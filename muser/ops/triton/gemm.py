@@ -66,7 +66,7 @@ def _rows_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M, stride_r
 
 
 # NOTE: row counts vary from one forward to the next; left unspecialized, they need no compile the
-# warm-up did not do (muser/warmup.py)
+# warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["N"])
 def _gemm_kernel(
     x_ptr, w_ptr, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M, K,

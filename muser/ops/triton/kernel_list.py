@@ -34,20 +34,19 @@ from triton.compiler import ASTSource
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction, convert_to_tuple_if_list
 
-from muser.ops.triton import picks
-from muser.tuning_cache import TuningCache
+from muser.env import cache_dir
+from muser.ops.triton.picks import fingerprint as machine_fingerprint
+from muser.ops.tuning_cache import TuningCache
 
 Compiled = tuple[JITFunction, str, str]  # (kernel, JIT key, specialization data)
 
 
 def store(device: torch.device, config: str) -> TuningCache:
     """The kernel list of this machine, these sources and `config` (model, engine, picks)."""
-    from muser.loading.default_model import cache_dir
-
     sources = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
         sources.update(path.read_bytes())
-    fingerprint = {**picks.fingerprint(device), "sources": sources.hexdigest()[:16],
+    fingerprint = {**machine_fingerprint(device), "sources": sources.hexdigest()[:16],
                    "triton env": json.dumps(get_cache_invalidating_env_vars(), sort_keys=True),
                    "config": hashlib.sha256(config.encode()).hexdigest()[:16]}
     return TuningCache.at(cache_dir(), fingerprint, "kernels")

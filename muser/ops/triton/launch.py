@@ -26,23 +26,19 @@ TRITON_INTERPRET=1 every call goes through the interpreter. Launch arithmetic us
 
 from __future__ import annotations
 
-import os
 from contextvars import ContextVar
 
 import torch
 from triton.runtime.jit import JITFunction
 
-_DIRECT = os.environ.get("TRITON_INTERPRET") != "1"
+from muser.env import triton_interpret
+from muser.ops.triton.switches import current as switches_in_force
+
+_INTERPRET = triton_interpret()
 _KERNELS: dict[tuple, object] = {}
 _COMPILED: set[tuple] = set()  # keys already handed to the JIT inside compile_only
 _TENSOR = torch.Tensor
 compile_only: ContextVar[bool] = ContextVar("muser_compile_only", default=False)
-
-
-def set_direct(direct: bool) -> None:
-    """Launch through the cache (default) or through Triton's JIT on every call."""
-    global _DIRECT
-    _DIRECT = direct and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def cdiv(a: int, b: int) -> int:
@@ -78,7 +74,7 @@ def _bind(args: tuple, key: list) -> tuple[list, list]:
 def launch(kernel: JITFunction, grid: tuple[int, ...], *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), where `args` are the kernel's runtime arguments in order
     and `kwargs` its constexprs (every remaining parameter) and launch options (num_warps...)."""
-    if not _DIRECT or not isinstance(kernel, JITFunction):
+    if _INTERPRET or not isinstance(kernel, JITFunction) or not switches_in_force().direct:
         kernel[grid](*args, **kwargs)
         return
     device = torch._C._cuda_getDevice()

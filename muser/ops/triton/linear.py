@@ -11,12 +11,13 @@ where the caller asks:
 
 A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
 warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up
-(`muser/warmup.py`) sees every shape serving can run before the engine reports ready, so `tune`
+(`muser/startup/`) sees every shape serving can run before the engine reports ready, so `tune`
 is never reached on the request path (`STATS.tuned` counts its calls). Inside
 `launch.compile_only`, a shape without a pick compiles every candidate and runs none.
-MUSER_GEMV=0 routes every projection to cuBLAS. Outputs are in the weight dtype (the
-reference rounds to it too); consumers upcast on load. A weight kept as GGUF blocks takes the
-block route (muser/ops/triton/block_weights.py), which ends here for its dense rows.
+The `gemv` switch off (switches.py) routes every projection to cuBLAS. Outputs are in the
+weight dtype (the reference rounds to it too); consumers upcast on load. A weight kept as GGUF
+blocks takes the block route (muser/ops/triton/block_weights.py), which ends here for its dense
+rows.
 """
 
 from __future__ import annotations
@@ -25,29 +26,29 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 from collections.abc import Callable
 
 import torch
 
 from muser.ops.blocks import Blocks
-from muser.ops.triton import block_weights, pdl
+from muser.ops.triton.block_weights import project as project_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
 from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
+from muser.ops.triton.pdl import enabled as pdl_enabled
+from muser.ops.triton.switches import current as switches_in_force
 from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
 
 PICKS = PickTable()  # shape key -> GemvConfig | GemmConfig | None (cuBLAS)
 remember, measured = PICKS.remember, PICKS.measured
 _UNSET = object()
-_CUBLAS_ONLY = os.environ.get("MUSER_GEMV", "1") == "0"
 CUBLAS_MARGIN = 1.10
 GRAPH_ROWS = 64  # decode batches of up to this many rows replay CUDA graphs
 # weight type -> the projection of weights that are not plain tensors (linear_fp8.py adds
-# Fp8Matrix's when the package is imported; MUSER_GEMV=0 does not apply to them)
+# Fp8Matrix's when the package is imported; the `gemv` switch does not apply to them)
 ROUTES: dict[type, Callable] = {}
 
 
@@ -105,11 +106,11 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
     if isinstance(weight, Blocks):
-        return block_weights.project(x, weight, geglu_out, norm, _project)
+        return project_blocks(x, weight, geglu_out, norm, _project)
     route = ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)
-    if _CUBLAS_ONLY:
+    if not switches_in_force().gemv:
         return _cublas(x, weight, geglu_out, norm)
     key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
     config = PICKS.pick.get(key, _UNSET)
@@ -181,7 +182,7 @@ def _pick(
     # drains; a cuBLAS call waits for its predecessor to finish, and makes its successor wait
     # too. Timed back to back against itself, cuBLAS does not pay for that, so it must win by
     # CUBLAS_MARGIN to be picked.
-    margin = CUBLAS_MARGIN if pdl.enabled(x.device) else 1.0
+    margin = CUBLAS_MARGIN if pdl_enabled(x.device) else 1.0
     best, best_score, timed = None, math.inf, {}
     for config, fn in runs.items():
         try:

@@ -16,28 +16,26 @@ Captured into a CUDA graph, the launches become programmatic edges. MUSER_PDL=0 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_ENABLED = os.environ.get("MUSER_PDL", "1") != "0"
-_OPTIONS: dict[torch.device, dict] = {}  # device -> launch keywords (called per launch)
+from muser.ops.triton.switches import current as switches_in_force
+
+_OPTIONS: dict[torch.device, dict] = {}  # device -> launch keywords with the switch on
 _OFF = {"PDL": False}
 _ON = {"PDL": True, "launch_pdl": True}
 
 
-def set_enabled(enabled: bool) -> None:
-    """Turn programmatic dependent launch on or off for later launches and graph captures."""
-    global _ENABLED
-    _ENABLED = enabled
-    _OPTIONS.clear()
-
-
 def enabled(device: torch.device) -> bool:
-    if not _ENABLED or device.type != "cuda":
+    """Whether launches on `device` use it: the switch on (switches.py) and a Hopper or later
+    GPU."""
+    return switches_in_force().pdl and _supported(device)
+
+
+def _supported(device: torch.device) -> bool:
+    if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index) >= (9, 0)
@@ -45,9 +43,11 @@ def enabled(device: torch.device) -> bool:
 
 def options(device: torch.device) -> dict:
     """The launch keywords of a PDL-aware kernel: its PDL constexpr and Triton's option."""
+    if not switches_in_force().pdl:
+        return _OFF
     opts = _OPTIONS.get(device)
     if opts is None:
-        opts = _OPTIONS[device] = _ON if enabled(device) else _OFF
+        opts = _OPTIONS[device] = _ON if _supported(device) else _OFF
     return opts
 
 

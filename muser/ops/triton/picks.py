@@ -1,5 +1,5 @@
 """Kernel picks on disk: what the projections chose per shape key, as JSON, in the tuning cache
-of this machine's fingerprint (`muser/tuning_cache.py`), plus a table shipped with the package.
+of this machine's fingerprint (`muser/ops/tuning_cache.py`), plus a table shipped with the package.
 
 Three families of picks, each its module's:
 - "linear" (`linear.py`, dense weights): key `linear._key`'s tuple (rows or row bucket, M, K,
@@ -22,7 +22,6 @@ correctness; `muser tune` measures this machine's own.
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,12 @@ import torch
 import triton
 from gguf import GGMLQuantizationType
 
+from muser.env import cache_dir, shipped_picks
 from muser.ops.fp8 import chunk_route
 from muser.ops.triton.gemm import GemmConfig
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig
 from muser.ops.triton.gemv_blocks import BlockGemvConfig
-from muser.tuning_cache import TuningCache, read_fingerprint, read_picks
+from muser.ops.tuning_cache import TuningCache, read_fingerprint, read_picks
 
 Pick = GemvConfig | GemmConfig | BlockGemvConfig | str | None  # None: cuBLAS
 Family = dict[tuple, tuple[Pick, dict]]  # key -> (pick, timed_ms)
@@ -64,8 +64,6 @@ def _driver_version() -> str:
 
 
 def cache(device: torch.device) -> TuningCache:
-    from muser.loading.default_model import cache_dir
-
     return TuningCache.at(cache_dir(), fingerprint(device))
 
 
@@ -157,7 +155,7 @@ def load(device: torch.device) -> tuple[dict[str, Family], dict[str, Family]]:
     """-> (this machine's stored picks, the shipped table's when this GPU has its name), each
     {family: {key: (pick, timed_ms)}}."""
     store = cache(device)
-    shipped = Path(os.environ.get("MUSER_SHIPPED_PICKS", SHIPPED))
+    shipped = shipped_picks(SHIPPED)
     same_gpu = read_fingerprint(shipped).get("gpu") == store.fingerprint["gpu"]
     return (parse_entries(store.load(), store.path),
             parse_entries(read_picks(shipped, None) if same_gpu else {}, shipped))

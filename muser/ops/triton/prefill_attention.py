@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.attention.routes import Route
-from muser.attention.tiles import EMPTY, FULL, classify_tiles
-from muser.ops import ref
+from muser.ops.ref import prefill_attention as reference_attention
+from muser.ops.routes import Route
+from muser.ops.tiles import EMPTY, FULL, classify_tiles
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch
 
@@ -85,7 +85,8 @@ def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, nu
 
 
 # NOTE: lengths, positions and the classifier's offsets in the step's metadata vary from one forward
-# to the next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+# to the next; left unspecialized, they need no compile the warm-up did not do
+# (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["T", "S", "q_start", "k_start", "num_k_tiles", "splits"],
             do_not_specialize_on_alignment=["tiles_ptr", "ranges_ptr", "rows_ptr"])
 def _flash_kernel(
@@ -262,7 +263,7 @@ def prefill_attention(
     if route == Route.FALLBACK_F32:
         if read_rows is not None:
             keys, values = keys[read_rows], values[read_rows]
-        return ref.prefill_attention(q, keys, values, q_start, k_start, window, scale, None,
+        return reference_attention(q, keys, values, q_start, k_start, window, scale, None,
                                      tile, route)
     num_q, heads, head_dim = q.shape
     num_k = keys.shape[0] if read_rows is None else read_rows.shape[0]

@@ -91,7 +91,7 @@ def _qk_norm_rope_kernel(
 
 
 # NOTE: the store rows' offset in the step's metadata vary from one forward to the next; left
-# unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+# unspecialized, they need no compile the warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize_on_alignment=["dst_ptr"])
 def _qk_pair_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, v_ptr, k_rows, v_rows, dst_ptr,

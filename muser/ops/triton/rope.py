@@ -17,7 +17,7 @@ _INV_FREQ: dict[tuple, torch.Tensor] = {}
 
 
 # NOTE: the row count and the positions' offset in the step's metadata vary from one forward to the
-# next; left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+# next; left unspecialized, they need no compile the warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["N"], do_not_specialize_on_alignment=["pos_ptr"])
 def _rope_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF: tl.constexpr,
                  BLOCK_N: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr):

@@ -12,7 +12,7 @@ from muser.ops.triton.launch import launch, next_power_of_2
 
 
 # NOTE: the row count and the rows' offset in the step's metadata vary from one forward to the next;
-# left unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+# left unspecialized, they need no compile the warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["num_read"], do_not_specialize_on_alignment=["read_ptr"])
 def _stage_gather_kernel(k_rows, v_rows, read_ptr, k_new, v_new, k_out, v_out, num_read,
                          stride_kn, stride_vn, ROW: tl.constexpr, BLOCK: tl.constexpr):

@@ -10,7 +10,7 @@ from muser.ops.triton.launch import launch, next_power_of_2
 
 
 # NOTE: the rows' offsets in the step's metadata vary from one forward to the next; left
-# unspecialized, they need no compile the warm-up did not do (muser/warmup.py)
+# unspecialized, they need no compile the warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize_on_alignment=["src_ptr", "dst_ptr"])
 def _store_kv_kernel(k_new, v_new, k_rows, v_rows, src_ptr, dst_ptr, stride_k, stride_v,
                      ROW: tl.constexpr, BLOCK: tl.constexpr):

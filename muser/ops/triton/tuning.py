@@ -14,21 +14,32 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import triton
 from triton.runtime._async_compile import AsyncCompileMode
 from triton.runtime.errors import OutOfResources
 
-from muser.ops.triton import block_weights, kernel_list, linear, linear_fp8, picks
+from muser.ops.triton.block_weights import PICKS as BLOCK_PICKS
 from muser.ops.triton.gemv import MAX_ROWS
+from muser.ops.triton.kernel_list import Compiled
+from muser.ops.triton.kernel_list import load as load_kernels
+from muser.ops.triton.kernel_list import save as save_kernels
+from muser.ops.triton.kernel_list import store as kernel_store
 from muser.ops.triton.launch import compile_only
-from muser.tuning_cache import TuningCache
+from muser.ops.triton.linear import PICKS as LINEAR_PICKS
+from muser.ops.triton.linear import choices as linear_choices
+from muser.ops.triton.linear_fp8 import PICKS as FP8_PICKS
+from muser.ops.triton.picks import load as load_picks
+from muser.ops.triton.picks import save as save_picks
+from muser.ops.triton.timing import STATS
+from muser.ops.tuning_cache import TuningCache
 
 EXACT_ROWS = MAX_ROWS  # projections of up to this many rows are keyed by their exact count
 
@@ -37,7 +48,7 @@ EXACT_ROWS = MAX_ROWS  # projections of up to this many rows are keyed by their 
 class JitStats:
     compiles: int = 0  # kernels the JIT compiled or loaded (its in-process cache missed)
     misses: list[str] = field(default_factory=list)  # "<kernel> <specialization key>" of each
-    compiled: list[kernel_list.Compiled] = field(default_factory=list)  # what each miss was
+    compiled: list[Compiled] = field(default_factory=list)  # what each miss was
     serving: bool = False  # set once the warm-up is over: a miss after it is a request stall
 
 
@@ -59,32 +70,44 @@ def _count_compile(*, key, fn, compile, **kwargs) -> None:
 def warming() -> None:
     """A warm-up starts: what it compiles or tunes is no stall, even after another engine of
     this process has served (a benchmark comparing two engines)."""
-    JIT.serving = linear.STATS.serving = False
+    JIT.serving = STATS.serving = False
 
 
 def serving() -> None:
     """The warm-up is over: from now on a compile or a tuned shape is logged as a stall."""
-    JIT.serving = linear.STATS.serving = True
+    JIT.serving = STATS.serving = True
 
 
 triton.knobs.runtime.jit_cache_hook = _count_compile
 
 
-FAMILIES = {"linear": linear, "fp8": linear_fp8, "blocks": block_weights}  # picks.FAMILIES
+class Family(NamedTuple):
+    """A family's pick table, as the warm-up takes picks in and out of it."""
+
+    remember: Callable[[dict, str], int]  # stored picks in -> how many were taken
+    measured: Callable[[], dict]  # picks timed in this process
+    choices: Callable[[], dict[str, dict]]  # per shape: the pick it runs (receipts)
+
+
+FAMILIES = {  # picks.FAMILIES
+    "linear": Family(LINEAR_PICKS.remember, LINEAR_PICKS.measured, linear_choices),
+    "fp8": Family(FP8_PICKS.remember, FP8_PICKS.measured, FP8_PICKS.choices),
+    "blocks": Family(BLOCK_PICKS.remember, BLOCK_PICKS.measured, BLOCK_PICKS.choices),
+}
 
 
 def load(device: torch.device) -> dict[str, int]:
     """Take this machine's stored picks, then the shipped table's -> how many from each."""
-    cached, shipped = picks.load(device)
-    return {origin: sum(module.remember(stored[family], origin)
-                        for family, module in FAMILIES.items())
+    cached, shipped = load_picks(device)
+    return {origin: sum(table.remember(stored[family], origin)
+                        for family, table in FAMILIES.items())
             for origin, stored in (("cache", cached), ("shipped", shipped))}
 
 
 def save(device: torch.device) -> Path | None:
     """Store the picks timed in this process -> the cache file (None: nothing was timed)."""
-    measured = {family: module.measured() for family, module in FAMILIES.items()}
-    return picks.save(device, measured) if any(measured.values()) else None
+    measured = {family: table.measured() for family, table in FAMILIES.items()}
+    return save_picks(device, measured) if any(measured.values()) else None
 
 
 @contextmanager
@@ -106,15 +129,15 @@ def compiling(device: torch.device, threads: int | None = None) -> Iterator[Asyn
 
 def listed(device: torch.device, config: str) -> TuningCache:
     """The kernel list of this machine, `config` and the picks taken (`kernel_list.py`)."""
-    runs = sorted((family, key, choice["runs"]) for family, module in FAMILIES.items()
-                  for key, choice in module.choices().items())
-    return kernel_list.store(device, f"{config} {runs}")
+    runs = sorted((family, key, choice["runs"]) for family, table in FAMILIES.items()
+                  for key, choice in table.choices().items())
+    return kernel_store(device, f"{config} {runs}")
 
 
 def load_listed(kernels: TuningCache, device: torch.device) -> int:
     """File the listed kernels in the JIT's cache and load them on a thread pool -> how many
     (0: no list, or nothing in it is still in Triton's cache)."""
-    found = kernel_list.load(kernels, _index(device))
+    found = load_kernels(kernels, _index(device))
     with _pool(device, None) as pool:
         list(pool.map(_load, found))
     return len(found)
@@ -122,7 +145,7 @@ def load_listed(kernels: TuningCache, device: torch.device) -> int:
 
 def save_listed(kernels: TuningCache, device: torch.device, since: int) -> int:
     """List the kernels compiled since JIT.compiled[since] -> how many were added."""
-    return kernel_list.save(kernels, JIT.compiled[since:], _index(device))
+    return save_kernels(kernels, JIT.compiled[since:], _index(device))
 
 
 def _index(device: torch.device) -> int:
@@ -152,4 +175,4 @@ def _load(kernel) -> None:
 
 def stats() -> dict[str, int]:
     """Shapes tuned and kernels compiled so far in this process."""
-    return {"tuned": linear.STATS.tuned, "compiles": JIT.compiles}
+    return {"tuned": STATS.tuned, "compiles": JIT.compiles}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from muser.attention.dense_ref import visibility
-from muser.attention.tiles import EMPTY, FULL
+from muser.ops.dense_ref import visibility
+from muser.ops.tiles import EMPTY, FULL
 
 
 def attention_tiled(

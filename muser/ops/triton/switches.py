@@ -1,0 +1,49 @@
+"""The Triton backend's switches for experiments and checks: what a benchmark or a test turns
+off (or on) to compare or to check, passed explicitly with `switched(...)`, never read from the
+environment. Serving runs the defaults.
+
+    pdl ..... programmatic dependent launch on Hopper and later (pdl.py)
+    direct .. launches through launch.py's cache; off: Triton's JIT entry point on every call
+    gemv .... projections of plain tensors through the Triton GEMV/GEMM picks (linear.py);
+              off: every one on cuBLAS (a way to switch the shape-specific route off)
+    poison .. every launcher's output filled with NaN first (alloc.py), so an element a kernel
+              fails to write cannot pass as a plausible value
+
+The switches in force live in a context variable: `switched` sets them for the code inside it
+(and for CUDA graphs captured there), then restores what was in force before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Switches:
+    pdl: bool = True
+    direct: bool = True
+    gemv: bool = True
+    poison: bool = False
+
+
+_CURRENT: ContextVar[Switches] = ContextVar(
+    "muser_triton_switches", default=Switches())  # noqa: B039  (frozen)
+
+
+def current() -> Switches:
+    """The switches in force."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def switched(**changes: bool) -> Iterator[Switches]:
+    """Inside: the switches in force with `changes` (Switches' field names) applied."""
+    token = _CURRENT.set(dataclasses.replace(_CURRENT.get(), **changes))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
