@@ -25,7 +25,7 @@ from muser.kvcache.pool import KVPool
 from muser.kvcache.reuse import CHECKPOINT_EVERY, PrefixCache
 from muser.kvcache.ring import RingState
 from muser.memory import MemoryReport
-from muser.startup.record import StartupRecord
+from muser.startup_record import StartupRecord
 
 
 @dataclass(slots=True)

@@ -2,7 +2,8 @@
 
     log.py ............ StartupLog: each phase reported with its duration as it ends
     start.py .......... start(): the runner built, then driven through the phases below, in
-                        order; the result is one immutable StartupRecord (record.py)
+                        order; the result is one immutable StartupRecord (muser/startup_record.py,
+                        outside the package: the runner holds it and never imports this one)
     warmup.py ......... the picks, compile, tune and capture phases (a GPU's warm-up)
     shapes.py ......... the shapes the warm-up runs
     memory.py ......... the warm-up's peak and graph pool, the KV pages sized from the memory
@@ -16,6 +17,6 @@ This package imports torch only in its modules that drive the runner: `StartupLo
 from __future__ import annotations
 
 from muser.startup.log import StartupLog
-from muser.startup.record import StartupRecord
+from muser.startup_record import StartupRecord
 
 __all__ = ["StartupLog", "StartupRecord"]

@@ -26,7 +26,7 @@ from muser.startup.memory import (
     peak_bytes,
     size_kv_pages,
 )
-from muser.startup.record import StartupRecord
+from muser.startup_record import StartupRecord
 from muser.startup.shapes import scheduled
 from muser.startup.warmup import capture, exercise
 
