@@ -26,9 +26,9 @@ from muser.startup.memory import (
     peak_bytes,
     size_kv_pages,
 )
-from muser.startup_record import StartupRecord
 from muser.startup.shapes import scheduled
 from muser.startup.warmup import capture, exercise
+from muser.startup_record import StartupRecord
 
 
 def start(cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights,
