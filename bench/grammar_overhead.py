@@ -1,10 +1,10 @@
 """Per-token cost of constrained decoding in the engine (the embedded 270M model, CPU).
 
 Three figures: (1) the host mask of R constrained rows per step (GrammarMasks.masks, on its
-thread pool: muser/grammar.py), (2) the sampler applying it (BatchSampler.constrain on [R, 262144] logits), each as
-the median over a JSON-schema walk; (3) decode time per token of the same prompt with and
-without a grammar (alternated --repeats times; a grammar that never ends early, so both runs
-decode --tokens tokens).
+thread pool: muser/grammar.py), (2) the sampler applying it (BatchSampler.constrain on
+[R, 262144] logits), each as the median over a JSON-schema walk; (3) decode time per token of
+the same prompt with and without a grammar (alternated --repeats times; a grammar that never
+ends early, so both runs decode --tokens tokens).
 
     python bench/grammar_overhead.py --threads 1 --out bench/results/grammar_overhead_cpu.json
 """

@@ -44,7 +44,7 @@ class Sequence(Placement):
     first_token_s: float | None = None
     finish_s: float | None = None
     seed: int = 0  # the draws' seed (the engine's: SamplingParams.seed, or a fresh one)
-    constraint: Any = None  # muser.constraint.Constraint when sampling.grammar is set (host state)
+    constraint: Any = None  # muser.constraint.Constraint when sampling.grammar is set (host)
     num_forks: int = 0  # samples still to fork from this one once its prompt is prefilled
     max_chunk: int | None = None  # most prefill rows per step (None: the scheduler's chunk)
     parent: int | None = None  # a fork: the uid of the request it is a sample of

@@ -1,8 +1,8 @@
 """Several samples of one prompt on the OpenAI routes: n and best_of, checked; the best_of
 samples ranked; each sample's tokens and logprobs; the echoed prompt's.
 
-The engine prefills the prompt once and forks the samples from it (muser/engine/forks.py); sample i
-draws from seed + i. best_of > n keeps the n samples whose tokens have the highest mean
+The engine prefills the prompt once and forks the samples from it (muser/engine/forks.py);
+sample i draws from seed + i. best_of > n keeps the n samples whose tokens have the highest mean
 logprob (OpenAI's "highest log probability per token"); usage counts every sample's tokens and
 the prompt once."""
 

@@ -1,6 +1,7 @@
 """Startup: the engine is built on a background thread while the server already answers, with
 503 {"status": "loading"} on /health and 503 + Retry-After on every other route, until the
-model is loaded and warmed up (every kernel, pick and graph serving uses: `muser/startup/warmup.py`)."""
+model is loaded and warmed up (every kernel, pick and graph serving uses:
+`muser/startup/warmup.py`)."""
 
 from __future__ import annotations
 

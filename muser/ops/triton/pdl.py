@@ -11,7 +11,8 @@ GEMV's first weight tiles, the norms' weights, the decode split's metadata and f
 Nothing is prefetched into L2 before the wait: the loads above are what the kernel itself
 consumes first, an L2 prefetch only adds traffic (docs/gpu-notes.md has the measurements).
 
-Captured into a CUDA graph, the launches become programmatic edges. switched(pdl=False) (switches.py) turns it off.
+Captured into a CUDA graph, the launches become programmatic edges. switched(pdl=False)
+(switches.py) turns it off.
 """
 
 from __future__ import annotations
