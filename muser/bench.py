@@ -14,24 +14,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from muser.engine_args import add_engine_args, engine_kwargs
+from muser.engine_args import engine_kwargs
 from muser.errors import MuserError
 from muser.llm import LLM
-
-
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure prefill and decode tokens/s (JSON receipt)",
-                       description="Prefill tokens/s per prompt length and decode tokens/s, "
-                       "median of --repeats runs. When llama-cpp-python is installed, llama.cpp "
-                       "runs the same GGUF file in the same process and each cell gets a ratio.")
-    add_engine_args(p)
-    p.add_argument("--prompt-lengths", default="32,128,512,2048",
-                   help="comma-separated prefill lengths (default: %(default)s)")
-    p.add_argument("--decode-tokens", type=int, default=128, help="decode steps per run")
-    p.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is kept")
-    p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp baseline")
-    p.add_argument("--out", metavar="FILE", help="write the JSON receipt here")
-    p.set_defaults(run=_bench)
 
 
 def _median_rate(
@@ -114,7 +99,7 @@ class LlamaCppSide:
         return run
 
 
-def _bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     lengths = [int(x) for x in args.prompt_lengths.split(",")]
     if args.repeats < 1 or args.decode_tokens < 1 or min(lengths) < 1:
         raise MuserError("--repeats, --decode-tokens and every prompt length must be >= 1")

@@ -1,25 +1,33 @@
-"""`muser` command line: generate | bench | serve."""
+"""`muser` command line: generate | bench | tune | prefill-worker | serve.
+
+Building the parser imports no torch (`muser --help`, and the HTTP process of `muser serve`,
+which never loads it): each subcommand's flags live in a torch-free module, and its work is
+named as "module:function" (`run` on the parsed arguments), imported by `main` when that
+subcommand runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
+from collections.abc import Callable
 
-from muser.bench import add_bench_parser
-from muser.core import SamplingParams
+from muser.bench_args import add_bench_parser
 from muser.disagg.cli import add_worker_parser
 from muser.engine_args import (
     add_engine_args,
     engine_kwargs,
-    model_kwargs,
     non_negative,
     positive_int,
     unit_interval,
 )
 from muser.errors import MuserError
-from muser.llm import LLM
-from muser.tune_cli import add_tune_parser
+from muser.server.serve_args import add_serve_parser
+from muser.tune_args import add_tune_parser
+
+__all__ = ["build_parser", "engine_kwargs", "main"]
+
+_SERVER_EXTRA = ("fastapi", "starlette", "uvicorn", "prometheus_client")  # muser[server]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,71 +55,31 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (ids, text, timings) instead of streaming")
-    gen.set_defaults(run=_generate)
+    gen.set_defaults(run="muser.generate:run")
     add_bench_parser(sub)
     add_tune_parser(sub)
     add_worker_parser(sub)
-    try:  # NOTE: the server's dependencies are an optional extra
-        from muser.server.cli import add_serve_parser
-    except ImportError:
-        pass
-    else:
-        add_serve_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
-def _read_prompt(args: argparse.Namespace) -> str:
-    if args.prompt is not None and args.prompt_file:
-        raise MuserError("give the prompt as PROMPT or --prompt-file, not both")
-    if args.prompt_file:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
-        except OSError as exc:
-            raise MuserError(f"cannot read --prompt-file: {exc.strerror}: {args.prompt_file}")
-    if args.prompt is not None:
-        return args.prompt
-    if sys.stdin.isatty():
-        raise MuserError("no prompt: pass PROMPT, --prompt-file F, or pipe text on stdin")
-    return sys.stdin.read()
-
-
-def _generate(args: argparse.Namespace) -> int:
-    prompt = _read_prompt(args)
-    if not prompt:
-        raise MuserError("the prompt is empty")
+def _work(run: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand's work from its "module:function" name. NOTE: the command line's one lazy
+    import: the module (the engine, torch, or the server's extra) loads only when it runs."""
+    module, _, function = run.partition(":")
     try:
-        sampling = SamplingParams(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-            seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    except ValueError as exc:
-        raise MuserError(str(exc)) from None
-    llm = LLM(args.model, progress=not args.json, max_num_seqs=1, **model_kwargs(args),
-              **engine_kwargs(args))
-    if args.chat:
-        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    ids = llm.encode(prompt)
-    if args.json:
-        c = llm.generate(ids, sampling)
-        print(json.dumps({
-            "prompt_token_ids": c.prompt_token_ids, "token_ids": c.token_ids, "text": c.text,
-            "finish_reason": c.finish_reason, "ttft_s": c.ttft_s, "tpot_s": c.tpot_s,
-            "prefill_tokens_per_s": c.prefill_tokens_per_s,
-            "decode_tokens_per_s": c.decode_tokens_per_s,
-        }, ensure_ascii=False))
-        return 0
-    for out in llm.stream(ids, sampling):
-        sys.stdout.write(out.text_delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    return 0
+        return getattr(importlib.import_module(module), function)
+    except ImportError as exc:
+        if module == "muser.server.cli" and exc.name in _SERVER_EXTRA:
+            raise MuserError(f"muser serve needs the [server] extra ({exc.name} is not "
+                             "installed): pip install 'muser[server]'") from None
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        return _work(args.run)(args)
     except MuserError as exc:
         print(f"muser: error: {exc}", file=sys.stderr)
         return 2

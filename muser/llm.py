@@ -17,7 +17,9 @@ from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
+from muser.loading.dummy import load_dummy
 from muser.loading.fingerprint import fingerprint as model_fingerprint
+from muser.ops import backend, cpu, ref
 from muser.ops.fp8 import require_fp8_device
 from muser.scheduler import Scheduler
 from muser.sequence import Sequence
@@ -56,8 +58,6 @@ def default_device() -> str:
 def _keeps_codes(config: EngineConfig) -> bool:
     """Whether the loader keeps the file's block codes: the CPU backend at float32 reads them
     directly (muser.ops.packed); 16-bit CPU weights and the GPU take dequantized values."""
-    from muser.ops import backend, cpu
-
     return backend(config.device) is cpu and config.dtype == "float32"
 
 
@@ -65,8 +65,6 @@ def _keeps_blocks(config: EngineConfig) -> bool:
     """Whether the loader keeps GGUF matrices as the file's blocks: the Triton backend reads
     Q5_0 / Q8_0 / Q4_K / Q6_K in place (muser/ops/triton/block_weights.py) unless
     gguf_weights="dequantize" asks for dense values."""
-    from muser.ops import backend, cpu, ref
-
     return config.gguf_weights == "blocks" and backend(config.device) not in (cpu, ref)
 
 
@@ -94,8 +92,6 @@ class LLM:
             require_fp8_device(config.device)
         with self.startup.phase("weights"):
             if load_format == "dummy":
-                from muser.loading.dummy import load_dummy
-
                 loaded = load_dummy(model_config or "gemma3-1b", dtype, config.device, progress,
                                     made_on=dummy_made_on, fp8=fp8)
             else:

@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 if TYPE_CHECKING:
     import gguf
 
@@ -271,9 +274,6 @@ class Tokenizer:
 
     def _render_jinja(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         """Render the GGUF's jinja chat template, dropping a leading BOS that encode() will add."""
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(message: str) -> None:
             raise TemplateError(message)
 

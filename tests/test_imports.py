@@ -21,6 +21,8 @@ OPTIONAL = {  # third-party packages not every install has, or that a process mu
 }
 LAZY_MODULES = {  # muser modules a function imports locally
     "muser.ops.triton": "needs triton",
+    "muser.server.engine_child": "the engine process's code (torch), imported in that process "
+                                 "only: the HTTP process that spawns it never loads torch",
 }
 
 

@@ -1,12 +1,13 @@
-"""`muser prefill-worker` and the serving node's disaggregation flags."""
+"""`muser prefill-worker`'s flags (its work is muser/disagg/worker_cli.py, loaded when it runs)
+and the serving node's disaggregation flags: torch-free, as the HTTP process reads them."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
-from muser.engine_args import add_engine_args, engine_kwargs, model_kwargs
+from muser.disagg.address import parse_address
+from muser.engine_args import add_engine_args
+from muser.errors import MuserError
 
 
 def add_worker_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,7 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds a transfer may take before the link is dropped "
                    "(default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(run=run_worker)
+    p.set_defaults(run="muser.disagg.worker_cli:run")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -45,9 +46,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def disagg_options(args: argparse.Namespace) -> dict | None:
     """The serving node's disaggregation settings, or None without workers."""
-    from muser.disagg.wire import parse_address
-    from muser.errors import MuserError
-
     if not args.prefill_worker:
         return None
     try:
@@ -61,36 +59,3 @@ def disagg_options(args: argparse.Namespace) -> dict | None:
         raise MuserError("--disagg-min-tokens must be >= 1 or auto")
     return {"workers": list(args.prefill_worker), "min_tokens": min_tokens,
             "timeout_s": args.disagg_timeout, "backend": args.disagg_backend}
-
-
-def run_worker(args: argparse.Namespace) -> int:
-    import torch
-
-    from muser import LLM
-    from muser.disagg.wire import Listener, check_backend, parse_address
-    from muser.disagg.worker import run
-    from muser.errors import MuserError
-    from muser.startup import StartupLog
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("muser.disagg")
-    try:
-        host, port = parse_address(args.listen)
-    except ValueError as exc:
-        raise MuserError(f"--listen: {exc}") from None
-    kwargs = engine_kwargs(args)
-    check_backend(args.backend, torch.device(kwargs.get("device") or (
-        "cuda" if torch.cuda.is_available() else "cpu")))
-    llm = LLM(args.model, progress=sys.stderr.isatty(),
-              log=StartupLog(logging.getLogger("muser.startup").info),
-              **(model_kwargs(args) if args.load_format == "dummy" else {}),
-              **(kwargs | {"prefix_cache": False}), max_num_seqs=1)  # NOTE: fresh sequences only
-    print_ = llm.fingerprint()
-    listener = Listener(host, port, args.backend, args.timeout, llm.runner.device)
-    log.info("prefill worker ready on %s:%d (model %s, fingerprint %s)", host, port, llm.path,
-             print_)
-    try:
-        run(llm, listener, print_)
-    except KeyboardInterrupt:
-        return 0
-    return 0

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from muser.disagg.wire import DEAD_S, HEARTBEAT_S, Link, LinkError, check_backend, parse_address
+from muser.disagg.address import parse_address
+from muser.disagg.wire import DEAD_S, HEARTBEAT_S, Link, LinkError, check_backend
 from muser.disagg.worker import prefill
 from muser.kvcache.ring import RingState
 from muser.kvcache.snapshot import KVSnapshot, install

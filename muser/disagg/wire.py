@@ -37,13 +37,6 @@ class LinkError(MuserError):
     """The peer is unreachable, went away mid-message, or answered late."""
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
-
-
 def check_backend(backend: str, device: torch.device) -> None:
     """Refuse what the backend cannot move, with the reason."""
     if backend not in BACKENDS:

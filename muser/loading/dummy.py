@@ -10,7 +10,10 @@ import torch
 
 from muser.graph.weights import random_weights
 from muser.loading import LoadedModel
+from muser.loading.default_model import default_model_path
+from muser.loading.gguf import open_gguf
 from muser.presets import preset
+from muser.tokenizer import Tokenizer
 
 
 def load_dummy(name: str, dtype: torch.dtype, device: torch.device | str,
@@ -20,10 +23,6 @@ def load_dummy(name: str, dtype: torch.dtype, device: torch.device | str,
     (default: `device`); `fp8`: the projections quantized to FP8 (random_weights). The path
     names the shape, where its values were drawn (what a model fingerprint compares: a CPU and
     a GPU draw different values from one seed) and +fp8 when quantized."""
-    from muser.loading.default_model import default_model_path
-    from muser.loading.gguf import open_gguf
-    from muser.tokenizer import Tokenizer
-
     cfg = preset(name)
     tokenizer = Tokenizer.from_gguf(open_gguf(default_model_path(progress)))
     made_on = torch.device(made_on or device)

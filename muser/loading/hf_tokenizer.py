@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as HFTokenizer
+
 from muser.errors import ModelLoadError
 from muser.loading.hf import read_json
 from muser.tokenizer import (
@@ -29,8 +31,6 @@ def tokenizer_from_hf(directory: Path, num_ids: int = 0) -> Tokenizer:
     does), '<0xNN>' pieces are byte-fallback tokens. Ids up to `num_ids` (the embedding's rows)
     that the tokenizer lacks are unused tokens that decode to nothing (Gemma 3 4B and up pad
     262,145 tokens to 262,208 rows)."""
-    from tokenizers import Tokenizer as HFTokenizer
-
     path = directory / "tokenizer.json"
     if not path.is_file():
         raise ModelLoadError(f"Hugging Face checkpoint lacks tokenizer.json: {path}")

@@ -14,9 +14,13 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from muser.core import StepOutput
+from muser.disagg.client import attach
 from muser.errors import MuserError
+from muser.llm import LLM
 from muser.server.engine_spec import EngineSpec, Ready
 from muser.server.loop import EngineLoop
+from muser.slot_actions import SlotActions, SlotError
+from muser.startup import StartupLog
 
 log = logging.getLogger("muser.server")
 
@@ -71,17 +75,10 @@ def child_main(spec: EngineSpec, requests: Connection, outputs: Connection) -> N
 
 
 def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
-    from muser import LLM
-    from muser.startup import StartupLog
-
     llm = LLM(spec.model, progress=spec.progress,
               log=StartupLog(logging.getLogger("muser.startup").info), **spec.llm_kwargs)
     if spec.disagg is not None:
-        from muser.disagg.client import attach
-
         attach(llm, **spec.disagg)
-    from muser.slot_actions import SlotActions
-
     # NOTE: the engine builds GrammarMasks with the defaults; the server's flags replace them.
     # The vocabulary table is built now: built by a first constrained request, it would hold
     # the GIL for seconds while the loop thread steps every other stream
@@ -145,8 +142,6 @@ class _PipeLoop(EngineLoop):
 
     def answer(self, call: int, result: object) -> None:
         """A slot action's outcome to the server (on the loop thread)."""
-        from muser.slot_actions import SlotError
-
         if isinstance(result, SlotError):
             reply = ("error", result.status, str(result), result.code)
         elif isinstance(result, BaseException):
