@@ -40,8 +40,8 @@ except ImportError:
 lengths, reps = [int(t) for t in sys.argv[2].split(",")], int(sys.argv[3])
 cfg = preset("gemma3-1b")
 weights = random_weights(cfg, torch.bfloat16, "cuda", seed=0)
-runner = start(cfg, EngineConfig(device="cuda", max_num_seqs=1, max_model_len=8320,
-                                 prefill_chunk=8320), weights)
+runner = start(cfg, EngineConfig.for_device(device="cuda", max_num_seqs=1, max_model_len=8320,
+                                            prefill_chunk=8320), weights)
 ids = torch.randint(0, cfg.vocab_size, (max(lengths),),
                     generator=torch.Generator().manual_seed(1)).tolist()
 

@@ -381,8 +381,8 @@ def attention_sweep(cfg) -> list[dict]:
 
 # ---------------------------------------------------------------- the model on the GPU
 def make_runner(cfg, weights, max_len: int, eager: bool = False) -> tuple[Runner, float]:
-    engine = EngineConfig(device=DEV, max_num_seqs=1, max_model_len=max_len,
-                          prefill_chunk=max_len, enforce_eager=eager)
+    engine = EngineConfig.for_device(device=DEV, max_num_seqs=1, max_model_len=max_len,
+                                     prefill_chunk=max_len, enforce_eager=eager)
     t0 = time.perf_counter()
     runner = start_runner(cfg, engine, weights)
     torch.cuda.synchronize()
@@ -484,8 +484,8 @@ def correctness_1b(gen: torch.Generator) -> dict:
     prompt = ids[:16]
     gpu_tokens = greedy(runner, prompt, 64)
     t0 = time.perf_counter()
-    cpu_runner = Runner(cfg, EngineConfig(device="cpu", max_num_seqs=1, max_model_len=256),
-                        w_cpu)
+    cpu_runner = Runner(cfg, EngineConfig.for_device(device="cpu", max_num_seqs=1,
+                                                     max_model_len=256), w_cpu)
     cpu_tokens = greedy(cpu_runner, prompt, 64)
     same = sum(a == b for a, b in zip(gpu_tokens, cpu_tokens))
     first_diff = next((i for i, (a, b) in enumerate(zip(gpu_tokens, cpu_tokens)) if a != b), None)

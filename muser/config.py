@@ -66,9 +66,10 @@ def default_dtypes(device: str) -> tuple[str, str]:
     return ("bfloat16", "bfloat16") if device != "cpu" else ("float32", "float32")
 
 
-# Batching defaults per backend (EngineConfig fields left None). CPU: the DESIGN's 64-row cap
-# while decodes run and one 512-row chunk per step. GPU: docs/gpu-notes.md, "Serving on the GPU";
-# its decode_waiting_chunk stays None: the startup measures it (muser/startup/waiting_chunk.py).
+# Batching defaults per backend (EngineConfig.for_device's fields left out or None). CPU: the
+# DESIGN's 64-row cap while decodes run and one 512-row chunk per step. GPU: docs/gpu-notes.md,
+# "Serving on the GPU"; its decode_waiting_chunk stays None: the startup measures it
+# (muser/startup/waiting_chunk.py) and LLM passes the measured cap forward in a new config.
 # A prompt's chunk on the GPU may fill the step's whole budget when nothing decodes (2,048
 # rows): four times fewer launches than 512-row chunks, so a lone prompt's prefill is the
 # GPU's time, not the host's, and the GEMMs run at the widths they are fastest at
@@ -82,11 +83,11 @@ BATCHING = {
 }
 
 
-# GiB of ring checkpoints per backend (EngineConfig.prefix_cache_gb left None). One checkpoint
+# GiB of ring checkpoints per backend (EngineConfig.for_device, prefix_cache_gb). One checkpoint
 # holds a slot's rings and one page: 17 MB for the 270M in float32, 457 MB for gemma3-27b in
 # bfloat16 (52 sliding layers of 1,024 rows).
 PREFIX_CACHE_GB = {"cpu": 1.0, "cuda": 8.0}
-# Prefix reuse per backend (EngineConfig.prefix_cache left None): on the CPU its outputs are
+# Prefix reuse per backend (EngineConfig.for_device, prefix_cache): on the CPU its outputs are
 # bitwise a cold prefill's (tests/test_prefix_reuse.py); on the H200 a 27B chat's greedy
 # tokens matched cold prefills' in every turn (bench/results/prefix_h200.json).
 PREFIX_CACHE = {"cpu": True, "cuda": True}
@@ -94,23 +95,34 @@ PREFIX_CACHE = {"cpu": True, "cuda": True}
 
 QUANTIZATIONS = ("none", "fp8")
 
+# EngineConfig fields that for_device fills and no config leaves None.
+_RESOLVED = ("fp8_head", "prefill_chunk", "max_num_seqs", "max_batched_tokens", "prefix_cache",
+             "prefix_cache_gb")
 
-@dataclass(frozen=True)
+
+def _backend(device: str) -> str:
+    """The BATCHING / PREFIX_CACHE key of `device`."""
+    return "cpu" if device == "cpu" else "cuda"
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """Engine knobs; CLI flags map 1:1 onto these fields. Batching fields left None take the
-    backend's defaults (BATCHING)."""
+    """Engine knobs; CLI flags map 1:1 onto these fields. `EngineConfig.for_device` builds one
+    from the fields given, the backend's defaults filling those left out or None (BATCHING,
+    PREFIX_CACHE, PREFIX_CACHE_GB; fp8_head from quantization). The constructor takes final
+    values: a field without a default must be given, and not as None."""
 
-    device: str = "cpu"
+    device: str
     dtype: str = "bfloat16"  # weights and activations fed to projections; see default_dtypes
     kv_dtype: str = "bfloat16"
     quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
-    fp8_head: bool | None = None  # with "fp8": the LM head (the tied embedding) FP8 too
-    # (None: on with "fp8", off without; True without "fp8": an error)
-    prefill_chunk: int | None = None  # most rows of one sequence per step
-    decode_waiting_chunk: int | None = None  # most prefill rows per step while any decodes
-    # (GPU, None: measured at startup)
-    max_num_seqs: int | None = None  # sequences in flight (decode batch)
-    max_batched_tokens: int | None = None  # most rows per step (decode + prefill)
+    fp8_head: bool  # with "fp8": the LM head (the tied embedding) FP8 too
+    # (for_device: on with "fp8", off without; True without "fp8": an error)
+    prefill_chunk: int  # most rows of one sequence per step
+    decode_waiting_chunk: int | None  # most prefill rows per step while any decodes
+    # (GPU, None: measured at startup; the CPU needs a value)
+    max_num_seqs: int  # sequences in flight (decode batch)
+    max_batched_tokens: int  # most rows per step (decode + prefill)
     enforce_eager: bool = False  # GPU: no CUDA graphs for decode
     decode_ahead: bool | None = None  # queue each decode step before the last one's tokens
     # reach the host (muser/engine/ahead.py; None: where decode replays CUDA graphs)
@@ -119,18 +131,31 @@ class EngineConfig:
     num_pages: int | None = None  # None: from free GPU memory (CPU: max_num_seqs * max_model_len)
     gpu_memory_utilization: float = 0.90  # share of the GPU's memory weights, KV and steps use
     num_threads: int | None = None
-    prefix_cache: bool | None = None  # reuse the KV of prompt prefixes (None: PREFIX_CACHE)
-    prefix_cache_gb: float | None = None  # ring checkpoints' store (None: PREFIX_CACHE_GB)
+    prefix_cache: bool  # reuse the KV of prompt prefixes
+    prefix_cache_gb: float  # ring checkpoints' store
     gguf_weights: str = "blocks"  # GPU: "blocks" keeps GGUF blocks the kernels read as the
     # file's bytes, "dequantize" expands every matrix to `dtype`
 
-    def __post_init__(self) -> None:
-        backend = "cpu" if self.device == "cpu" else "cuda"
+    @classmethod
+    def for_device(cls, device: str, **given) -> EngineConfig:
+        """The config of `device` with the fields `given`; those left out or None take the
+        backend's defaults (BATCHING, PREFIX_CACHE, PREFIX_CACHE_GB), fp8_head follows
+        quantization."""
+        backend = _backend(device)
         defaults = BATCHING[backend] | {"prefix_cache_gb": PREFIX_CACHE_GB[backend],
-                                        "prefix_cache": PREFIX_CACHE[backend]}
-        for name, value in defaults.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
+                                        "prefix_cache": PREFIX_CACHE[backend],
+                                        "fp8_head": given.get("quantization",
+                                                              cls.quantization) == "fp8"}
+        return cls(device=device, **given | {name: value for name, value in defaults.items()
+                                             if given.get(name) is None})
+
+    def __post_init__(self) -> None:
+        unresolved = [name for name in _RESOLVED if getattr(self, name) is None]
+        if self.decode_waiting_chunk is None and _backend(self.device) == "cpu":
+            unresolved.append("decode_waiting_chunk")
+        if unresolved:
+            raise ValueError(f"EngineConfig needs a value for {', '.join(unresolved)} (None "
+                             f"takes the backend's default through EngineConfig.for_device)")
         if self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold one "
                              f"decode row of every sequence (max_num_seqs = {self.max_num_seqs})")
@@ -139,8 +164,6 @@ class EngineConfig:
                              f"{self.quantization!r}")
         if self.fp8_head and self.quantization != "fp8":
             raise ValueError("fp8_head applies to quantization 'fp8' only")
-        if self.fp8_head is None:
-            object.__setattr__(self, "fp8_head", self.quantization == "fp8")
         if self.gguf_weights not in ("blocks", "dequantize"):
             raise ValueError(f"gguf_weights must be 'blocks' or 'dequantize', got "
                              f"{self.gguf_weights!r}")
@@ -149,3 +172,4 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
+

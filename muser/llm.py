@@ -84,7 +84,7 @@ class LLM:
         dtype, kv_dtype = default_dtypes(torch.device(engine_kwargs["device"]).type)
         engine_kwargs.setdefault("dtype", dtype)
         engine_kwargs.setdefault("kv_dtype", kv_dtype)
-        config = EngineConfig(**engine_kwargs)
+        config = EngineConfig.for_device(**engine_kwargs)
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         dtype = getattr(torch, config.dtype)
         fp8 = config.quantization == "fp8"

@@ -115,13 +115,14 @@ def test_fp8_head_only_with_fp8():
     from muser.cli import build_parser, engine_kwargs
     from muser.config import EngineConfig
 
-    assert EngineConfig(quantization="fp8").fp8_head is True
-    assert EngineConfig(quantization="fp8", fp8_head=False).fp8_head is False
-    assert EngineConfig().fp8_head is False
-    assert dataclasses.replace(EngineConfig(), max_model_len=64).fp8_head is False
-    assert dataclasses.replace(EngineConfig(quantization="fp8"), max_model_len=64).fp8_head
+    assert EngineConfig.for_device("cpu", quantization="fp8").fp8_head is True
+    assert EngineConfig.for_device("cpu", quantization="fp8", fp8_head=False).fp8_head is False
+    assert EngineConfig.for_device("cpu").fp8_head is False
+    assert dataclasses.replace(EngineConfig.for_device("cpu"), max_model_len=64).fp8_head is False
+    assert dataclasses.replace(EngineConfig.for_device("cpu", quantization="fp8"),
+                               max_model_len=64).fp8_head
     with pytest.raises(ValueError, match="fp8_head applies to quantization 'fp8' only"):
-        EngineConfig(fp8_head=True)
+        EngineConfig.for_device("cpu", fp8_head=True)
     args = build_parser().parse_args(["generate", "hi", "--quantization", "fp8",
                                       "--no-fp8-head"])
     assert engine_kwargs(args)["fp8_head"] is False

@@ -120,8 +120,8 @@ def test_dequantize_switch(tmp_path):
     assert "--gguf-weights" in parser._subparsers._group_actions[0].choices["generate"] \
         .format_help()
     with pytest.raises(ValueError, match="gguf_weights"):
-        EngineConfig(gguf_weights="bf16")
-    assert not _keeps_blocks(EngineConfig(device="cpu"))
+        EngineConfig.for_device("cpu", gguf_weights="bf16")
+    assert not _keeps_blocks(EngineConfig.for_device(device="cpu"))
     if importlib.util.find_spec("triton") is not None:
-        assert _keeps_blocks(EngineConfig(device="cuda"))
-        assert not _keeps_blocks(EngineConfig(device="cuda", gguf_weights="dequantize"))
+        assert _keeps_blocks(EngineConfig.for_device(device="cuda"))
+        assert not _keeps_blocks(EngineConfig.for_device(device="cuda", gguf_weights="dequantize"))

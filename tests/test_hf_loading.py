@@ -38,8 +38,8 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory, gguf_reader: gguf.GGUFReade
 def _logits(path: Path, pack: bool) -> tuple[list[int], torch.Tensor]:
     """Ids of PROMPT and float32 CPU logits at every prompt row, then of two decode steps."""
     model = load_model(path, torch.float32, "cpu", progress=False, pack=pack)
-    engine = EngineConfig(device="cpu", dtype="float32", kv_dtype="float32", max_num_seqs=1,
-                          max_model_len=256)
+    engine = EngineConfig.for_device(device="cpu", dtype="float32", kv_dtype="float32",
+                                     max_num_seqs=1, max_model_len=256)
     runner = Runner(model.config, engine, model.weights)
     ids = model.tokenizer.encode(PROMPT)
     seq = runner.allocate()

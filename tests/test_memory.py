@@ -31,8 +31,8 @@ CFG = ModelConfig(
 
 
 def _engine(**kw) -> EngineConfig:
-    return EngineConfig(**{"device": "cpu", "dtype": "float32", "kv_dtype": "float32",
-                           "max_num_seqs": 3, "max_model_len": 40, "page_size": 8, **kw})
+    return EngineConfig.for_device(**{"device": "cpu", "dtype": "float32", "kv_dtype": "float32",
+                                      "max_num_seqs": 3, "max_model_len": 40, "page_size": 8, **kw})
 
 
 def _runner(log: StartupLog | None = None, **kw) -> Runner:
@@ -132,8 +132,8 @@ def test_utilization_flag_and_field_are_validated() -> None:
         with pytest.raises(SystemExit):
             parser.parse_args(["generate", "hi", "--gpu-memory-utilization", bad])
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
-        EngineConfig(gpu_memory_utilization=0.0)
-    assert EngineConfig(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+        EngineConfig.for_device("cpu", gpu_memory_utilization=0.0)
+    assert EngineConfig.for_device("cpu", gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
 
 
 def test_the_report_and_the_startup_record_import_without_torch() -> None:

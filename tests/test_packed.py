@@ -155,7 +155,7 @@ def test_reference_ops_keep_dense_weights(monkeypatch):
     from muser.config import EngineConfig
     from muser.llm import _keeps_codes
 
-    assert _keeps_codes(EngineConfig(device="cpu", dtype="float32"))
-    assert not _keeps_codes(EngineConfig(device="cpu", dtype="float16"))
+    assert _keeps_codes(EngineConfig.for_device(device="cpu", dtype="float32"))
+    assert not _keeps_codes(EngineConfig.for_device(device="cpu", dtype="float16"))
     monkeypatch.setenv("MUSER_OPS", "ref")
-    assert not _keeps_codes(EngineConfig(device="cpu", dtype="float32"))
+    assert not _keeps_codes(EngineConfig.for_device(device="cpu", dtype="float32"))

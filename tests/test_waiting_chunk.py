@@ -43,9 +43,9 @@ CFG = ModelConfig(
 
 
 def test_measure_times_real_steps_and_frees_what_it_used() -> None:
-    engine = EngineConfig(device="cpu", dtype="float32", kv_dtype="float32", max_num_seqs=16,
-                          prefill_chunk=64, max_batched_tokens=256, max_model_len=256,
-                          page_size=16)
+    engine = EngineConfig.for_device(device="cpu", dtype="float32", kv_dtype="float32",
+                                     max_num_seqs=16, prefill_chunk=64, max_batched_tokens=256,
+                                     max_model_len=256, page_size=16)
     runner = Runner(CFG, engine, random_weights(CFG, torch.float32, "cpu", seed=0))
     slots, pages = len(runner.free_slots), runner.pages.num_free
     cap, measured = waiting_chunk.measure(runner, reps=1)

@@ -37,8 +37,8 @@ ATOL, RTOL = OPS_ON_PATH * ATOL_OP, OPS_ON_PATH * RTOL_OP
 
 def _logits(cfg: ModelConfig, ids: list[int], chunk: int) -> torch.Tensor:
     """muser's CPU float32 logits at every position, prefilled in chunks of `chunk` rows."""
-    engine = EngineConfig(device="cpu", dtype="float32", kv_dtype="float32", max_num_seqs=1,
-                          max_model_len=64, page_size=8)
+    engine = EngineConfig.for_device(device="cpu", dtype="float32", kv_dtype="float32",
+                                     max_num_seqs=1, max_model_len=64, page_size=8)
     runner = Runner(cfg, engine, random_weights(cfg, torch.float32, "cpu", seed=0))
     seq = runner.allocate()
     pieces = [ids[start:start + chunk] for start in range(0, len(ids), chunk)]

@@ -20,8 +20,8 @@ CFG = ModelConfig(
 
 
 def _runner(max_model_len: int = 512, tile: int = 8, dtype: str = "float32") -> Runner:
-    engine = EngineConfig(device="cpu", dtype=dtype, kv_dtype="float32", max_num_seqs=2,
-                          max_model_len=max_model_len, page_size=8)
+    engine = EngineConfig.for_device(device="cpu", dtype=dtype, kv_dtype="float32", max_num_seqs=2,
+                                     max_model_len=max_model_len, page_size=8)
     runner = Runner(CFG, engine, random_weights(CFG, getattr(torch, dtype), "cpu", seed=0))
     runner.tile = tile  # small tiles so every route appears at this size
     return runner

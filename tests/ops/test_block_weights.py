@@ -157,8 +157,9 @@ def _logits(path, blocks: bool, ops) -> torch.Tensor:
     decode step, of the GGUF at `path` in float32 on `ops`."""
     reader = open_gguf(path)
     cfg = config_from_gguf(reader)
-    engine = EngineConfig(device=DEVICE, dtype="float32", kv_dtype="float32", max_num_seqs=1,
-                          max_model_len=32, page_size=16, enforce_eager=True)
+    engine = EngineConfig.for_device(device=DEVICE, dtype="float32", kv_dtype="float32",
+                                     max_num_seqs=1, max_model_len=32, page_size=16,
+                                     enforce_eager=True)
     weights = load_weights(reader, cfg, torch.float32, DEVICE, blocks=blocks)
     runner = Runner(cfg, engine, weights)
     runner.model.ops, runner.model.weights = ops, ops.prepare_weights(weights)

@@ -52,8 +52,9 @@ def _run(ops_module, chunks: list[int], decode_steps: int, device: str,
     """`fp8`: the projections quantized (random_weights(fp8=True)), `fp8_head` the tied head
     too (with_fp8_head); the Triton ops read them as FP8, the reference (and the CPU backend
     the runner starts with) their float32 values."""
-    engine = EngineConfig(device=device, dtype="float32", kv_dtype="float32", max_num_seqs=2,
-                          max_model_len=64, page_size=page_size, enforce_eager=True)
+    engine = EngineConfig.for_device(device=device, dtype="float32", kv_dtype="float32",
+                                     max_num_seqs=2, max_model_len=64, page_size=page_size,
+                                     enforce_eager=True)
     weights = random_weights(CFG, torch.float32, "cpu", seed=3, fp8=fp8)
     weights = _to(with_fp8_head(weights) if fp8_head else weights, device)
     runner = Runner(CFG, engine, _dequantized(weights))

@@ -27,8 +27,9 @@ def test_nope_graph_through_triton_ops() -> None:
     layers = [LayerWeights(**{f: getattr(w, f).to(DEVICE) for f in LayerWeights.__slots__})
               for w in weights.layers]
     on_device = ModelWeights(weights.embed.to(DEVICE), weights.final_norm.to(DEVICE), layers)
-    engine = EngineConfig(device=DEVICE, dtype="float32", kv_dtype="float32", max_num_seqs=1,
-                          max_model_len=64, page_size=8, enforce_eager=True)
+    engine = EngineConfig.for_device(device=DEVICE, dtype="float32", kv_dtype="float32",
+                                     max_num_seqs=1, max_model_len=64, page_size=8,
+                                     enforce_eager=True)
     runner = Runner(CFG, engine, on_device)
     runner.model.ops, runner.model.weights = triton_ops, triton_ops.prepare_weights(on_device)
     ids = torch.randint(0, CFG.vocab_size, (15,), generator=torch.Generator().manual_seed(2))

@@ -27,8 +27,9 @@ CFG = ModelConfig(
     num_heads=2, num_kv_heads=1, head_dim=16, layer_kinds=gemma3_layer_kinds(1),
     sliding_window=8, rope_theta=1e6, rope_local_theta=1e4, query_pre_attn_scalar=16.0,
 )
-ENGINE = EngineConfig(device="cpu", dtype="float32", kv_dtype="float32", max_num_seqs=3,
-                      prefill_chunk=12, decode_waiting_chunk=4, max_model_len=64, page_size=16)
+ENGINE = EngineConfig.for_device(device="cpu", dtype="float32", kv_dtype="float32",
+                                 max_num_seqs=3, prefill_chunk=12, decode_waiting_chunk=4,
+                                 max_model_len=64, page_size=16)
 PROJECTIONS = ("linear", "linear_geglu", "linear_add_rms_norm")
 linear = importlib.import_module("muser.ops.triton.linear")  # the module, not the op
 linear_fp8 = importlib.import_module("muser.ops.triton.linear_fp8")
@@ -107,18 +108,18 @@ def test_nothing_is_tuned_after_the_warm_up_fp8() -> None:
 
 
 def test_prefill_widths_cover_every_bucket() -> None:
-    widths = prefill_widths(EngineConfig(prefill_chunk=512), 8)
+    widths = prefill_widths(EngineConfig.for_device("cpu", prefill_chunk=512), 8)
     assert widths == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512]
-    assert prefill_widths(EngineConfig(prefill_chunk=100, max_model_len=4096), 8)[-3:] == [
-        32, 64, 100]
+    assert prefill_widths(EngineConfig.for_device("cpu", prefill_chunk=100,
+                                                  max_model_len=4096), 8)[-3:] == [32, 64, 100]
 
 
 def test_default_chunk_per_backend_and_its_warm_up() -> None:
     """The CPU chunks prompts by 512 rows; a GPU by its step budget (2,048), so a lone prompt's
     chunk fills the step, and its warm-up covers chunks of every width up to that (the buckets
     past 512 too); a chunk given by the user is kept on either."""
-    cpu, gpu = EngineConfig(device="cpu"), EngineConfig(device="cuda")
+    cpu, gpu = EngineConfig.for_device(device="cpu"), EngineConfig.for_device(device="cuda")
     assert (cpu.prefill_chunk, cpu.max_batched_tokens) == (512, 512)
     assert gpu.prefill_chunk == gpu.max_batched_tokens == 2048
     assert prefill_widths(gpu, 8)[-3:] == [512, 1024, 2048]
-    assert EngineConfig(device="cuda", prefill_chunk=512).prefill_chunk == 512
+    assert EngineConfig.for_device(device="cuda", prefill_chunk=512).prefill_chunk == 512

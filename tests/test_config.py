@@ -1,0 +1,62 @@
+"""EngineConfig: for_device resolves the backend's defaults before the one construction; the
+constructor takes final values only; the result is frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from muser.config import EngineConfig
+
+
+def test_cpu_defaults() -> None:
+    c = EngineConfig.for_device("cpu")
+    assert (c.max_num_seqs, c.max_batched_tokens, c.decode_waiting_chunk, c.prefill_chunk) == (
+        8, 512, 64, 512)
+    assert (c.prefix_cache, c.prefix_cache_gb, c.fp8_head) == (True, 1.0, False)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_gpu_defaults(device: str) -> None:
+    c = EngineConfig.for_device(device)
+    assert (c.max_num_seqs, c.max_batched_tokens, c.prefill_chunk) == (32, 2048, 2048)
+    assert c.decode_waiting_chunk is None  # NOTE: the startup measures it
+    assert (c.prefix_cache, c.prefix_cache_gb, c.fp8_head) == (True, 8.0, False)
+
+
+def test_given_values_win_and_none_means_default() -> None:
+    c = EngineConfig.for_device("cuda", max_num_seqs=4, decode_waiting_chunk=256,
+                                prefix_cache=False, prefix_cache_gb=None, quantization="fp8")
+    assert (c.max_num_seqs, c.decode_waiting_chunk, c.prefix_cache) == (4, 256, False)
+    assert (c.max_batched_tokens, c.prefix_cache_gb, c.fp8_head) == (2048, 8.0, True)
+    assert EngineConfig.for_device("cpu", max_num_seqs=None).max_num_seqs == 8
+
+
+def test_frozen() -> None:
+    c = EngineConfig.for_device("cpu")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.max_num_seqs = 2  # type: ignore[misc]
+    measured = dataclasses.replace(c, decode_waiting_chunk=128)
+    assert (measured.decode_waiting_chunk, c.decode_waiting_chunk) == (128, 64)
+
+
+def test_constructor_takes_final_values() -> None:
+    final = dataclasses.asdict(EngineConfig.for_device("cpu"))
+    assert EngineConfig(**final) == EngineConfig.for_device("cpu")
+    with pytest.raises(TypeError, match="max_num_seqs"):
+        EngineConfig(**{k: v for k, v in final.items() if k != "max_num_seqs"})
+    with pytest.raises(ValueError, match="needs a value for prefill_chunk, prefix_cache_gb"):
+        EngineConfig(**final | {"prefill_chunk": None, "prefix_cache_gb": None})
+    with pytest.raises(ValueError, match="needs a value for decode_waiting_chunk"):
+        EngineConfig(**final | {"decode_waiting_chunk": None})
+    assert EngineConfig(**final | {"device": "cuda", "decode_waiting_chunk": None})
+
+
+def test_validation_messages() -> None:
+    with pytest.raises(ValueError, match=r"max_batched_tokens \(16\) must hold one decode row"):
+        EngineConfig.for_device("cpu", max_num_seqs=32, max_batched_tokens=16)
+    with pytest.raises(ValueError, match="quantization must be one of none, fp8, got 'int4'"):
+        EngineConfig.for_device("cpu", quantization="int4")
+    with pytest.raises(ValueError, match="fp8_head applies to quantization 'fp8' only"):
+        EngineConfig.for_device("cpu", fp8_head=True)
