@@ -108,10 +108,14 @@ class StepOutput:
     token_id: int | None  # None when a request ends without a new token (e.g. cancelled)
     text_delta: str
     finished: bool
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     num_reused: int = 0  # prompt tokens the request found in the prefix cache
     logprobs: Logprobs | None = None  # of token_id, when the request asks
     # with prompt logprobs, in the request's first output: prompt tokens 1.. in order
     prompt_logprobs: tuple[Logprobs, ...] | None = None
     index: int = 0  # which of the request's n samples
     ends_request: bool = True  # finished, and no other sample of the request is still going
+    # with finish_reason "error": why, in words for the client, when the request's own grammar
+    # ended it (muser/grammar.py: a mask past its budget, a grammar limit hit); None when the
+    # engine itself failed
+    error: str | None = None

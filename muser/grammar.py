@@ -10,7 +10,8 @@ still runs the step's forward pass. The sampler unpacks it and applies it on the
 request.
 
 Each step waits at most GrammarLimits.mask_ms for its masks. A row whose mask is late gets a
-mask of end-of-generation only and its Constraint fails, so the request ends at this token;
+mask of end-of-generation only and its Constraint fails, so the request ends at this token
+with finish reason "error" and the failure's words for the client (muser/engine/emit.py);
 the late computation finishes in the background into that row's own buffer, read by no one.
 """
 
@@ -92,7 +93,7 @@ class GrammarMasks:
                         c.fail(c.matcher.get_error())
             for fut in late:
                 k, c = todo[fut]
-                c.fail(f"its token mask took more than {self.limits.mask_ms:g} ms "
+                c.fail(f"a token mask took longer than the {self.limits.mask_ms:g} ms budget "
                        "(--grammar-mask-ms)")
                 c.scratch = None  # NOTE: the late computation still writes its own buffer
                 words[k] = self._end_mask()

@@ -4,13 +4,16 @@ the batched sampler: constrained rows choose only allowed tokens, other rows are
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gguf
 import pytest
 import torch
 from llguidance import LLMatcher
 
+from muser.constraint import GrammarLimits
 from muser.core import SamplingParams
+from muser.engine import Engine
 from muser.grammar import Bitmask, GrammarMasks
 from muser.sampler import BatchSampler, SamplingRow
 from muser.tokenizer import Tokenizer
@@ -19,6 +22,8 @@ CPU = BatchSampler(torch.device("cpu"))
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
           "required": ["ok", "n"], "additionalProperties": False}
+# NOTE: its first mask walks the regex (tokens may run past "yes"): tens of ms
+SLOW_FIRST = LLMatcher.grammar_from_lark('start: "yes" /(a{100}){100}/')
 
 
 @pytest.fixture(scope="module")
@@ -109,19 +114,17 @@ def test_device_unpack_matches_numpys() -> None:
 def test_a_late_mask_ends_its_request_and_leaves_the_others(masks: GrammarMasks) -> None:
     """A mask later than mask_ms: its row may only end (end-of-generation tokens), its
     Constraint fails and takes no more tokens; the next step's on-time rows are exact."""
-    from muser.constraint import GrammarLimits
     from muser.grammar import GrammarMasks as Masks
 
     late = Masks(masks.tokenizer, GrammarLimits(mask_ms=1e-6))
     late.vocab = masks.vocab  # NOTE: the vocabulary table is built once per test module
     tok, vocab = masks.tokenizer, masks.tokenizer.vocab_size
-    grammar = LLMatcher.grammar_from_lark('start: "yes" | "no"')
-    c = late.compile(grammar)
+    c = late.compile(SLOW_FIRST)
     bitmask = late.masks([None, c])
     assert bitmask.rows == [1] and _allowed(bitmask, 0, vocab) == set(tok.eot_ids)
     assert c.failure and "mask" in c.failure and c.is_stopped
     assert not c.consume(tok.token_id("yes"))
-    fresh = masks.compile(grammar)
+    fresh = masks.compile(LLMatcher.grammar_from_lark('start: "yes" | "no"'))
     assert tok.token_id("yes") in _allowed(masks.masks([fresh]), 0, vocab)
 
 
@@ -137,3 +140,60 @@ def test_check_refuses_what_matches_nothing_or_costs_too_much(masks: GrammarMask
         compile_constraint(masks.vocab, empty, limits, check=True)
     ok = LLMatcher.grammar_from_json_schema(SCHEMA)
     assert not compile_constraint(masks.vocab, ok, limits, check=True).is_stopped
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_path: Path, masks: GrammarMasks) -> Engine:
+    from muser import LLM
+
+    llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=2, max_model_len=128,
+              prefix_cache=False)
+    llm.engine.grammars.vocab = masks.vocab  # NOTE: the vocabulary table, built once
+    return llm.engine
+
+
+def _serve(engine: Engine, requests: list[SamplingParams]) -> list[list]:
+    """Serve the requests together on `engine` -> each one's StepOutputs."""
+    prompt = engine.tokenizer.encode("Answer:", add_bos=True)
+    seqs = [engine.add_request(prompt, p) for p in requests]
+    at = {seq.uid: i for i, seq in enumerate(seqs)}
+    outs: list[list] = [[] for _ in seqs]
+    while engine.has_work:
+        for out in engine.step():
+            outs[at[out.uid]].append(out)
+    return outs
+
+
+def test_a_late_mask_ends_its_request_with_an_error_it_carries(engine: Engine) -> None:
+    """The engine ends a request whose mask was late with finish reason "error" and words that
+    name the budget (no output token: the end-only mask's), not a silent "stop"; an
+    unconstrained request of the same steps goes on to its length."""
+    limits = engine.grammars.limits
+    engine.grammars.limits = GrammarLimits(mask_ms=1)
+    try:
+        late, free = _serve(engine, [SamplingParams(max_tokens=8, grammar=SLOW_FIRST),
+                                     SamplingParams(max_tokens=4, ignore_eos=True)])
+    finally:
+        engine.grammars.limits = limits
+    end = late[-1]
+    assert end.finished and end.ends_request and end.finish_reason == "error", late
+    assert end.token_id is None
+    assert end.error == ("grammar: a token mask took longer than the 1 ms budget "
+                         "(--grammar-mask-ms)"), end.error
+    assert [o.finish_reason for o in free] == [None, None, None, "length"]
+    assert all(o.error is None for o in free)
+
+
+def test_a_grammar_limit_hit_mid_generation_is_an_error_not_a_stop(engine: Engine) -> None:
+    """A regex whose lexer states pass the limit only a few tokens in (its first mask is quick):
+    the request ends with "error" and llguidance's reason."""
+    grammar = LLMatcher.grammar_from_lark('start: p p /(a{1000}){1000}/\np: "Qz7;" | "Wk2|"')
+    limits = engine.grammars.limits
+    engine.grammars.limits = GrammarLimits(mask_ms=60_000)
+    try:
+        (outs,) = _serve(engine, [SamplingParams(max_tokens=32, grammar=grammar)])
+    finally:
+        engine.grammars.limits = limits
+    assert outs[-1].finish_reason == "error" and "lexer" in outs[-1].error, outs[-1]
+    assert outs[-1].error.startswith("grammar: ")
+    assert all(o.finish_reason is None for o in outs[:-1]) and len(outs) > 3

@@ -294,20 +294,21 @@ class Engine:
         if out.finish_reason is None:
             return self._output(seq, token, out.text, False, None, lp)
         return self._finish(seq, out.token_id, out.text, out.finish_reason,
-                            None if out.token_id is None else lp)
+                            None if out.token_id is None else lp, out.error)
 
     def _finish(self, seq: Sequence, token: int | None, text: str, reason: str,
-                lp: Logprobs | None = None) -> StepOutput:
+                lp: Logprobs | None = None, error: str | None = None) -> StepOutput:
         seq.finish_s = time.perf_counter()
         self._release(seq, reason)
-        return self._output(seq, token, text, True, reason, lp)
+        return self._output(seq, token, text, True, reason, lp, error)
 
     def _output(self, seq: Sequence, token: int | None, text: str, finished: bool,
-                reason: str | None, lp: Logprobs | None) -> StepOutput:
+                reason: str | None, lp: Logprobs | None,
+                error: str | None = None) -> StepOutput:
         uid = seq.output_uid
         return StepOutput(uid, token, text, finished, reason, seq.num_reused, lp,
                           due_prompt_logprobs(seq), seq.index,
-                          finished and not self.forks.any_live(uid, self.live))
+                          finished and not self.forks.any_live(uid, self.live), error)
 
     def _release(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = seq.finish_reason or reason

@@ -9,7 +9,8 @@ the EngineLoop; the server keeps the tokenizer and talks to the child over two p
                       | ("slot", call_id, action, slot, filename)
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
                       ("step", [(uid, token_id, text_delta, finished, finish_reason,
-                      num_reused, logprobs, prompt_logprobs, index, ends_request)...],
+                      num_reused, logprobs, prompt_logprobs, index, ends_request,
+                      error)...],
                       LoopStats | (steps per kind, rows per work class, preemptions))
                       and for each slot call ("slot", call_id, ("ok", answer) |
                       ("error", status, message, code))  (muser/slot_actions.py)

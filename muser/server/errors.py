@@ -1,4 +1,5 @@
-"""ApiError and the OpenAI-style error body every 4xx/5xx carries."""
+"""ApiError and the OpenAI-style error body every 4xx/5xx carries; the error of a generation
+that did not finish."""
 
 from __future__ import annotations
 
@@ -53,3 +54,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+
+
+def generation_failed(reason: str, error: str | None) -> ApiError:
+    """The error of a generation that ended with "error" or "cancelled" (before its end, or
+    mid-stream as the SSE event that ends the stream): the request's own grammar failed (the
+    engine's words, e.g. a mask past --grammar-mask-ms) -> 400; the engine failed -> 500; the
+    server cancelled it (shutting down) -> 503."""
+    if reason == "error" and error is not None:
+        return ApiError(400, error, "grammar_failed")
+    return ApiError(500 if reason == "error" else 503, f"generation {reason}", reason)

@@ -81,6 +81,7 @@ class Generation:
         self.num_output = 0  # tokens of every sample
         self.num_cached = 0  # prompt tokens found in the prefix cache
         self.finish_reason: str | None = None  # set when the request (every sample) ends
+        self.error: str | None = None  # with "error": the engine's words for the client
         self.reasons: dict[int, str] = {}  # each finished sample's
         self.last: StepOutput | None = None
         self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
@@ -91,7 +92,8 @@ class Generation:
         metrics.tokens_in.inc(self.num_prompt)
 
     async def outputs(self) -> AsyncIterator[StepOutput]:
-        """Every output until the finishing one; leaving early aborts the request."""
+        """Every output until the finishing one (one sample's "error" or "cancelled" finishes
+        the request); leaving early aborts the request."""
         try:
             while self.finish_reason is None:
                 out = await self._queue.get()
@@ -158,7 +160,9 @@ class Generation:
         if out.finished:
             self.reasons[out.index] = out.finish_reason
         if out.finished and (out.ends_request or out.finish_reason in ("cancelled", "error")):
-            self.finish_reason = out.finish_reason
+            self.finish_reason, self.error = out.finish_reason, out.error
+            if not out.ends_request:  # NOTE: one sample failed: the others are not wanted
+                self.loop.abort(self.uid)
             if self._first is not None and self.num_output > 1:
                 self.metrics.tpot.observe((self._last - self._first) / (self.num_output - 1))
 

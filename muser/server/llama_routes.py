@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from muser.core import SamplingParams
 from muser.server import logit_bias, logprob_shapes
 from muser.server.context import ServerContext, collect_outputs, sampling_or_400, with_defaults
-from muser.server.errors import ApiError
+from muser.server.errors import ApiError, generation_failed
 from muser.server.generation import Generation, GenerationStream
 from muser.server.logprob_shapes import Pieces
 from muser.server.openai_routes import sse
@@ -130,7 +130,7 @@ async def completion(request: Request) -> Any:
     results = []
     for i, (gen, ids, sampling, out) in enumerate(zip(gens, prompts, samplings, outs)):
         if gen.finish_reason in ("error", "cancelled"):
-            raise ApiError(500, f"generation {gen.finish_reason}", gen.finish_reason)
+            raise generation_failed(gen.finish_reason, gen.error)
         text = "".join(o.text_delta for o in out)
         tokens = [o.token_id for o in out if o.token_id is not None]
         probs = {"completion_probabilities": logprob_shapes.llama(
@@ -159,12 +159,13 @@ async def _encode(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
 async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
                   prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[str]:
     """Every token in a `stop: false` chunk (with n_probs, its completion_probabilities), then
-    one `stop: true` chunk with the final fields and no content (llama-server's framing)."""
+    one `stop: true` chunk with the final fields and no content (llama-server's framing); a
+    generation that fails ends with an error event instead."""
     parts, tokens = [], []
     pieces = Pieces(ctx.tokenizer)
     async for out in gen.outputs():
         if out.finish_reason in ("error", "cancelled"):
-            yield sse(ApiError(500, f"generation {out.finish_reason}").body())
+            yield sse(generation_failed(out.finish_reason, out.error).body())
             return
         ids = [] if out.token_id is None else [out.token_id]
         parts.append(out.text_delta)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from muser.core import StepOutput
 from muser.server import logit_bias, logprob_shapes
 from muser.server.context import ServerContext, is_llama_path, sampling_or_400, with_defaults
-from muser.server.errors import ApiError
+from muser.server.errors import ApiError, generation_failed
 from muser.server.generation import Generation, GenerationStream
 from muser.server.logprob_shapes import Entry, Pieces
 from muser.server.protocol import ChatRequest, CompletionRequest
@@ -128,7 +128,7 @@ async def completions(request: Request) -> Any:
     results = await asyncio.gather(*(gen.collect(request) for gen in gens))
     choices = []
     for p, (gen, ids, result) in enumerate(zip(gens, all_ids, results)):
-        _raise_if_failed(result.finish_reason)
+        _raise_if_failed(gen)
         gen.record_finished()
         echo_entries = prompt_entries(ids, result.outputs) if body.echo else []
         chosen = best(split(result.outputs, num_samples), body.n)
@@ -177,7 +177,7 @@ async def chat_completions(request: Request) -> Any:
                                               "finish_reason": reason},
                        first, always=k is not None)
     result = await gen.collect(request)
-    _raise_if_failed(result.finish_reason)
+    _raise_if_failed(gen)
     gen.record_finished()
     verbose = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
     return {**head, "object": "chat.completion", "usage": _usage(gen),
@@ -225,7 +225,7 @@ def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_u
     """[first chunks], one chunk per output with a text delta (per token with `always`: logprobs
     or echo asked), each sample's finish reason in a chunk of its own as it finishes (the
     choice's index tells the samples apart), [usage (with llama-server's timings off /v1/*)],
-    [DONE]."""
+    [DONE]. A generation that fails ends the stream with an error event instead (no [DONE])."""
     async def events() -> AsyncIterator[str]:
         for chunk in first or []:
             yield sse({**head, "choices": [chunk]})
@@ -233,8 +233,7 @@ def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_u
         offsets: dict[int, int] = {}
         async for out in gen.outputs():
             if out.finish_reason in ("error", "cancelled"):
-                yield sse(ApiError(500, f"generation {out.finish_reason}", out.finish_reason)
-                          .body())
+                yield sse(generation_failed(out.finish_reason, out.error).body())
                 return
             is_first = out.index not in seen
             seen.add(out.index)
@@ -251,6 +250,6 @@ def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_u
     return GenerationStream(gen, events())
 
 
-def _raise_if_failed(reason: str) -> None:
-    if reason in ("error", "cancelled"):
-        raise ApiError(500 if reason == "error" else 503, f"generation {reason}", reason)
+def _raise_if_failed(gen: Generation) -> None:
+    if gen.finish_reason in ("error", "cancelled"):
+        raise generation_failed(gen.finish_reason, gen.error)

@@ -80,7 +80,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="milliseconds one token mask of a constrained request may take on an "
                    "engine step: a grammar whose first mask takes more than half of it is a "
                    "400, and a request whose mask is later than that on a step is ended there "
-                   "with a warning, so no grammar slows the batch (default: %(default)s)")
+                   "with an error naming this budget (a 400, or an error event mid-stream), so "
+                   "no grammar slows the batch (default: %(default)s)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")

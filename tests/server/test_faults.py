@@ -6,10 +6,12 @@ import itertools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.server.conftest import MAX_BODY, MAX_NUM_SEQS, Server
+from tests.server.conftest import MAX_BODY, MAX_NUM_SEQS, Server, start_server, stop_server
 
 GEN_ROUTES = {"/v1/completions": ("prompt", "max_tokens"), "/completion": ("prompt", "n_predict")}
 CHAT = "/v1/chat/completions"
@@ -250,3 +252,60 @@ def test_past_the_queue_bound_is_429_with_retry_after(server: Server) -> None:
     assert all(r.headers["retry-after"] == "1" for r in refused)
     assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in refused)
     _assert_no_leaks(server)
+
+
+# NOTE: its first masks take well under a ms (a choice ahead stops llguidance's forced bytes
+# short of the regex); from a few tokens in, each mask walks the regex: tens of ms a step
+SLOW_LATER = '%llguidance {}\nstart: p p /(a{100}){100}/\np: "Qz7;" | "Wk2|"'
+MASK_MS = 15
+
+
+@pytest.fixture(scope="module")
+def tight(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """A server whose grammar masks have MASK_MS each."""
+    s = start_server(gguf_path, tmp_path_factory.mktemp("tight"), [
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", "256",
+        "--grammar-mask-ms", str(MASK_MS)])
+    try:
+        yield s
+    finally:
+        stop_server(s.proc)
+
+
+def _budget_error(err: dict) -> None:
+    assert err["code"] == "grammar_failed" and err["type"] == "invalid_request_error", err
+    assert err["message"] == (f"grammar: a token mask took longer than the {MASK_MS} ms budget "
+                              "(--grammar-mask-ms)"), err
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", CHAT, "/completion"])
+def test_a_late_mask_is_a_400_naming_the_budget(tight: Server, path: str) -> None:
+    """Non-streamed: a request whose mask is late on a step ends with a 400 whose message
+    names --grammar-mask-ms, not a 200 cut short as "stop"; a good request follows."""
+    body = {"messages": USER} if path == CHAT else {"prompt": "Code:"}
+    r = tight.client().post(path, json={**body, "max_tokens": 32, "grammar": SLOW_LATER})
+    assert r.status_code == 400, r.text
+    _budget_error(r.json()["error"])
+    assert "grammar failed" in tight.log.read_text()  # the server's warning too
+    r = tight.client().post(path, json={**body, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    _assert_no_leaks(tight)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", CHAT, "/completion"])
+def test_a_late_mask_ends_the_stream_with_an_error_event(tight: Server, path: str) -> None:
+    """Streamed: the chunks before the late step, then an error event naming the budget and
+    nothing after it (no finish chunk, no [DONE])."""
+    body = {"messages": USER} if path == CHAT else {"prompt": "Code:"}
+    with tight.client().stream("POST", path, json={**body, "max_tokens": 32, "stream": True,
+                                                   "grammar": SLOW_LATER}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    _budget_error(events[-1]["error"])
+    text = "".join(e["content"] if path == "/completion" else
+                   e["choices"][0].get("text") or e["choices"][0].get("delta", {}).get("content")
+                   or "" for e in events[:-1])
+    assert text.startswith(("Qz7;", "Wk2|")), events
+    assert all("error" not in e and not (e.get("stop") or any(
+        c.get("finish_reason") for c in e.get("choices", []))) for e in events[:-1]), events
+    _assert_no_leaks(tight)
