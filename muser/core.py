@@ -95,6 +95,17 @@ def check_prompt(prompt_ids: list[int], max_model_len: int) -> None:
                           f"{max_model_len} (prompt + at least one new token)")
 
 
+class SlotInfo(NamedTuple):
+    """One request in the engine, as /slots and the metrics see it (host integers)."""
+
+    uid: int
+    slot: int | None  # runner slot; None until the first chunk is scheduled
+    status: str
+    num_prompt: int
+    num_cached: int
+    num_output: int
+
+
 class Logprobs(NamedTuple):
     """One token's log-probability and the `k` most likely tokens' (id, logprob), best first."""
 

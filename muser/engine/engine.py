@@ -18,11 +18,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 import torch
 
-from muser.core import Logprobs, SamplingParams, Status, StepOutput, check_prompt
+from muser.core import Logprobs, SamplingParams, SlotInfo, Status, StepOutput, check_prompt
 from muser.engine.ahead import DecodeAhead, gather
 from muser.engine.echo import ECHO_ROWS, due_prompt_logprobs
 from muser.engine.emit import emit
@@ -39,15 +38,6 @@ from muser.scheduler import Scheduler
 from muser.sequence import Sequence
 from muser.stopping import StopMatcher
 from muser.tokenizer import IncrementalDecoder, Tokenizer
-
-
-class SlotInfo(NamedTuple):
-    uid: int
-    slot: int | None  # runner slot; None until the first chunk is scheduled
-    status: str
-    num_prompt: int
-    num_cached: int
-    num_output: int
 
 
 class Engine:

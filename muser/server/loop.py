@@ -13,7 +13,7 @@ from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
 from muser.scheduler import QueueFull
 from muser.sequence import Sequence
-from muser.server.loop_stats import LoopStats, SlotView
+from muser.server.loop_stats import LoopStats
 
 log = logging.getLogger("muser.server")
 
@@ -137,7 +137,7 @@ class EngineLoop:
         sched, runner = self.engine.scheduler, self.engine.runner
         self.stats = LoopStats(sched.queue_depth(), dict(sched.stats.steps),
                                dict(sched.stats.rows),
-                               tuple(SlotView(*s) for s in self.engine.slots()),
+                               tuple(self.engine.slots()),
                                len(runner.free_slots), runner.pages.num_free, runner.memory,
                                sched.stats.preemptions,
                                runner.prefix.stats() if runner.prefix is not None else None,

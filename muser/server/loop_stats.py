@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
+from muser.core import SlotInfo
 from muser.kvcache.prefix import PrefixStats
 from muser.memory import MemoryReport
 from muser.scheduler import STEP_KINDS
-
-
-class SlotView(NamedTuple):
-    """One request in the engine (muser.engine.SlotInfo's fields, without the engine)."""
-
-    uid: int
-    slot: int | None  # runner slot; None until the first chunk is scheduled
-    status: str
-    num_prompt: int
-    num_cached: int
-    num_output: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +17,7 @@ class LoopStats:
     queue_depth: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
     steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
     rows: dict[str, int] = field(default_factory=lambda: {"decode": 0, "prefill": 0})
-    slots: tuple[SlotView, ...] = ()
+    slots: tuple[SlotInfo, ...] = ()
     num_free_seqs: int = 0
     num_free_pages: int = 0
     memory: MemoryReport | None = None  # fixed at startup (the runner's); None before
