@@ -9,3 +9,8 @@ class MuserError(Exception):
 
 class ModelLoadError(MuserError):
     """The model file is missing, corrupt, truncated or of an unsupported kind."""
+
+
+class GenerationError(MuserError):
+    """The engine ended a request before its end, for a reason it names (e.g. a grammar whose
+    token mask ran past its budget)."""

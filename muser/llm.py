@@ -15,6 +15,7 @@ import torch
 from muser.config import EngineConfig, default_dtypes
 from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
+from muser.errors import GenerationError
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
 from muser.loading.dummy import load_dummy
@@ -130,8 +131,13 @@ class LLM:
         return self.engine.run(self.engine.add_request(self.encode(prompt), sampling))
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams) -> Completion:
+        """One completion; raises GenerationError when the engine ends the request early (its
+        StepOutput.error, which `stream` passes on as it is)."""
         if sampling.n != 1:
             raise ValueError("generate returns one completion: use stream for n samples")
         req = self.engine.add_request(self.encode(prompt), sampling)
-        text = "".join(out.text_delta for out in self.engine.run(req))
-        return Completion.of(req, text)
+        outs = list(self.engine.run(req))
+        failed = next((out.error for out in outs if out.error), None)
+        if failed is not None:
+            raise GenerationError(failed)
+        return Completion.of(req, "".join(out.text_delta for out in outs))

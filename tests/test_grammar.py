@@ -143,12 +143,17 @@ def test_check_refuses_what_matches_nothing_or_costs_too_much(masks: GrammarMask
 
 
 @pytest.fixture(scope="module")
-def engine(gguf_path: Path, masks: GrammarMasks) -> Engine:
+def llm(gguf_path: Path, masks: GrammarMasks):
     from muser import LLM
 
     llm = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=2, max_model_len=128,
               prefix_cache=False)
     llm.engine.grammars.vocab = masks.vocab  # NOTE: the vocabulary table, built once
+    return llm
+
+
+@pytest.fixture(scope="module")
+def engine(llm) -> Engine:
     return llm.engine
 
 
@@ -197,3 +202,19 @@ def test_a_grammar_limit_hit_mid_generation_is_an_error_not_a_stop(engine: Engin
     assert outs[-1].finish_reason == "error" and "lexer" in outs[-1].error, outs[-1]
     assert outs[-1].error.startswith("grammar: ")
     assert all(o.finish_reason is None for o in outs[:-1]) and len(outs) > 3
+
+
+def test_generate_raises_what_ended_its_request(llm) -> None:
+    """LLM.generate does not return a completion cut short by the engine as if it had ended:
+    it raises GenerationError with the engine's words."""
+    from muser.errors import GenerationError
+
+    limits = llm.engine.grammars.limits
+    llm.engine.grammars.limits = GrammarLimits(mask_ms=1)
+    try:
+        with pytest.raises(GenerationError, match="1 ms budget"):
+            llm.generate("Answer:", SamplingParams(max_tokens=8, grammar=SLOW_FIRST))
+    finally:
+        llm.engine.grammars.limits = limits
+    done = llm.generate("Answer:", SamplingParams(max_tokens=3, ignore_eos=True))
+    assert done.finish_reason == "length" and len(done.token_ids) == 3
