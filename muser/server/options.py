@@ -78,8 +78,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    "the event loop and the engine; more is a 400 (default: %(default)s)")
     p.add_argument("--grammar-mask-ms", type=float, default=g.mask_ms, metavar="MS",
                    help="milliseconds one token mask of a constrained request may take on an "
-                   "engine step: a grammar whose first mask takes more than half of it is a "
-                   "400, and a request whose mask is later than that on a step is ended there "
+                   "engine step: a grammar whose first mask costs more than half of it (in "
+                   "CPU time, when it is checked) is a 400, and a request whose mask is later than that on a step is ended there "
                    "with an error naming this budget (a 400, or an error event mid-stream), so "
                    "no grammar slows the batch (default: %(default)s)")
     p.add_argument("--n-predict", type=int, metavar="N",
