@@ -94,6 +94,11 @@ PREFIX_CACHE = {"cpu": True, "cuda": True}
 
 
 QUANTIZATIONS = ("none", "fp8")
+# speculative decoding's proposers (muser/engine/speculation.py): "ngram" is prompt lookup
+SPECULATIVE = ("none", "ngram")
+# draft tokens verified per step at most (--num-speculative-tokens): the measured best of
+# K = 2..8 on the CPU's prompt-lookup workload (bench/results/spec_cpu.json)
+NUM_SPECULATIVE_TOKENS = 5
 
 # EngineConfig fields that for_device fills and no config leaves None.
 _RESOLVED = ("fp8_head", "prefill_chunk", "max_num_seqs", "max_batched_tokens", "prefix_cache",
@@ -135,6 +140,8 @@ class EngineConfig:
     prefix_cache_gb: float  # ring checkpoints' store
     gguf_weights: str = "blocks"  # GPU: "blocks" keeps GGUF blocks the kernels read as the
     # file's bytes, "dequantize" expands every matrix to `dtype`
+    speculative: str = "none"  # "ngram": draft tokens by prompt lookup, verified exactly
+    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS  # most drafts per sequence and step
 
     @classmethod
     def for_device(cls, device: str, **given) -> EngineConfig:
@@ -167,6 +174,18 @@ class EngineConfig:
         if self.gguf_weights not in ("blocks", "dequantize"):
             raise ValueError(f"gguf_weights must be 'blocks' or 'dequantize', got "
                              f"{self.gguf_weights!r}")
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, got "
+                             f"{self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got "
+                             f"{self.num_speculative_tokens}")
+        if self.speculative != "none" and _backend(self.device) != "cpu":
+            # NOTE: a GPU's logits at a verify pass's width are not yet bitwise its decode
+            # width's, so a draft could be accepted where plain decoding chooses otherwise
+            raise ValueError("speculative decoding runs on the CPU only for now: on a GPU the "
+                             "verify pass is not yet bitwise plain decoding "
+                             "(docs/speculative-decoding.md)")
         if self.prefix_cache_gb < 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

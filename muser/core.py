@@ -43,6 +43,9 @@ class SamplingParams:
     n: int = 1  # samples of the prompt (prefilled once, its KV shared by the samples)
     # (token id, bias) pairs added to the logits before anything else; -inf: never chosen
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # the most draft tokens a speculating engine may verify for it per step (0: none; None:
+    # the engine's --num-speculative-tokens); outputs are the same either way
+    speculative: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -62,6 +65,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.n >= 1, "n must be >= 1"),
+            (self.speculative is None or self.speculative >= 0,
+             "speculative draft tokens must be >= 0"),
             (all(t >= 0 and not math.isnan(b) and b != math.inf for t, b in self.logit_bias),
              "logit_bias: token ids must be >= 0, biases numbers or -inf"),
         ]
@@ -130,3 +135,6 @@ class StepOutput:
     # ended it (muser/grammar.py: a mask past its budget, a grammar limit hit); None when the
     # engine itself failed
     error: str | None = None
+    # speculative decoding, so far for this sample: draft tokens verified, and accepted
+    num_drafted: int = 0
+    num_accepted: int = 0

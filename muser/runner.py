@@ -53,8 +53,13 @@ class Runner:
             # (muser/startup/memory.py)
             per_step = -(-engine.max_batched_tokens // engine.page_size) + engine.max_num_seqs
             num_pages = min(max(pages_per_seq, per_step), num_pages)
+        # NOTE: a verify pass stores its drafts' rows before it knows which hold: the ring
+        # keeps num_speculative_tokens rows past the window, so rejected ones never overwrite
+        # a row still inside a later row's window
+        ring_capacity = cfg.sliding_window + (
+            engine.num_speculative_tokens if engine.speculative != "none" else 0)
         self.pool = KVPool(
-            cfg, engine.max_num_seqs, cfg.sliding_window, num_pages, engine.page_size,
+            cfg, engine.max_num_seqs, ring_capacity, num_pages, engine.page_size,
             getattr(torch, engine.kv_dtype), self.device,
         )
         self.pages = PageAllocator(num_pages)
@@ -71,7 +76,7 @@ class Runner:
         self.model = Decoder(cfg, backend.prepare_weights(weights), self.pool, backend)
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not engine.enforce_eager:
-            self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, cfg.sliding_window,
+            self.graphs = DecodeGraphs(cfg, self.model, engine.max_num_seqs, ring_capacity,
                                        engine.page_size, pages_per_seq, self.device)
         self.startup: StartupRecord | None = None  # what getting ready did (muser/startup/)
 
@@ -102,7 +107,7 @@ class Runner:
             raise RuntimeError("no free sequence slot")
         seq = Placement() if seq is None else seq
         assert not seq.is_placed and not seq.num_cached and not seq.page_ids, "placed already"
-        seq.slot, seq.ring = self.free_slots.pop(), RingState(self.cfg.sliding_window)
+        seq.slot, seq.ring = self.free_slots.pop(), RingState(self.pool.ring_capacity)
         if self.prefix is not None and token_ids:
             self.prefix.restore(seq, token_ids, count)
         return seq
@@ -155,20 +160,39 @@ class Runner:
     @torch.inference_mode()
     def forward(
         self, seqs: list[Placement], token_ids: list[list[int]], all_logits: bool = False,
-        logit_rows: list[int] | None = None,
+        logit_rows: list[int] | None = None, hold: list[int] = (),
     ) -> torch.Tensor:
         """Append `token_ids[i]` to `seqs[i]` -> logits of each sequence's last row [B, vocab],
         of every new row [N, vocab] when `all_logits`, or of the given flat rows.
 
         One step may mix one-row sequences (decode) and chunks (prefill): the leading one-row
         sequences attend as one batched decode, each chunk by its own route. A step of one-row
-        sequences only replays a CUDA graph when graphs are captured."""
+        sequences only replays a CUDA graph when graphs are captured.
+
+        hold: indices of sequences whose rows are computed (their K/V stored) but not committed:
+        a verify pass's, whose caller commits the accepted ones (`accept`, then `trim`)."""
         for seq, ids in zip(seqs, token_ids):
             self.reserve(seq, seq.num_cached + len(ids))
         logits, rings = self._run(seqs, token_ids, None, all_logits, logit_rows)
-        for seq, ids, ring in zip(seqs, token_ids, rings):
-            self.commit(seq, ids, ring)
+        for i, (seq, ids, ring) in enumerate(zip(seqs, token_ids, rings)):
+            if i not in hold:
+                self.commit(seq, ids, ring)
         return logits
+
+    def accept(self, seq: Placement, token_id: int) -> None:
+        """The next row a held forward computed for `seq` (its K/V stored) joins its cache.
+        NOTE: the sliding ring holds window + num_speculative_tokens rows, so the rows of
+        rejected drafts, stored past the accepted ones, overwrote only rows that have left
+        every later row's window (docs/speculative-decoding.md)."""
+        self.commit(seq, [token_id], seq.ring.advance(1))
+
+    def trim(self, seq: Placement) -> None:
+        """Give back the pages a held forward reserved past `seq`'s committed rows (its
+        rejected drafts' rows, overwritten by the next ones)."""
+        keep = -(-seq.num_cached // self.engine.page_size)
+        if len(seq.page_ids) > keep:
+            self.pages.free(seq.page_ids[keep:])
+            del seq.page_ids[keep:]
 
     @torch.inference_mode()
     def forward_ahead(self, seqs: list[Placement], tokens: torch.Tensor) -> Ahead:

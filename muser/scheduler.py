@@ -2,7 +2,9 @@
 
 Each call to `schedule()` returns one forward step under a token budget:
 
-    1. every decode-ready row (one row per sequence), always, first in the step
+    1. every decode-ready row (one row per sequence), always, first in the step, each with
+       the drafts proposed for it (Sequence.drafts, speculative decoding) that fit in the
+       step's rows and the free pages (the rest are dropped)
     2. then prefill rows of one or more prompts, oldest first, each at most `prefill_chunk`
        rows, all together at most
            `decode_waiting_chunk` while any row decodes (adaptive policy: a long prompt
@@ -43,7 +45,8 @@ class QueueFull(RuntimeError):
 
 @dataclass(slots=True)
 class Batch:
-    """One step: `reqs[:num_decode]` bring one decode row each, the rest prefill rows."""
+    """One step: `reqs[:num_decode]` bring one decode row each (those with drafts to verify
+    last, the row and its drafts: num_tokens 1 + len(req.drafts)), the rest prefill rows."""
 
     reqs: list[Sequence]
     num_tokens: list[int]  # new rows per request
@@ -170,8 +173,14 @@ class Scheduler:
             if decodes and not pages.take_all(decodes):
                 self._preempt_newest(pages, preempted, preempt)
                 continue
-            reqs, rows = list(decodes), [1] * len(decodes)
             room = self.max_batched_tokens - len(decodes)
+            for req in decodes:  # NOTE: drafts only where their rows and pages fit
+                req.drafts = req.drafts[:pages.fit_more(req, 1, min(len(req.drafts), room))]
+                room -= len(req.drafts)
+            plain = [req for req in decodes if not req.drafts]
+            drafting = [req for req in decodes if req.drafts]
+            reqs = plain + drafting
+            rows = [1] * len(plain) + [1 + len(req.drafts) for req in drafting]
             if decodes and self.adaptive:
                 room = min(room, self.decode_waiting_chunk)
             for req in self.prefilling:
@@ -191,7 +200,7 @@ class Scheduler:
             return None
         batch = Batch(reqs, rows, len(decodes), preempted)
         self.stats.steps[batch.kind] += 1
-        self.stats.rows["decode"] += batch.num_decode
+        self.stats.rows["decode"] += sum(rows[:batch.num_decode])
         self.stats.rows["prefill"] += batch.num_prefill_rows
         return batch
 
@@ -224,7 +233,7 @@ class Scheduler:
         preempted.append(req)
         pages.release(req, None if preempt is None else preempt(req))
         self.running.remove(req)
-        req.num_cached = 0
+        req.num_cached, req.drafts = 0, []
         req.status = Status.WAITING
         self.waiting.appendleft(req)
         self.stats.preemptions += 1
@@ -259,6 +268,16 @@ class _Pages:
         room = (-(-req.num_cached // self.page_size) + self.free) * self.page_size
         rows = max(0, min(rows, room - req.num_cached))
         self.free -= self.needed(req, rows)
+        return rows
+
+    def fit_more(self, req: Sequence, have: int, rows: int) -> int:
+        """The most rows (<= rows) of `req` after the `have` rows already counted whose pages
+        are free; those pages are taken."""
+        if self.free is None:
+            return rows
+        room = (-(-(req.num_cached + have) // self.page_size) + self.free) * self.page_size
+        rows = max(0, min(rows, room - req.num_cached - have))
+        self.free -= self.needed(req, have + rows) - self.needed(req, have)
         return rows
 
     def release(self, req: Sequence, num_pages: int | None) -> None:

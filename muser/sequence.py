@@ -11,6 +11,9 @@ It owns everything about the request the engine keeps:
     output identity ... uid; a fork's `parent` (the request whose uid its outputs carry) and
                         `index` (which of the request's n samples)
     prompt logprobs ... the next prompt position due and those not yet sent
+    speculation ....... drafts (this step's proposals to verify), lookup and drafting (the
+                        proposer's and the adaptive draft length's state,
+                        muser/engine/speculation.py), num_drafted / num_accepted (its counts)
 
 The runner keeps device tensors only (the pool, keyed by slot and page ids); nothing here is a
 tensor, so the scheduler and its tests need no torch.
@@ -53,6 +56,11 @@ class Sequence(Placement):
     stops: StopMatcher | None = None
     next_prompt_lp: int = 1  # the next prompt position whose logprob is due
     prompt_lps: list[Logprobs] = field(default_factory=list)  # not yet sent
+    drafts: list[int] = field(default_factory=list)  # proposed to follow its decode row now
+    lookup: Any = None  # muser.engine.lookup.NgramIndex (prompt lookup's index of its ids)
+    drafting: Any = None  # muser.engine.speculation.Drafting (its draft length's state)
+    num_drafted: int = 0  # draft tokens verified for it
+    num_accepted: int = 0  # of those, accepted (outputs that came from a draft)
 
     @property
     def output_uid(self) -> int:

@@ -99,18 +99,21 @@ class DecodeAhead:
         return i
 
 
-def gather(due_ahead: list[bool], due_rows: list[int], logits: torch.Tensor | None,
+def gather(due: list, logits: torch.Tensor | None,
            ahead_logits: torch.Tensor | None) -> torch.Tensor:
-    """The due sequences' logits in order: row due_rows[i] of the step launched ahead where
-    due_ahead[i], else the forward's next due row (the forward's due rows come first in
-    `logits`, in order)."""
-    if not any(due_ahead):
+    """The due sequences' logits in order (muser/engine/plan.py's Due): row d.row of the step
+    launched ahead where d.ahead, else the forward's next d.width due rows (the forward's due
+    rows come first in `logits`, in order)."""
+    if not any(d.ahead for d in due):
         return logits
-    if all(due_ahead):
-        return ahead_logits if due_rows == list(range(len(due_rows))) else (
-            ahead_logits[due_rows])
+    if all(d.ahead for d in due):
+        rows = [d.row for d in due]
+        return ahead_logits if rows == list(range(len(rows))) else ahead_logits[rows]
     num_ahead, index, j = len(ahead_logits), [], 0
-    for is_ahead, row in zip(due_ahead, due_rows):
-        index.append(row if is_ahead else num_ahead + j)
-        j += not is_ahead
+    for d in due:
+        if d.ahead:
+            index.append(d.row)
+        else:
+            index += range(num_ahead + j, num_ahead + j + d.width)
+            j += d.width
     return torch.cat([ahead_logits, logits[:j]])[index]

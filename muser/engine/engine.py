@@ -8,9 +8,11 @@ due sequence, chosen together on the device (one copy to the host) -> emit: text
 finishes.
 
 Its collaborators, each in its own file: n-sample forks (forks.py), prompt logprobs (echo.py),
-decode ahead (ahead.py), the drafts of a speculation lane (proposer.py), and the admission
-sources that prefill prompts elsewhere (source.py: a prefill worker's client registers itself),
-and what a token emits (emit.py: text, stops, finishes).
+decode ahead (ahead.py), speculative decoding (speculation.py: the drafts of the sequences
+about to decode, proposed before the step is scheduled, verified at the width of the decode
+row and its drafts, the accepted ones committed as their tokens are emitted; proposer.py,
+lookup.py), the admission sources that prefill prompts elsewhere (source.py: a prefill
+worker's client registers itself), and what a token emits (emit.py: text, stops, finishes).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from muser.engine.echo import ECHO_ROWS, due_prompt_logprobs
 from muser.engine.emit import emit
 from muser.engine.forks import Forks
 from muser.engine.plan import StepPlan, plan_step
-from muser.engine.proposer import NoDraft, Proposer
+from muser.engine.lookup import PromptLookup
+from muser.engine.speculation import Speculation, accepted
 from muser.engine.sampling import launch_sample
 from muser.engine.source import Arrival, Source
 from muser.grammar import GrammarMasks
@@ -52,7 +55,9 @@ class Engine:
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
         self._arrived: list[Arrival] = []  # prefills done elsewhere, not yet installed
         self.forks = Forks(runner, scheduler, self.grammars, self._adopt)
-        self.proposer: Proposer = NoDraft()
+        e = runner.engine
+        self.speculation = None if e.speculative == "none" else Speculation(
+            PromptLookup(), e.num_speculative_tokens, self.max_model_len)
         # the token ids whose rows each slot's last sequence left in the prefix cache (what
         # llama-server calls the slot's cache; muser/slot_actions.py saves and erases it)
         self.slot_ids: dict[int, list[int]] = {}
@@ -153,6 +158,8 @@ class Engine:
         outputs."""
         outputs = self._install_arrived() if self.sources else []
         self._place_admitted()
+        if self.speculation is not None:
+            self.speculation.draft(self.scheduler.decode_ready)
         plan = self._schedule()
         if plan is None:
             return outputs
@@ -161,8 +168,34 @@ class Engine:
         if not seqs:
             return outputs
         tokens, lps = self._sample(plan, seqs, logits, rows)
-        return outputs + [self._emit(seq, token, lp) for seq, token, lp in zip(seqs, tokens,
-                                                                              lps)]
+        at = 0
+        for seq in seqs:
+            width = 1 + len(seq.drafts)
+            if width == 1:
+                outputs.append(self._emit(seq, tokens[at], lps[at]))
+            else:
+                outputs += self._emit_verified(seq, tokens[at:at + width], lps[at:at + width])
+            at += width
+        return outputs
+
+    def _emit_verified(self, seq: Sequence, tokens: list[int], lps: list[Logprobs | None]
+                       ) -> list[StepOutput]:
+        """A verify pass's tokens (tokens[i]: chosen after the decode row and i drafts) ->
+        the outputs of the accepted drafts and the token after them, each row committed as
+        its token is emitted, as plain decoding would (up to a stop)."""
+        drafts, rows = seq.drafts, seq.next_rows(1) + seq.drafts
+        n = accepted(drafts, tokens)
+        self.speculation.verified(seq, len(drafts), n)
+        seq.drafts = []
+        outputs = []
+        for row, token, lp in zip(rows[:n + 1], tokens, lps):
+            self.runner.accept(seq, row)
+            outputs.append(self._emit(seq, token, lp))
+            if outputs[-1].finished:
+                break
+        if seq.is_placed:
+            self.runner.trim(seq)
+        return outputs
 
     def _place_admitted(self) -> None:
         """Sequences the scheduler admits now get a slot, after their longest cached prefix
@@ -177,7 +210,7 @@ class Engine:
         """The scheduler's next batch as a plan (rows computed ahead taken), or None."""
         batch = self.scheduler.schedule(self.runner.pages.num_free + self.ahead.held(),
                                         self._preempt)
-        plan = None if batch is None else plan_step(batch, self.ahead, self.proposer)
+        plan = None if batch is None else plan_step(batch, self.ahead)
         ahead_logits = self.ahead.close()
         if plan is not None:
             plan.ahead_logits = ahead_logits
@@ -188,18 +221,21 @@ class Engine:
         due sequences, in plan.due order."""
         logits = None
         if plan.run:
-            logits = self.runner.forward(plan.run, plan.run_ids, logit_rows=plan.logit_rows)
+            logits = self.runner.forward(plan.run, plan.run_ids, logit_rows=plan.logit_rows,
+                                         hold=plan.verify)
             if plan.echo.rows:
                 plan.echo.record(logits[len(plan.forward_due):])
-        return gather([d.ahead for d in plan.due], [d.row for d in plan.due], logits,
-                      plan.ahead_logits)
+        return gather(plan.due, logits, plan.ahead_logits)
 
     def _to_sample(self, plan: StepPlan, outputs: list[StepOutput]
                    ) -> tuple[list[Sequence], list[int]]:
         """The due sequences, with the forks of those that have samples to make, less those
         that want no token (max_tokens 0: finished into `outputs`) -> (the sequences to sample,
-        each one's row of the due logits)."""
-        due, rows = [d.seq for d in plan.due], list(range(len(plan.due)))
+        each one's first row of the due logits: one verifying drafts has 1 + len(drafts))."""
+        due, rows, at = [d.seq for d in plan.due], [], 0
+        for d in plan.due:
+            rows.append(at)
+            at += d.width
         for i, seq in enumerate(list(due)):
             if seq.num_forks:
                 forks = self.forks.make(seq)
@@ -212,14 +248,16 @@ class Engine:
 
     def _sample(self, plan: StepPlan, seqs: list[Sequence], logits: torch.Tensor,
                 rows: list[int]) -> tuple[list[int], list[Logprobs | None]]:
-        """One token per sequence from its row of `logits`, chosen on the device (the next
-        decode step queued ahead there when it can) -> the tokens and logprobs on the host."""
-        if rows != list(range(len(seqs))):
-            logits = logits[rows]
-        pending = launch_sample(self.sampler, self.grammars, logits[:len(seqs)], seqs)
+        """One token per sequence from its row of `logits` (one per row for a sequence
+        verifying drafts), chosen on the device (the next decode step queued ahead there when
+        it can) -> the tokens and logprobs on the host, in that order."""
+        index = [row + i for seq, row in zip(seqs, rows) for i in range(1 + len(seq.drafts))]
+        if index != list(range(len(index))):
+            logits = logits[index]
+        pending = launch_sample(self.sampler, self.grammars, logits[:len(index)], seqs)
         going = self.ahead.launch(plan.batch, seqs, pending.tokens, self.scheduler,
                                   bool(self._arrived), self.max_model_len) if (
-            self.decode_ahead) else []
+            self.decode_ahead and not plan.verify) else []
         tokens, lps = pending.result()
         if going:
             self.ahead.known([tokens[i] for i in going])
@@ -298,7 +336,8 @@ class Engine:
         uid = seq.output_uid
         return StepOutput(uid, token, text, finished, reason, seq.num_reused, lp,
                           due_prompt_logprobs(seq), seq.index,
-                          finished and not self.forks.any_live(uid, self.live), error)
+                          finished and not self.forks.any_live(uid, self.live), error,
+                          seq.num_drafted, seq.num_accepted)
 
     def _release(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = seq.finish_reason or reason

@@ -1,10 +1,10 @@
 """The speculative-decoding seam: a Proposer drafts tokens to follow a sequence's decode row.
 
-The step's plan asks the engine's proposer for every decode row it assembles
-(muser/engine/plan.py), so a speculation lane (prompt lookup, a draft
-model) plugs in here and in the verify step that accepts a prefix of the drafts, without
-touching `Engine.step`. The default, NoDraft, proposes nothing: a decode row is the sequence's
-last token alone. Until a verifier exists, the plan refuses drafts.
+Before each step the engine's Speculation (muser/engine/speculation.py) asks its proposer for
+the drafts of every sequence about to decode; the scheduler fits them into the step, the plan
+appends them to the sequence's decode row, and the verify step accepts the prefix of them that
+the target model itself chooses. The default, NoDraft, proposes nothing: a decode row is the
+sequence's last token alone. Prompt lookup (`--speculative ngram`) is muser/engine/lookup.py.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from muser.sequence import Sequence
 
 
 class Proposer(Protocol):
-    def propose(self, seq: Sequence) -> list[int]:
-        """Draft token ids to follow `seq`'s next decode row ([]: none)."""
+    def propose(self, seq: Sequence, k: int) -> list[int]:
+        """At most `k` draft token ids to follow `seq`'s ids ([]: none)."""
         ...
 
 
 class NoDraft:
     """Proposes nothing (plain decoding)."""
 
-    def propose(self, seq: Sequence) -> list[int]:
+    def propose(self, seq: Sequence, k: int) -> list[int]:
         return []

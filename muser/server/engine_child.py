@@ -117,7 +117,8 @@ class _PipeLoop(EngineLoop):
         """The sink of every request (called on the loop thread)."""
         self._pending.append((out.uid, out.token_id, out.text_delta, out.finished,
                               out.finish_reason, out.num_reused, out.logprobs,
-                              out.prompt_logprobs, out.index, out.ends_request, out.error))
+                              out.prompt_logprobs, out.index, out.ends_request, out.error,
+                              out.num_drafted, out.num_accepted))
         if out.finished and out.ends_request:
             self._stats_due = True
             self._seen.discard(out.uid)
