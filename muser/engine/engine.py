@@ -28,11 +28,11 @@ from muser.engine.ahead import DecodeAhead, gather
 from muser.engine.echo import ECHO_ROWS, due_prompt_logprobs
 from muser.engine.emit import emit
 from muser.engine.forks import Forks
-from muser.engine.plan import StepPlan, plan_step
 from muser.engine.lookup import PromptLookup
-from muser.engine.speculation import Speculation, accepted
+from muser.engine.plan import StepPlan, plan_step
 from muser.engine.sampling import launch_sample
 from muser.engine.source import Arrival, Source
+from muser.engine.speculation import Speculation, accepted
 from muser.grammar import GrammarMasks
 from muser.kvcache.pages import OutOfPages
 from muser.runner import Runner
