@@ -5,7 +5,7 @@ muser.sequence.Sequence."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
@@ -46,6 +46,7 @@ class SamplingParams:
     # the most draft tokens a speculating engine may verify for it per step (0: none; None:
     # the engine's --num-speculative-tokens); outputs are the same either way
     speculative: int | None = None
+    min_drafts: int = 0  # a shorter draft is not verified (llama-server's speculative.n_min)
 
     def __post_init__(self) -> None:
         checks = [
@@ -109,6 +110,23 @@ class SlotInfo(NamedTuple):
     num_prompt: int
     num_cached: int
     num_output: int
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Speculative decoding's counters since start (muser/engine/speculation.py), for
+    /metrics: verify passes (one per sequence and step with drafts), draft tokens verified and
+    accepted, accepted per draft position (by_position[i]: the (i + 1)-th drafts accepted)."""
+
+    k: int  # --num-speculative-tokens
+    verified: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    by_position: list[int] = field(default_factory=list)
+
+    def copy(self) -> SpecStats:
+        return SpecStats(self.k, self.verified, self.drafted, self.accepted,
+                         list(self.by_position))
 
 
 class Logprobs(NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from muser.config import NUM_SPECULATIVE_TOKENS
 from muser.errors import MuserError
 
 
@@ -90,6 +91,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "file's bytes (device memory about the file's size; other types are "
                    "dequantized, and a warning names them); dequantize expands every matrix to "
                    "--dtype (default: %(default)s)")
+    p.add_argument("--speculative", choices=["none", "ngram"], default="none",
+                   help="speculative decoding: ngram drafts each sequence's next tokens by "
+                   "prompt lookup (what followed the latest earlier occurrence of its last 2-4 "
+                   "tokens in its prompt and outputs) and verifies them in one pass at the "
+                   "width of the decode row and its drafts; outputs are exactly plain "
+                   "decoding's (greedy and seeded sampling), they come faster where the "
+                   "continuation repeats its context (edits, quotations, code). CPU only for "
+                   "now (default: %(default)s)")
+    p.add_argument("--num-speculative-tokens", type=positive_int,
+                   default=NUM_SPECULATIVE_TOKENS, metavar="K",
+                   help="with --speculative: most draft tokens per sequence and step; each "
+                   "sequence's draft length adapts to what its drafts accept (default: "
+                   "%(default)s, the best measured on the CPU)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: seeded random weights of --model-config, made on the device")
     p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
@@ -105,7 +119,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               "num_threads": args.threads, "prefix_cache": args.prefix_cache,
               "prefix_cache_gb": args.prefix_cache_gb, "quantization": args.quantization,
               "fp8_head": args.fp8_head, "gguf_weights": args.gguf_weights,
-              "decode_ahead": args.decode_ahead}
+              "decode_ahead": args.decode_ahead, "speculative": args.speculative,
+              "num_speculative_tokens": args.num_speculative_tokens}
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             "finish_reason": c.finish_reason, "ttft_s": c.ttft_s, "tpot_s": c.tpot_s,
             "prefill_tokens_per_s": c.prefill_tokens_per_s,
             "decode_tokens_per_s": c.decode_tokens_per_s,
+            "draft_tokens": c.draft_tokens, "accepted_tokens": c.accepted_tokens,
         }, ensure_ascii=False))
         return 0
     for out in llm.stream(ids, sampling):

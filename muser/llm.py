@@ -38,6 +38,8 @@ class Completion:
     tpot_s: float | None  # None with fewer than two new tokens
     prefill_tokens_per_s: float
     decode_tokens_per_s: float | None
+    draft_tokens: int = 0  # speculative decoding's draft tokens verified
+    accepted_tokens: int = 0  # of those, accepted (outputs that came from a draft)
 
     @classmethod
     def of(cls, req: Sequence, text: str) -> Completion:
@@ -45,7 +47,8 @@ class Completion:
         steps = len(req.output_ids) - 1
         tpot = (req.finish_s - req.first_token_s) / steps if steps > 0 else None
         return cls(req.prompt_ids, req.output_ids, text, req.finish_reason, ttft, tpot,
-                   req.num_prompt / ttft, 1 / tpot if tpot else None)
+                   req.num_prompt / ttft, 1 / tpot if tpot else None, req.num_drafted,
+                   req.num_accepted)
 
 
 def _stderr_line(line: str) -> None:

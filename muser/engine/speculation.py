@@ -27,8 +27,9 @@ row of the verify pass; a hit resets it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from muser.core import SpecStats
 from muser.engine.proposer import Proposer
 from muser.sequence import Sequence
 
@@ -48,24 +49,10 @@ class Drafting:
     skip: int = 0  # steps left without drafts
 
 
-@dataclass(slots=True)
-class SpecStats:
-    """Counters since start, for /metrics."""
-
-    k: int
-    steps: int = 0  # steps that verified at least one draft
-    drafted: int = 0
-    accepted: int = 0
-    by_position: list[int] = field(default_factory=list)  # [i]: accepted drafts at i + 1
-
-    def __post_init__(self) -> None:
-        self.by_position = [0] * self.k
-
-
 class Speculation:
     def __init__(self, proposer: Proposer, k: int, max_model_len: int) -> None:
         self.proposer, self.k, self.max_model_len = proposer, k, max_model_len
-        self.stats = SpecStats(k)
+        self.stats = SpecStats(k, by_position=[0] * k)
 
     def draft(self, seqs: list[Sequence]) -> None:
         """Set seq.drafts for the sequences about to decode (this step's proposals)."""
@@ -81,7 +68,8 @@ class Speculation:
             if d.skip:
                 d.skip -= 1
                 continue
-            seq.drafts = self.proposer.propose(seq, min(d.k, limit, room))
+            drafts = self.proposer.propose(seq, min(d.k, limit, room))
+            seq.drafts = drafts if len(drafts) >= seq.sampling.min_drafts else []
             room -= len(seq.drafts)
 
     def _limit(self, seq: Sequence) -> int:
@@ -97,7 +85,7 @@ class Speculation:
     def verified(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """`seq`'s verify pass accepted num_accepted of its num_drafts drafts."""
         s, d = self.stats, seq.drafting
-        s.steps, s.drafted, s.accepted = s.steps + 1, s.drafted + num_drafts, (
+        s.verified, s.drafted, s.accepted = s.verified + 1, s.drafted + num_drafts, (
             s.accepted + num_accepted)
         for i in range(num_accepted):
             s.by_position[i] += 1

@@ -83,6 +83,7 @@ class Generation:
         self.finish_reason: str | None = None  # set when the request (every sample) ends
         self.error: str | None = None  # with "error": the engine's words for the client
         self.reasons: dict[int, str] = {}  # each finished sample's
+        self._drafts: dict[int, tuple[int, int]] = {}  # each sample's (drafted, accepted)
         self.last: StepOutput | None = None
         self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
         box = mailbox(asyncio.get_running_loop())
@@ -125,6 +126,16 @@ class Generation:
             self.close()
         return Result("".join(parts), self.num_output, self.finish_reason or "cancelled", outputs)
 
+    @property
+    def num_drafted(self) -> int:
+        """Draft tokens speculative decoding verified for it (every sample's)."""
+        return sum(d for d, _ in self._drafts.values())
+
+    @property
+    def num_accepted(self) -> int:
+        """Of those, the ones accepted (outputs that came from a draft)."""
+        return sum(a for _, a in self._drafts.values())
+
     def timings(self) -> dict[str, float]:
         """llama.cpp-style timings: prompt (to the first token) and generation, in ms."""
         first = self._first or self._last
@@ -150,6 +161,8 @@ class Generation:
         now = time.perf_counter()
         self.last = out
         self.num_cached = max(self.num_cached, out.num_reused)
+        self._drafts[out.index] = max(self._drafts.get(out.index, (0, 0)),
+                                      (out.num_drafted, out.num_accepted))
         if self._first is None and out.finish_reason not in ("cancelled", "error"):
             self._first = now
             self.metrics.ttft.observe(now - self._start)

@@ -141,4 +141,5 @@ class EngineLoop:
                                len(runner.free_slots), runner.pages.num_free, runner.memory,
                                sched.stats.preemptions,
                                runner.prefix.stats() if runner.prefix is not None else None,
-                               self.engine.remote.stats() if self.engine.remote else None)
+                               self.engine.remote.stats() if self.engine.remote else None,
+                               spec.stats.copy() if (spec := self.engine.speculation) else None)

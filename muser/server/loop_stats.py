@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from muser.core import SlotInfo
+from muser.core import SlotInfo, SpecStats
 from muser.kvcache.prefix import PrefixStats
 from muser.memory import MemoryReport
 from muser.scheduler import STEP_KINDS
@@ -24,3 +24,4 @@ class LoopStats:
     preemptions: int = 0
     prefix: PrefixStats | None = None  # None: --no-prefix-cache
     disagg: dict | None = None  # the prefill workers' outcomes and transfers, when any
+    speculation: SpecStats | None = None  # None: no --speculative

@@ -14,6 +14,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from muser.core import SpecStats
 from muser.kvcache.prefix import PrefixStats
 from muser.server.llama_metrics import LlamaTotals, render_llama
 from muser.server.loop_stats import LoopStats
@@ -52,6 +53,8 @@ class _EngineCollector(Collector):
             yield from _prefix_metrics(s.prefix)
         if s.disagg is not None:
             yield from _disagg(s.disagg)
+        if s.speculation is not None:
+            yield from _speculation(s.speculation)
         if s.memory is None:
             return
         yield GaugeMetricFamily("muser_kv_pages", "KV pages in the pool", s.memory.num_pages)
@@ -61,6 +64,21 @@ class _EngineCollector(Collector):
         for category, nbytes in s.memory.categories().items():
             held.add_metric([category], nbytes)
         yield held
+
+
+def _speculation(s: SpecStats) -> Iterator[Metric]:
+    yield CounterMetricFamily("muser_spec_decode_verify_passes", "Verify passes: a sequence's "
+                              "decode row and its drafts in one step", s.verified)
+    yield CounterMetricFamily("muser_spec_decode_draft_tokens", "Draft tokens verified",
+                              s.drafted)
+    yield CounterMetricFamily("muser_spec_decode_accepted_tokens", "Draft tokens accepted "
+                              "(outputs that came from a draft)", s.accepted)
+    by_position = CounterMetricFamily("muser_spec_decode_accepted_tokens_per_position",
+                                      "Draft tokens accepted, per position in the draft "
+                                      "(0: the first)", labels=["position"])
+    for i, count in enumerate(s.by_position):
+        by_position.add_metric([str(i)], count)
+    yield by_position
 
 
 def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:

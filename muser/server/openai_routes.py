@@ -48,12 +48,16 @@ def _ctx(request: Request) -> ServerContext:
 
 
 def _usage(*gens: Generation) -> dict[str, Any]:
-    """Every prompt once, every sample's tokens."""
+    """Every prompt once, every sample's tokens; with speculative decoding, the draft tokens
+    accepted and rejected (OpenAI's names for predicted tokens)."""
     num_prompt = sum(g.num_prompt for g in gens)
     num_output = sum(g.num_output for g in gens)
+    drafted, accepted = sum(g.num_drafted for g in gens), sum(g.num_accepted for g in gens)
     return {"prompt_tokens": num_prompt, "completion_tokens": num_output,
             "total_tokens": num_prompt + num_output,
-            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached for g in gens)}}
+            "prompt_tokens_details": {"cached_tokens": sum(g.num_cached for g in gens)},
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": drafted - accepted}}
 
 
 @router.get("/v1/models")

@@ -23,6 +23,13 @@ MAX_SAMPLES = 128  # n / best_of beyond this are refused here; the server's --ma
 NumLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
+def draft_limit(speculative: bool | int | None) -> int | None:
+    """A request's "speculative" -> SamplingParams.speculative (true: the engine's limit)."""
+    if speculative is None or speculative is True:
+        return None
+    return 0 if speculative is False else speculative
+
+
 def _integral(value: Any) -> Any:
     """40.0 -> 40 (clients written for llama-server send whole numbers as floats)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -67,6 +74,9 @@ class OpenAISampling(OpenAIStructured, Body):
     ignore_eos: bool = False
     user: str | None = None  # an end user's id: no effect on the output (as at OpenAI)
     logit_bias: dict[str, Any] | None = None  # muser/server/logit_bias.py checks it
+    # speculative decoding (muser's): false or 0 turns it off for this request, a number caps
+    # its draft tokens per step; outputs are the same either way
+    speculative: bool | Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
 
     def sampling(self, max_tokens: int, n: int = 1, logprobs: int | None = None,
                  prompt_logprobs: int | None = None) -> SamplingParams:
@@ -76,7 +86,7 @@ class OpenAISampling(OpenAIStructured, Body):
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, n=n, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs)
+            prompt_logprobs=prompt_logprobs, speculative=draft_limit(self.speculative))
 
     @property
     def include_usage(self) -> bool:
@@ -226,6 +236,12 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     post_sampling_probs: Literal[False] = False  # NOTE: refused: only pre-sampling logprobs
     lora: Annotated[list[Any], Field(max_length=0)] | None = None
     samplers: Unsupported = None
+    # llama-server's draft settings: n_max caps the draft tokens per step (0: none); a draft
+    # shorter than n_min is not verified
+    spec_n_max: Annotated[int, Field(ge=0, le=MAX_INT32, alias="speculative.n_max")] = 16
+    spec_n_min: Annotated[int, Field(ge=0, le=MAX_INT32, alias="speculative.n_min")] = 0
+    # NOTE: a draft model's confidence floor; prompt lookup's drafts carry no probability
+    spec_p_min: Annotated[float, Field(ge=0.0, le=1.0, alias="speculative.p_min")] = 0.75
 
     @field_validator("prompt")
     @classmethod
@@ -258,7 +274,9 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             penalties_over_last_n=True, seed=None if self.seed < 0 else self.seed,
             stop=tuple(self.stop), ignore_eos=self.ignore_eos,
-            logprobs=self.n_probs or None)
+            logprobs=self.n_probs or None,
+            speculative=self.spec_n_max if "spec_n_max" in self.model_fields_set else None,
+            min_drafts=self.spec_n_min)
 
 
 class ApplyTemplateRequest(Body):

@@ -52,6 +52,12 @@ def warm_up(runner: Runner, log: StartupLog) -> StartupRecord:
         runner.prefix.reset(runner.pages)  # NOTE: nothing the warm-up computed is reused
     report = memory_report(runner, workspace)
     log.note(report.pretty())
+    e = runner.engine
+    if e.speculative != "none":
+        log.note(f"speculative decoding: {e.speculative} (prompt lookup), at most "
+                 f"{e.num_speculative_tokens} draft tokens per sequence and step, verified "
+                 f"exactly; sliding rings hold {runner.pool.ring_capacity} rows "
+                 f"(window {runner.cfg.sliding_window} + {e.num_speculative_tokens})")
     return StartupRecord(MappingProxyType(phases), cap, report)
 
 
