@@ -12,7 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+from transformers import (
+    Gemma4AudioConfig, Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration,
+    Gemma4TextConfig, Gemma4VisionConfig,
+)
 
 from tests.test_hf_loading import _tiny_tokenizer
 
@@ -62,3 +65,21 @@ def write_checkpoint(variant: str, directory: Path) -> Path:
     reference_model(variant).save_pretrained(directory)
     _tiny_tokenizer(directory)
     return directory
+
+
+def write_multimodal(directory: Path) -> Gemma4ForConditionalGeneration:
+    """A Gemma4ForConditionalGeneration checkpoint: the dense variant's text model (seeded as
+    reference_model's) beside tiny vision and audio towers -> transformers' model of it."""
+    text = Gemma4TextConfig(**BASE)
+    vision = Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    audio = Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              output_proj_dims=64)
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=vision,
+                                                        audio_config=audio)).eval()
+    text_model = reference_model("dense").model
+    model.model.language_model.load_state_dict(text_model.state_dict())
+    model.save_pretrained(directory)
+    _tiny_tokenizer(directory)
+    return model
