@@ -13,8 +13,12 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    Gemma4AudioConfig, Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration,
-    Gemma4TextConfig, Gemma4VisionConfig,
+    Gemma4AudioConfig,
+    Gemma4Config,
+    Gemma4ForCausalLM,
+    Gemma4ForConditionalGeneration,
+    Gemma4TextConfig,
+    Gemma4VisionConfig,
 )
 
 from tests.test_hf_loading import _tiny_tokenizer

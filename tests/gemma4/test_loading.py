@@ -25,8 +25,8 @@ def test_multimodal_checkpoint_runs_its_text_model(tmp_path: Path,
     with caplog.at_level(logging.INFO, logger="muser.loading"):
         model = load_model(tmp_path, torch.float32, "cpu", progress=False)
     lines = [r.getMessage() for r in caplog.records if r.name == "muser.loading"]
-    assert lines == ["Gemma4ForConditionalGeneration: loading the text model; its vision and "
-                     "audio towers are skipped"]
+    assert lines == [("Gemma4ForConditionalGeneration: loading the text model; its vision and "
+                      "audio towers are skipped")]
     ids = prompt(30, 0)
     with torch.no_grad():
         want = reference(input_ids=torch.tensor([ids])).logits[0].double()

@@ -20,8 +20,6 @@ largest difference these checkpoints show is 0.054 of it (dense), less in the ot
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
