@@ -31,12 +31,35 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = True
     final_logit_softcapping: float | None = None
+    # Gemma 4's parts, per-layer data of the same graph (the defaults: none of them, Gemma 3).
+    # The full-attention layers' own geometry (None: head_dim, num_kv_heads, as the sliding's).
+    global_head_dim: int | None = None
+    global_num_kv_heads: int | None = None
+    rope_fraction: float = 1.0  # full layers: the share of angle pairs RoPE turns
+    # ("proportional" RoPE: pair i < fraction * head_dim / 2 at theta ** (-2i / head_dim), the
+    # rest at angle 0)
+    k_eq_v_kinds: frozenset[LayerKind] = frozenset()  # kinds whose values are the raw keys
+    v_norm: bool = False  # values RMS-normalized per head, without a gain
+    per_layer_input_size: int = 0  # PLE: each layer's input width (0: no per-layer inputs)
+    per_layer_vocab_size: int = 0  # PLE: rows of the per-layer embedding table
+    num_kv_shared_layers: int = 0  # the last n layers read the K/V of the last earlier layer of
+    # their kind (kv_owner) and store none
+    double_wide_mlp: bool = False  # the KV-sharing layers' MLPs are 2 * intermediate_size wide
 
     def __post_init__(self) -> None:
         if len(self.layer_kinds) != self.num_layers:
             raise ValueError("layer_kinds must name one kind per layer")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        for kind in ("sliding", "global"):
+            if self.num_heads % self.kv_heads_of(kind):
+                raise ValueError(f"num_heads must be a multiple of the {kind} layers' KV heads")
+        if not 0 <= self.num_kv_shared_layers < self.num_layers:
+            raise ValueError("num_kv_shared_layers must leave at least one layer its own KV")
+        first = self.num_layers - self.num_kv_shared_layers
+        for layer_id in range(first, self.num_layers):
+            kind = self.layer_kinds[layer_id]
+            if kind not in self.layer_kinds[:first]:
+                raise ValueError(f"KV-sharing layer {layer_id} has no earlier {kind} layer to "
+                                 f"read")
 
     @property
     def q_size(self) -> int:
@@ -52,6 +75,38 @@ class ModelConfig:
 
     def layers_of(self, kind: LayerKind) -> list[int]:
         return [i for i, k in enumerate(self.layer_kinds) if k == kind]
+
+    def head_dim_of(self, kind: LayerKind) -> int:
+        return (self.global_head_dim or self.head_dim) if kind == "global" else self.head_dim
+
+    def kv_heads_of(self, kind: LayerKind) -> int:
+        return ((self.global_num_kv_heads or self.num_kv_heads) if kind == "global"
+                else self.num_kv_heads)
+
+    def kv_row(self, kind: LayerKind) -> tuple[int, int]:
+        """(KV heads, head dim) of one cached row of a `kind` layer."""
+        return self.kv_heads_of(kind), self.head_dim_of(kind)
+
+    def kv_owner(self, layer_id: int) -> int:
+        """The layer whose cache `layer_id` reads: itself, or for one of the last
+        num_kv_shared_layers the last layer of its kind before them."""
+        first = self.num_layers - self.num_kv_shared_layers
+        if layer_id < first:
+            return layer_id
+        kind = self.layer_kinds[layer_id]
+        return max(i for i in range(first) if self.layer_kinds[i] == kind)
+
+    def cache_layers(self, kind: LayerKind) -> list[int]:
+        """The `kind` layers that hold a cache (every one but the KV-sharing layers)."""
+        return [i for i in self.layers_of(kind) if self.kv_owner(i) == i]
+
+    def last_reader(self, layer_id: int) -> int:
+        """The last layer that reads `layer_id`'s cache (itself when none shares it)."""
+        return max(i for i in range(self.num_layers) if self.kv_owner(i) == layer_id)
+
+    def intermediate_of(self, layer_id: int) -> int:
+        shared = self.kv_owner(layer_id) != layer_id
+        return self.intermediate_size * (2 if self.double_wide_mlp and shared else 1)
 
 
 def gemma3_layer_kinds(num_layers: int, pattern: int = 6) -> tuple[LayerKind, ...]:

@@ -37,6 +37,8 @@ def attend(
     ops: ModuleType = ref,
     decode: DecodeMeta | None = None,
     norm_rope: tuple | None = None,
+    store: bool = True,
+    commit: bool = True,
 ) -> torch.Tensor:
     """q: [N, H, D], k/v: [N, KVH, D] new rows; k/v_rows: a layer's flat physical rows
     [R, KVH, D] -> [N, H, D]. `decode`: the metadata of the step's decode group (its leading
@@ -46,15 +48,19 @@ def attend(
     `stores`, by ops.qk_norm_rope_pair); a STAGING plan's rows are committed here, after the
     shadow was attended. Decode stores its rows itself; given `norm_rope` (decode rows alone,
     ops.decode_attention's), q and k are the projection's raw rows and it normalizes and
-    rotates them itself too."""
+    rotates them itself too.
+
+    A layer reading another layer's cache (KV sharing) passes `store` False: its k/v are the
+    owner's rows of this step, already stored (None on a step of decode rows alone). `commit`
+    False leaves a STAGING plan's rows uncommitted, for the cache's last reader to commit."""
     outs = []
     if decode is not None:
         num = decode.src.shape[0]
         outs.append(ops.decode_attention(q if num == q.shape[0] else q[:num], k_rows, v_rows,
                                          decode.block_table, decode.starts, decode.lens,
                                          decode.origins, decode.block_size, scale,
-                                         new=(k, v, decode.src, decode.write_dst),
-                                         norm_rope=norm_rope))
+                                         new=(k, v, decode.src, decode.write_dst) if store
+                                         else None, norm_rope=norm_rope))
     assert norm_rope is None or not plans, "norm_rope: a step of decode rows alone"
     whole = not outs and len(plans) == 1  # one sequence: its rows are all of them
     for p in plans:
@@ -70,6 +76,6 @@ def attend(
         outs.append(ops.prefill_attention(q if whole else q[p.rows], keys, values, p.q_start,
                                           p.k_start, window, scale, p.tiles, tile, p.inner,
                                           p.tile_ranges, read))
-        if p.staging:  # NOTE: commit only after the shadow was attended.
+        if p.staging and commit:  # NOTE: commit only after the shadow was attended.
             ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
     return outs[0] if len(outs) == 1 else torch.cat(outs)

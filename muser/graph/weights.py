@@ -23,13 +23,20 @@ class LayerWeights:
     attn_norm: torch.Tensor  # [hidden] f32 (Gemma's 1 + w folded in)
     qkv: Matrix  # [q_size + 2 * kv_size, hidden]
     q_norm: torch.Tensor  # [head_dim] f32
-    k_norm: torch.Tensor  # [head_dim] f32
+    k_norm: torch.Tensor | None  # [head_dim] f32 (None on a KV-sharing layer: no keys)
     o_proj: Matrix  # [hidden, q_size]
     post_attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
     gate_up: Matrix  # [2 * intermediate, hidden], gate rows first
     down: Matrix  # [hidden, intermediate]
     post_ffn_norm: torch.Tensor
+    # Gemma 4 (None where the model has no such part). qkv then holds q and k only on a K=V
+    # kind, q only on a KV-sharing layer.
+    v_norm: torch.Tensor | None = None  # [head_dim] ones: values normalized without a gain
+    per_layer_gate: Matrix | None = None  # PLE: [per_layer_input_size, hidden]
+    per_layer_proj: Matrix | None = None  # PLE: [hidden, per_layer_input_size]
+    per_layer_norm: torch.Tensor | None = None  # PLE: [hidden], after per_layer_proj
+    layer_scalar: torch.Tensor | None = None  # [1]: the layer's output residual times it
 
 
 @dataclass(slots=True)
@@ -38,6 +45,12 @@ class ModelWeights:
     final_norm: torch.Tensor
     layers: list[LayerWeights]
     lm_head: Matrix | None = None  # None: tied to `embed`
+    # Gemma 4's per-layer inputs (PLE; None without): a token's row of per_layer_embed
+    # [per_layer_vocab, layers * size] and per_layer_model_proj [layers * size, hidden] of its
+    # embedding, normed per layer by per_layer_proj_norm [size]
+    per_layer_embed: Matrix | None = None
+    per_layer_model_proj: Matrix | None = None
+    per_layer_proj_norm: torch.Tensor | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -52,7 +65,8 @@ class ModelWeights:
     def nbytes(self) -> int:
         """Bytes held, each tensor once (a tied head shares the embedding's)."""
         tensors: dict[int, torch.Tensor] = {}
-        mats = [self.embed, self.final_norm, self.head]
+        mats = [self.embed, self.final_norm, self.head, self.per_layer_embed,
+                self.per_layer_model_proj, self.per_layer_proj_norm]
         for layer in self.layers:
             mats += [getattr(layer, name) for name in LayerWeights.__slots__]
         for m in mats:
@@ -60,9 +74,9 @@ class ModelWeights:
         return sum(t.nbytes for t in tensors.values())
 
 
-def matrix_tensors(m: Matrix) -> list[torch.Tensor]:
-    """The tensors that hold a matrix's bytes, whatever its kind."""
-    parts = ([m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else
+def matrix_tensors(m: Matrix | None) -> list[torch.Tensor]:
+    """The tensors that hold a matrix's bytes, whatever its kind (none for None)."""
+    parts = [] if m is None else ([m.data, m.scales, m.mins] if isinstance(m, PackedMatrix) else
              [m.data, m.scales] if isinstance(m, Fp8Matrix) else
              block_tensors(m) if isinstance(m, Blocks) else [m])
     return [t for t in parts if t is not None]
@@ -106,16 +120,40 @@ def random_weights(
     def norm(size: int) -> torch.Tensor:
         return (1.0 + 0.1 * torch.randn(size, generator=gen, device=made_on)).to(device)
 
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    layers = [
-        LayerWeights(
-            attn_norm=norm(h), qkv=mat(cfg.q_size + 2 * cfg.kv_size, h),
-            q_norm=norm(cfg.head_dim), k_norm=norm(cfg.head_dim), o_proj=mat(h, cfg.q_size),
-            post_attn_norm=norm(h), ffn_norm=norm(h), gate_up=mat(2 * i, h), down=mat(h, i),
-            post_ffn_norm=norm(h),
-        )
-        for _ in range(cfg.num_layers)
-    ]
+    def ones(size: int) -> torch.Tensor:
+        return torch.ones(size, device=device)
+
+    def layer(layer_id: int) -> LayerWeights:
+        kind = cfg.layer_kinds[layer_id]
+        q, d, i, p = (cfg.num_heads * cfg.head_dim_of(kind), cfg.head_dim_of(kind),
+                      cfg.intermediate_of(layer_id), cfg.per_layer_input_size)
+        owner = cfg.kv_owner(layer_id) == layer_id
+        return LayerWeights(
+            attn_norm=norm(h), qkv=mat(qkv_rows(cfg, layer_id), h), q_norm=norm(d),
+            k_norm=norm(d) if owner else None, o_proj=mat(h, q), post_attn_norm=norm(h),
+            ffn_norm=norm(h), gate_up=mat(2 * i, h), down=mat(h, i), post_ffn_norm=norm(h),
+            v_norm=ones(d) if cfg.v_norm else None,
+            per_layer_gate=mat(p, h) if p else None, per_layer_proj=mat(h, p) if p else None,
+            per_layer_norm=norm(h) if p else None)
+
+    h, p = cfg.hidden_size, cfg.per_layer_input_size
+    layers = [layer(layer_id) for layer_id in range(cfg.num_layers)]
     embed = (torch.randn(cfg.vocab_size, h, generator=gen, device=made_on) * 0.05).to(
         device, dtype)
-    return ModelWeights(embed=embed, final_norm=norm(h), layers=layers)
+    weights = ModelWeights(embed=embed, final_norm=norm(h), layers=layers)
+    if p:
+        ple = torch.randn(cfg.per_layer_vocab_size, cfg.num_layers * p, generator=gen,
+                          device=made_on) * 0.05
+        weights.per_layer_embed = ple.to(device, dtype)
+        weights.per_layer_model_proj = mat(cfg.num_layers * p, h)
+        weights.per_layer_proj_norm = norm(p)
+    return weights
+
+
+def qkv_rows(cfg: ModelConfig, layer_id: int) -> int:
+    """Rows of a layer's fused projection: queries, then keys and values of the layer's kind,
+    keys only on a K=V kind (the values are the keys' rows), neither on a KV-sharing layer."""
+    kind = cfg.layer_kinds[layer_id]
+    kv_heads, head_dim = cfg.kv_row(kind)
+    kv = 0 if cfg.kv_owner(layer_id) != layer_id else 1 if kind in cfg.k_eq_v_kinds else 2
+    return (cfg.num_heads + kv * kv_heads) * head_dim

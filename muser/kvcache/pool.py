@@ -1,4 +1,6 @@
-"""KV tensors: a ring per sequence slot for sliding layers, a page pool for full layers.
+"""KV tensors: a ring per sequence slot for sliding layers, a page pool for full layers, each
+row in its kind's geometry (ModelConfig.kv_row). Only layers that own a cache have one: a
+KV-sharing layer's views are its owner's (ModelConfig.kv_owner), no second copy.
 
 Layers never allocate; they get views of these tensors through `layer()`.
 """
@@ -24,13 +26,15 @@ class KVPool:
         self.ring_capacity = ring_capacity
         self.page_size = page_size
         self.dtype = dtype
-        self._row = (cfg.num_kv_heads, cfg.head_dim)
-        sliding, full = cfg.layers_of("sliding"), cfg.layers_of("global")
+        self._ring_row, self._page_row = cfg.kv_row("sliding"), cfg.kv_row("global")
+        sliding, full = cfg.cache_layers("sliding"), cfg.cache_layers("global")
         self._index = {layer_id: i for i, layer_id in enumerate(sliding)}
         self._index |= {layer_id: i for i, layer_id in enumerate(full)}
+        self._index |= {layer_id: self._index[cfg.kv_owner(layer_id)]
+                        for layer_id in range(cfg.num_layers)}
         self._kinds = cfg.layer_kinds
         self._num_full = len(full)
-        ring_shape = (len(sliding), 2, num_slots, ring_capacity, *self._row)
+        ring_shape = (len(sliding), 2, num_slots, ring_capacity, *self._ring_row)
         self.rings = torch.zeros(ring_shape, dtype=dtype, device=device)
         self.allocate_pages(num_pages)
 
@@ -38,7 +42,7 @@ class KVPool:
         """(Re)make the full layers' pages, zeroed, releasing the old ones first.
         NOTE: CUDA graphs keep the addresses they were captured with: capture after this."""
         self.pages = self._rows = None
-        shape = (self._num_full, 2, num_pages, self.page_size, *self._row)
+        shape = (self._num_full, 2, num_pages, self.page_size, *self._page_row)
         self.pages = torch.zeros(shape, dtype=self.dtype, device=self.rings.device)
         self._rows = [tuple(t.flatten(0, 1) for t in self.layer(i))
                       for i in range(len(self._kinds))]
@@ -57,12 +61,13 @@ class KVPool:
     @property
     def page_nbytes(self) -> int:
         """Bytes of one page: K and V of page_size rows in every full layer."""
-        rows = 2 * self._num_full * self.page_size * self._row[0] * self._row[1]
+        rows = 2 * self._num_full * self.page_size * self._page_row[0] * self._page_row[1]
         return rows * self.rings.element_size()
 
     def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k, v) of one layer: [num_slots, capacity, kv_heads, head_dim] for sliding layers,
-        [num_pages, page_size, kv_heads, head_dim] for full layers."""
+        """(k, v) of one layer (its owner's for a KV-sharing layer): [num_slots, capacity,
+        kv_heads, head_dim] for sliding layers, [num_pages, page_size, kv_heads, head_dim] for
+        full layers."""
         store = self.rings if self._kinds[layer_id] == "sliding" else self.pages
         kv = store[self._index[layer_id]]
         return kv[0], kv[1]

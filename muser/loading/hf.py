@@ -5,6 +5,7 @@ device one at a time."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,21 @@ from muser.config import LayerKind, ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
 from muser.graph.weights import LayerWeights, Matrix, ModelWeights
 from muser.loading.fp8_checkpoint import Fp8Layout, read_fp8
-from muser.loading.names import HF_GLOBAL_NAMES, HF_LAYER_NAMES, HF_LM_HEAD, NORMS
+from muser.loading.hf_gemma4 import ARCHITECTURES as GEMMA4_ARCHITECTURES
+from muser.loading.hf_gemma4 import config_from_gemma4
+from muser.loading.names import (
+    GEMMA4_AS_STORED,
+    HF_GEMMA4_LAYER_NAMES,
+    HF_GEMMA4_PLE_NAMES,
+    HF_GLOBAL_NAMES,
+    HF_LAYER_NAMES,
+    HF_LM_HEAD,
+    NORMS,
+)
 from muser.ops.fp8 import FP8, Fp8Matrix, cat_rows, quantize_fp8
 
-SUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+SUPPORTED_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                           *GEMMA4_ARCHITECTURES)
 # transformers' Gemma3TextConfig defaults: a config.json (a text_config above all) lists only
 # what differs from them.
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -53,12 +65,19 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def config_from_hf(config: dict[str, Any]) -> ModelConfig:
-    """Architecture-neutral ModelConfig from a Gemma 3 config.json (text model or the text
-    part of the multimodal one)."""
+    """Architecture-neutral ModelConfig from a Gemma 3 or Gemma 4 config.json (text model or
+    the text part of the multimodal one, whose other towers are skipped: one log line)."""
     arch = (config.get("architectures") or [None])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(f"unsupported architecture '{arch}' (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+    if arch in GEMMA4_ARCHITECTURES:
+        towers = [name for name in ("vision", "audio") if config.get(f"{name}_config")]
+        if towers:
+            logging.getLogger("muser.loading").info(
+                "%s: loading the text model; its %s tower%s skipped", arch, " and ".join(towers),
+                "s are" if len(towers) > 1 else " is")
+        return config_from_gemma4(config.get("text_config", config))
     text = TEXT_DEFAULTS | config.get("text_config", config)
     for key, value in (("hidden_activation", "gelu_pytorch_tanh"),
                        ("attn_logit_softcapping", None), ("use_bidirectional_attention", None)):
@@ -177,18 +196,40 @@ def _open(path: Path):
         raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
-def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of every HF per-layer tensor (name after 'layers.{i}.')."""
-    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+def _shapes(cfg: ModelConfig, layer_id: int) -> dict[str, tuple[int, ...]]:
+    """Shape of every HF tensor of layer `layer_id` (name after 'layers.{i}.')."""
+    kv_heads, d = cfg.kv_row(cfg.layer_kinds[layer_id])
+    h, i, p = cfg.hidden_size, cfg.intermediate_of(layer_id), cfg.per_layer_input_size
+    q, kv = cfg.num_heads * d, kv_heads * d
     return {
         "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
         "pre_feedforward_layernorm.weight": (h,), "post_feedforward_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (cfg.q_size, h), "self_attn.k_proj.weight": (cfg.kv_size, h),
-        "self_attn.v_proj.weight": (cfg.kv_size, h), "self_attn.o_proj.weight": (h, cfg.q_size),
+        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
         "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
         "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
         "mlp.down_proj.weight": (h, i),
+        "per_layer_input_gate.weight": (p, h), "per_layer_projection.weight": (h, p),
+        "post_per_layer_input_norm.weight": (h,), "layer_scalar": (1,),
     }
+
+
+def _layer_names(cfg: ModelConfig, layer_id: int) -> dict[str, list[str]]:
+    """LayerWeights field -> the HF tensors (names after 'layers.{i}.') it is read from, rows
+    concatenated in order. Gemma 4: a K=V kind has no v_proj, a KV-sharing layer neither
+    k_proj nor k_norm (it reads its owner's cache), PLE's tensors only with PLE."""
+    if cfg.architecture != "gemma4":
+        return {f: [n] if isinstance(n, str) else n for f, n in HF_LAYER_NAMES.items()}
+    names = {f: [n] if isinstance(n, str) else n for f, n in HF_GEMMA4_LAYER_NAMES.items()}
+    if cfg.kv_owner(layer_id) != layer_id:
+        names["qkv"] = names["qkv"][:1]
+        del names["k_norm"]
+    elif cfg.layer_kinds[layer_id] in cfg.k_eq_v_kinds:
+        names["qkv"] = names["qkv"][:2]
+    if not cfg.per_layer_input_size:
+        for field in ("per_layer_gate", "per_layer_proj", "per_layer_norm"):
+            del names[field]
+    return names
 
 
 def load_weights_hf(
@@ -201,14 +242,18 @@ def load_weights_hf(
     whose float8 weights load with their scales. `fp8` (--quantization fp8): the projections
     as Fp8Matrix, taken as stored or quantized one by one on `device`; without it, FP8 weights
     are dequantized to `dtype`. The embedding (the tied head) and the norms stay unquantized."""
-    prefix, shapes = shards.prefix(), _shapes(cfg)
-    total = cfg.num_layers * len(shapes) + 2 + (not cfg.tie_word_embeddings)
+    prefix, gemma4 = shards.prefix(), cfg.architecture == "gemma4"
+    names = [_layer_names(cfg, i) for i in range(cfg.num_layers)]
+    ple = {v: k for k, v in HF_GEMMA4_PLE_NAMES.items()} if cfg.per_layer_input_size else {}
+    total = (sum(len(n) for layer in names for n in layer.values()) + 2 + len(ple)
+             + (not cfg.tie_word_embeddings))
     bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
 
     def norm(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A gain in float32: Gemma 3's 1 + w, Gemma 4's w as stored."""
         t = shards.get(name, shape)
         bar.update()
-        return (1.0 + t.float()).to(device)
+        return (t.float() if gemma4 else 1.0 + t.float()).to(device)
 
     def matrix(name: str, shape: tuple[int, ...], quantize: bool) -> Matrix:
         t = shards.get(name, shape, fp8=layout is not None)
@@ -222,13 +267,17 @@ def load_weights_hf(
         return quantize_fp8(t) if quantize else t
 
     def layer(i: int) -> LayerWeights:
-        fields = {}
-        for field, names in HF_LAYER_NAMES.items():
-            names = [names] if isinstance(names, str) else names
-            parts = [norm(f"{prefix}layers.{i}.{n}", shapes[n]) if field in NORMS
-                     else matrix(f"{prefix}layers.{i}.{n}", shapes[n], fp8) for n in names]
+        fields: dict[str, object] = {"k_norm": None}  # None: a KV-sharing layer's
+        shapes, gains = _shapes(cfg, i), GEMMA4_AS_STORED if gemma4 else NORMS
+        for field, layer_names in names[i].items():
+            parts = [norm(f"{prefix}layers.{i}.{n}", shapes[n]) if field in gains
+                     else matrix(f"{prefix}layers.{i}.{n}", shapes[n], fp8) for n in layer_names]
             fields[field] = parts[0] if len(parts) == 1 else (
                 cat_rows(parts) if isinstance(parts[0], Fp8Matrix) else torch.cat(parts))
+        if gemma4:
+            if bool((fields["layer_scalar"] == 1.0).all()):
+                fields["layer_scalar"] = None  # times 1 is the identity: no op at all
+            fields["v_norm"] = torch.ones(cfg.head_dim_of(cfg.layer_kinds[i]), device=device)
         return LayerWeights(**fields)
 
     inv = {v: k for k, v in HF_GLOBAL_NAMES.items()}
@@ -239,5 +288,13 @@ def load_weights_hf(
         layers=[layer(i) for i in range(cfg.num_layers)],
         lm_head=None if cfg.tie_word_embeddings else matrix(HF_LM_HEAD, vocab, quantize=False),
     )
+    if ple:
+        width = cfg.num_layers * cfg.per_layer_input_size
+        weights.per_layer_embed = matrix(prefix + ple["per_layer_embed"],
+                                         (cfg.per_layer_vocab_size, width), quantize=False)
+        weights.per_layer_model_proj = matrix(prefix + ple["per_layer_model_proj"],
+                                              (width, cfg.hidden_size), quantize=False)
+        weights.per_layer_proj_norm = norm(prefix + ple["per_layer_proj_norm"],
+                                           (cfg.per_layer_input_size,))
     bar.close()
     return weights

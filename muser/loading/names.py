@@ -38,3 +38,20 @@ HF_LAYER_NAMES: dict[str, str | list[str]] = {
     "down": "mlp.down_proj.weight",
     "post_ffn_norm": "post_feedforward_layernorm.weight",
 }
+
+# Hugging Face Gemma 4 names, after the text model's prefix ("model." for Gemma4ForCausalLM,
+# "model.language_model." for Gemma4ForConditionalGeneration): Gemma 3's, the qkv list cut to
+# what a layer projects (muser/loading/hf.py, _layer_names), and the parts Gemma 4 adds.
+HF_GEMMA4_LAYER_NAMES: dict[str, str | list[str]] = HF_LAYER_NAMES | {
+    "per_layer_gate": "per_layer_input_gate.weight",
+    "per_layer_proj": "per_layer_projection.weight",
+    "per_layer_norm": "post_per_layer_input_norm.weight",
+    "layer_scalar": "layer_scalar",
+}
+HF_GEMMA4_PLE_NAMES = {  # the per-layer inputs' tensors (PLE), beside HF_GLOBAL_NAMES
+    "embed_tokens_per_layer.weight": "per_layer_embed",
+    "per_layer_model_projection.weight": "per_layer_model_proj",
+    "per_layer_projection_norm.weight": "per_layer_proj_norm",
+}
+# Gemma 4's norms multiply by the stored w (Gemma 3's by 1 + w); these fields load as stored
+GEMMA4_AS_STORED = NORMS | {"per_layer_norm", "layer_scalar"}

@@ -15,7 +15,7 @@ import torch
 
 import muser.ops.native as c_kernels
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import Weights, embed, stage_gather, with_norm_rope
+from muser.ops.ref import Weights, embed, inv_freq, stage_gather, with_norm_rope
 from muser.ops.ref import store_kv as reference_store_kv
 
 FEW_ROWS = 8  # stores of at most this many rows are copied row by row (index_put is slower)
@@ -31,11 +31,12 @@ def prepare_weights(weights: Weights) -> Weights:
             return m
         return PackedMatrix.from_dense(m.cpu())
 
-    matrices = ("qkv", "o_proj", "gate_up", "down")
+    matrices = ("qkv", "o_proj", "gate_up", "down", "per_layer_gate", "per_layer_proj")
     layers = [dataclasses.replace(layer, **{f: pack(getattr(layer, f)) for f in matrices})
               for layer in weights.layers]
     return dataclasses.replace(weights, embed=pack(weights.embed), layers=layers,
-                               lm_head=pack(weights.lm_head))
+                               lm_head=pack(weights.lm_head),
+                               per_layer_model_proj=pack(weights.per_layer_model_proj))
 
 
 def _weight(weight: torch.Tensor | PackedMatrix) -> PackedMatrix:
@@ -85,17 +86,17 @@ def linear_add_rms_norm(
 
 
 @functools.cache
-def _inv_freq(head_dim: int, theta: float, scaling: float) -> torch.Tensor:
-    """HF's inv_freq arithmetic (ref.rope_cos_sin), once per layer kind."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float()
-    return 1.0 / (theta ** (exponent / head_dim)) / scaling
+def _inv_freq(head_dim: int, theta: float, scaling: float, fraction: float) -> torch.Tensor:
+    """ref.inv_freq, once per layer kind."""
+    return inv_freq(head_dim, theta, scaling, fraction)
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0,
+    fraction: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ref.rope_cos_sin, each position's row computed on its own."""
-    return c_kernels.rope_cos_sin(positions, _inv_freq(head_dim, theta, scaling))
+    return c_kernels.rope_cos_sin(positions, _inv_freq(head_dim, theta, scaling, fraction))
 
 
 def qk_norm_rope(

@@ -121,13 +121,24 @@ def add_rms_norm(
     return residual, rms_norm(residual, next_weight, eps, dtype)
 
 
+def inv_freq(head_dim: int, theta: float, scaling: float = 1.0, fraction: float = 1.0,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+    """RoPE's [head_dim // 2] frequencies, HF's arithmetic: theta ** (-2i / head_dim) / scaling
+    for the first int(fraction * head_dim // 2) pairs, 0 for the rest (transformers'
+    "proportional" RoPE: those pairs stay at angle 0, cos 1 and sin 0)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
+    freq = 1.0 / (theta ** (exponent / head_dim)) / scaling
+    freq[int(fraction * head_dim // 2):] = 0.0
+    return freq
+
+
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0,
+    fraction: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions: [N] int -> (cos, sin): [N, head_dim // 2] float32, HF's inv_freq arithmetic."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
-    inv_freq = 1.0 / (theta ** (exponent / head_dim)) / scaling
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    """positions: [N] int -> (cos, sin): [N, head_dim // 2] float32 at inv_freq's angles."""
+    freq = inv_freq(head_dim, theta, scaling, fraction, positions.device)
+    angles = positions.float()[:, None] * freq[None, :]
     return angles.cos(), angles.sin()
 
 

@@ -22,10 +22,16 @@ def kv_rows(runner: Runner, seq: Placement, layer_id: int, pos: int) -> torch.Te
     return torch.stack((k[block, row], v[block, row])).float()
 
 
+def every_layer_rows(runner: Runner, seq: Placement, pos: int) -> torch.Tensor:
+    """kv_rows of every layer, flattened and concatenated (each kind has its own geometry)."""
+    return torch.cat([kv_rows(runner, seq, layer, pos).flatten()
+                      for layer in range(runner.cfg.num_layers)])
+
+
 def capture(
     runner: Runner, ids: list[int], chunk: int, positions: set[int]
 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """Prefill `ids` in chunks of `chunk` rows -> ({pos: logits}, {pos: [layers, 2, kvh, hd]})."""
+    """Prefill `ids` in chunks of `chunk` rows -> ({pos: logits}, {pos: every_layer_rows})."""
     seq = runner.allocate()
     logits, kv = {}, {}
     try:
@@ -37,8 +43,7 @@ def capture(
             out = runner.forward([seq], [piece], logit_rows=[p - start for p in wanted])
             for row, p in enumerate(wanted):
                 logits[p] = out[row].clone()
-                kv[p] = torch.stack([kv_rows(runner, seq, layer, p)
-                                     for layer in range(runner.cfg.num_layers)])
+                kv[p] = every_layer_rows(runner, seq, p)
     finally:
         runner.free(seq)
     return logits, kv
@@ -85,8 +90,7 @@ def capture_in_batch(
                                  logit_rows=[offset + p - start for p in wanted])
             for row, p in enumerate(wanted):
                 logits[p] = out[row].clone()
-                kv[p] = torch.stack([kv_rows(runner, seq, layer, p)
-                                     for layer in range(runner.cfg.num_layers)])
+                kv[p] = every_layer_rows(runner, seq, p)
     finally:
         for s in [seq, *mates]:
             runner.free(s)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from muser.ops import ref
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
@@ -36,18 +37,19 @@ def _rope_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF: tl.constexpr,
         tl.store(sin_ptr + at, tl.sin(angles), mask=mask)
 
 
-def inv_freq(head_dim: int, theta: float, scaling: float, device: torch.device) -> torch.Tensor:
-    key = (torch.device(device), head_dim, theta, scaling)
+def inv_freq(head_dim: int, theta: float, scaling: float, device: torch.device,
+             fraction: float = 1.0) -> torch.Tensor:
+    key = (torch.device(device), head_dim, theta, scaling, fraction)
     if key not in _INV_FREQ:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("RoPE frequencies first needed during graph capture: warm up first")
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
-        _INV_FREQ[key] = (1.0 / (theta ** (exponent / head_dim)) / scaling).contiguous()
+        _INV_FREQ[key] = ref.inv_freq(head_dim, theta, scaling, fraction, device).contiguous()
     return _INV_FREQ[key]
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: float = 1.0,
+    fraction: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions: [N] int -> (cos, sin): [N, head_dim // 2] float32 (ref.rope_cos_sin)."""
     n, half = positions.shape[0], head_dim // 2
@@ -57,6 +59,6 @@ def rope_cos_sin(
     block = 16
     launch(
         _rope_kernel, (cdiv(n, block),), positions,
-        inv_freq(head_dim, theta, scaling, positions.device), cos, sin, n, HALF=half,
+        inv_freq(head_dim, theta, scaling, positions.device, fraction), cos, sin, n, HALF=half,
         BLOCK_N=block, LIBDEVICE=positions.is_cuda, **options(positions.device))
     return cos, sin
