@@ -4,6 +4,8 @@ sequences' decode rows and prefill chunks, with the sliding ring wrapping under 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import torch
 
 from muser import LLM, SamplingParams
 from muser.engine.lookup import NgramIndex
+from muser.engine.sampling import sampling_rows
 from muser.engine.speculation import Speculation, accepted
 from muser.runner import Runner
 from muser.sequence import Sequence
@@ -209,3 +212,48 @@ def test_drafts_respect_the_requests_limits() -> None:
     assert seqs[1].drafts == []
     spec.draft(seqs[1:2])
     assert seqs[1].drafts == [7]
+
+
+def test_verified_tokens_follow_the_targets_distribution(llms: tuple[LLM, LLM]) -> None:
+    """N seeded requests at one verify pass (the decode row, then a draft d of moderate
+    probability): the first token emitted is a draw from the target's own filtered softmax
+    (accepted d or the residual's draw), the second, where d held, from the next row's. Each
+    token's count is within a Bernstein bound of its expectation, at a false-failure
+    probability of 1e-6 over every bound checked."""
+    _, spec = llms
+    r, n, delta, top_k = spec.runner, 3000, 1e-6, 12
+    prompt = spec.encode(PASSAGE + "The keeper")
+    seq = r.allocate()
+    r.forward([seq], [prompt[:-1]])
+    row0 = r.forward([seq], [prompt[-1:]], hold=[0])[0]
+    draft = int(row0.topk(2).indices[1])  # the second most likely: accepted now and then
+    rows = r.forward([seq], [[prompt[-1], draft]], all_logits=True, hold=[0])
+    r.free(seq)
+    assert torch.equal(rows[0], row0)
+    params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=8)
+    seqs = [Sequence(list(prompt), dataclasses.replace(params, seed=s), seed=s)
+            for s in range(n)]
+    tokens = []
+    for start in range(0, n, 250):  # NOTE: 500 rows of the 262k vocabulary at a time
+        chunk = seqs[start:start + 250]
+        for s in chunk:
+            s.drafts = [draft]
+        logits = rows.repeat(len(chunk), 1)
+        tokens += spec.engine.sampler(logits, [row for s in chunk for row in sampling_rows(s)])
+    first, second = tokens[0::2], tokens[1::2]
+    held = [b for a, b in zip(first, second) if a == draft]
+
+    def target(logits: torch.Tensor) -> torch.Tensor:
+        top = logits.double().topk(top_k)
+        return torch.zeros_like(logits, dtype=torch.float64).index_put_(
+            (top.indices,), torch.softmax(top.values, -1))
+
+    checks = 2 * top_k + 2
+    for draws, p in ((first, target(rows[0])), (held, target(rows[1]))):
+        m = len(draws)
+        counts = torch.bincount(torch.tensor(draws), minlength=p.numel()).double()
+        assert counts[p == 0].sum() == 0
+        log_term = math.log(2 * checks / delta)
+        bound = log_term / 3 + torch.sqrt(log_term**2 / 9 + 2 * log_term * m * p * (1 - p))
+        assert ((counts - m * p).abs() <= bound).all()
+    assert 0.05 < len(held) / n < 0.95  # the draft was accepted, and rejected, many times
