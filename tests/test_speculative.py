@@ -257,3 +257,20 @@ def test_verified_tokens_follow_the_targets_distribution(llms: tuple[LLM, LLM]) 
         bound = log_term / 3 + torch.sqrt(log_term**2 / 9 + 2 * log_term * m * p * (1 - p))
         assert ((counts - m * p).abs() <= bound).all()
     assert 0.05 < len(held) / n < 0.95  # the draft was accepted, and rejected, many times
+
+
+def test_kv_moves_between_rings_of_either_size(llms: tuple[LLM, LLM]) -> None:
+    """A snapshot (a slot file's, a remote prefill's) of a window-sized ring installs into a
+    speculating engine's window + K ring, and back, giving the same next logits."""
+    from muser.kvcache.snapshot import export, install
+
+    plain, spec = llms
+    ids = plain.encode(PASSAGE * 16)[:600]  # past the 512-row window: a wrapped ring
+    for src, dst in ((plain.runner, spec.runner), (spec.runner, plain.runner)):
+        a = src.allocate()
+        snap = export(src, a, src.forward([a], [ids[:-1]]))
+        b = install(dst, snap, ids[:-1])
+        assert b.ring.capacity == dst.pool.ring_capacity != snap.ring.capacity
+        assert torch.equal(dst.forward([b], [ids[-1:]]), src.forward([a], [ids[-1:]]))
+        src.free(a)
+        dst.free(b)

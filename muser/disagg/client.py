@@ -92,7 +92,7 @@ class Expect:
     num_sliding: int
     num_full: int
     row: tuple[int, int]  # kv heads, head dim
-    ring_capacity: int
+    window: int  # the model's sliding window: a ring of any capacity from it up installs
     vocab_size: int
 
 
@@ -288,8 +288,8 @@ def _check_header(header: dict, expect: Expect, num_tokens: int) -> str:
     if header.get("num_tokens") != num_tokens:
         return f"{header.get('num_tokens')} tokens prefilled for a {num_tokens}-token prompt"
     cap, _, _, length = header["ring"]
-    if cap != expect.ring_capacity or length != min(num_tokens, cap):
-        return f"ring {header['ring']} for capacity {expect.ring_capacity}"
+    if cap < expect.window or length != min(num_tokens, cap):
+        return f"ring {header['ring']} for window {expect.window}"
     want = [[expect.num_sliding, 2, length, *expect.row], [expect.num_full, 2, num_tokens,
                                                            *expect.row], [expect.vocab_size]]
     shapes = [shape for shape, _ in header["tensors"]]
@@ -312,7 +312,7 @@ def attach(llm, workers: list[str], min_tokens: int | None, timeout_s: float,
     check_backend(backend, runner.device)
     expect = Expect(llm.fingerprint(), len(cfg.layers_of("sliding")),
                     len(cfg.layers_of("global")), (cfg.num_kv_heads, cfg.head_dim),
-                    runner.pool.ring_capacity, cfg.vocab_size)
+                    cfg.sliding_window, cfg.vocab_size)
     remote = RemotePrefill(workers, min_tokens or 0, timeout_s, expect, backend,
                            runner.device, on_done=lambda: engine.wake())
     if min_tokens is None:

@@ -5,7 +5,9 @@ emit over `Sequence`s (muser/sequence.py); its collaborators each own one concer
     ahead.py     decode ahead: the next decode step queued before its tokens reach the host
     forks.py     n samples of one prompt, forked from its prefilled sequence
     echo.py      prompt logprobs
-    proposer.py  the speculative-decoding seam (default: no drafts)
+    speculation.py  speculative decoding: drafts per decoding sequence, their length, what
+                 a verify pass accepts (proposer.py: the proposer seam; lookup.py: prompt
+                 lookup, --speculative ngram)
     sampling.py  sampler rows of a step's due sequences
     emit.py      a sampled token -> its text, stops, finish
     source.py    admission sources (prefill elsewhere) that register with the engine

@@ -3,8 +3,9 @@
 Before each step the engine's Speculation (muser/engine/speculation.py) asks its proposer for
 the drafts of every sequence about to decode; the scheduler fits them into the step, the plan
 appends them to the sequence's decode row, and the verify step accepts the prefix of them that
-the target model itself chooses. The default, NoDraft, proposes nothing: a decode row is the
-sequence's last token alone. Prompt lookup (`--speculative ngram`) is muser/engine/lookup.py.
+the target model itself chooses. Without --speculative the engine has no proposer: a decode row
+is the sequence's last token alone. Prompt lookup (`--speculative ngram`) is
+muser/engine/lookup.py.
 """
 
 from __future__ import annotations
@@ -19,9 +20,3 @@ class Proposer(Protocol):
         """At most `k` draft token ids to follow `seq`'s ids ([]: none)."""
         ...
 
-
-class NoDraft:
-    """Proposes nothing (plain decoding)."""
-
-    def propose(self, seq: Sequence, k: int) -> list[int]:
-        return []

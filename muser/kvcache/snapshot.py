@@ -96,10 +96,17 @@ def install(runner, snap: KVSnapshot, token_ids: list[int],
             seq: Placement | None = None) -> Placement:
     """`seq` (unplaced; default a new one) placed on `runner` holding `snap` of `token_ids`
     (converted to the pool's dtype and device): a free slot, pages for its rows, its ring ->
-    it. Raises OutOfPages or RuntimeError (no free slot) having changed nothing."""
+    it. Raises OutOfPages or RuntimeError (no free slot) having changed nothing.
+
+    A ring of another capacity (an engine that speculates holds window + K rows, one that does
+    not the window) is laid out anew: its newest `window` rows, the only ones a later row
+    attends, from physical row 0."""
     cfg, pool = runner.cfg, runner.pool
-    if snap.ring.capacity != pool.ring_capacity:
-        raise ValueError(f"ring capacity {snap.ring.capacity} != {pool.ring_capacity}")
+    ring, sliding = snap.ring, snap.sliding
+    if ring.capacity != pool.ring_capacity:
+        keep = min(ring.length, cfg.sliding_window)
+        ring = RingState(pool.ring_capacity, ring.logical_end - keep, 0, keep)
+        sliding = sliding[:, :, sliding.shape[2] - keep:]
     seq = runner.allocate(seq=seq)
     try:
         runner.reserve(seq, snap.num_tokens)
@@ -107,16 +114,16 @@ def install(runner, snap: KVSnapshot, token_ids: list[int],
         runner.free(seq)
         raise
     device, dtype = runner.device, pool.dtype
-    ring_rows = torch.tensor(snap.ring.tail(snap.ring.length), dtype=torch.long, device=device)
-    ring_rows += seq.slot * snap.ring.capacity
+    ring_rows = torch.tensor(ring.tail(ring.length), dtype=torch.long, device=device)
+    ring_rows += seq.slot * ring.capacity
     full_rows = _page_rows(seq.page_ids, snap.num_tokens, pool.page_size, device)
     for layer, i in enumerate(cfg.layers_of("sliding")):
         for kv, rows in enumerate(pool.rows(i)):
-            rows.index_copy_(0, ring_rows, snap.sliding[layer, kv].to(device, dtype))
+            rows.index_copy_(0, ring_rows, sliding[layer, kv].to(device, dtype))
     for layer, i in enumerate(cfg.layers_of("global")):
         for kv, rows in enumerate(pool.rows(i)):
             rows.index_copy_(0, full_rows, snap.full[layer, kv].to(device, dtype))
-    runner.commit(seq, list(token_ids), snap.ring)
+    runner.commit(seq, list(token_ids), ring)
     return seq
 
 

@@ -80,7 +80,9 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
         {"logprobs": 2.5}, {"frequency_penalty": 2.5}, {"presence_penalty": -3},
         {"repetition_penalty": 0}, {"prompt": ["a"] * 17}, {"prompt": [[]]}, {"prompt": [[1], "a"]},
         {"prompt": [[1, 2], [10**9]]}, {"prompt": ["a", "b"], "stream": True}, {"suffix": "x"},
-        {"stream_options": {"include_usage": "yes"}})]
+        {"stream_options": {"include_usage": "yes"}}, {"speculative": -1},
+        {"speculative": "off"}, {"speculative": 2.5}, {"speculative": [4]},
+        {"speculative": 2**40})]
     chat = {"model": model, "messages": USER, "max_tokens": 2}
     bad += [("POST", CHAT, json.dumps({**chat, **c}).encode()) for c in (
         {"messages": []}, {"messages": None}, {"messages": "hi"}, {"messages": [{"role": "x",
@@ -98,7 +100,9 @@ def _bad_requests(model: str) -> list[tuple[str, str, bytes | None]]:
             for c in ({"presence_penalty": 2.5}, {"frequency_penalty": -3},
                       {"presence_penalty": "x"}, {"repeat_last_n": -2}, {"n_probs": 21},
                       {"n_probs": -1}, {"n_probs": "5"}, {"post_sampling_probs": True},
-                      {"mirostat": 1}, {"unknown": True}, *({"grammar": g} for g in _BAD_GRAMMARS),
+                      {"mirostat": 1}, {"unknown": True}, {"speculative.n_max": -1},
+                      {"speculative.n_max": "4"}, {"speculative.n_min": 1.5},
+                      {"speculative.p_min": 1.5}, {"speculative": {"n_max": 4}}, *({"grammar": g} for g in _BAD_GRAMMARS),
                       *({"json_schema": j} for j in _BAD_SCHEMAS),
                       {"grammar": "root ::= \"x\"", "json_schema": {"type": "object"}})]
     bad += [("POST", CHAT, json.dumps({**chat, "grammar": g}).encode()) for g in _BAD_GRAMMARS]
