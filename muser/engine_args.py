@@ -91,6 +91,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "file's bytes (device memory about the file's size; other types are "
                    "dequantized, and a warning names them); dequantize expands every matrix to "
                    "--dtype (default: %(default)s)")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: seeded random weights of --model-config, made on the device")
+    p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
+                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b, or "
+                   "muse-glimmer (52 layers, 3 sliding : 1 NoPE full) (default: %(default)s)")
+
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding's flags (`generate`, `serve`: the subcommands that decode through
+    the engine's steps)."""
     p.add_argument("--speculative", choices=["none", "ngram"], default="none",
                    help="speculative decoding: ngram drafts each sequence's next tokens by "
                    "prompt lookup (what followed the latest earlier occurrence of its last 2-4 "
@@ -104,11 +114,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="with --speculative: most draft tokens per sequence and step; each "
                    "sequence's draft length adapts to what its drafts accept (default: "
                    "%(default)s, the best measured on the CPU)")
-    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                   help="dummy: seeded random weights of --model-config, made on the device")
-    p.add_argument("--model-config", metavar="NAME", default="gemma3-1b",
-                   help="shape for --load-format dummy: gemma3-270m|1b|4b|12b|27b, or "
-                   "muse-glimmer (52 layers, 3 sliding : 1 NoPE full) (default: %(default)s)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -119,8 +124,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               "num_threads": args.threads, "prefix_cache": args.prefix_cache,
               "prefix_cache_gb": args.prefix_cache_gb, "quantization": args.quantization,
               "fp8_head": args.fp8_head, "gguf_weights": args.gguf_weights,
-              "decode_ahead": args.decode_ahead, "speculative": args.speculative,
-              "num_speculative_tokens": args.num_speculative_tokens}
+              "decode_ahead": args.decode_ahead}
+    if hasattr(args, "speculative"):
+        kwargs |= {"speculative": args.speculative,
+                   "num_speculative_tokens": args.num_speculative_tokens}
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

@@ -7,6 +7,10 @@ class MuserError(Exception):
     """A user-facing failure with a one-line explanation."""
 
 
+class ConfigError(MuserError, ValueError):
+    """An engine configuration that cannot run (muser/config.py's EngineConfig checks)."""
+
+
 class ModelLoadError(MuserError):
     """The model file is missing, corrupt, truncated or of an unsupported kind."""
 

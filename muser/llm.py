@@ -15,7 +15,7 @@ import torch
 from muser.config import EngineConfig, default_dtypes
 from muser.core import SamplingParams, StepOutput
 from muser.engine import Engine
-from muser.errors import GenerationError
+from muser.errors import ConfigError, GenerationError
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
 from muser.loading.dummy import load_dummy
@@ -88,7 +88,10 @@ class LLM:
         dtype, kv_dtype = default_dtypes(torch.device(engine_kwargs["device"]).type)
         engine_kwargs.setdefault("dtype", dtype)
         engine_kwargs.setdefault("kv_dtype", kv_dtype)
-        config = EngineConfig.for_device(**engine_kwargs)
+        try:
+            config = EngineConfig.for_device(**engine_kwargs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         dtype = getattr(torch, config.dtype)
         fp8 = config.quantization == "fp8"

@@ -33,6 +33,17 @@ def test_generate_json(gguf_path: Path) -> None:
     assert out["ttft_s"] > 0 and out["decode_tokens_per_s"] > 0
 
 
+def test_generate_json_counts_the_drafts(gguf_path: Path) -> None:
+    args = ("generate", "The cat. The cat. The cat. The cat.", "--model", str(gguf_path),
+            "--max-tokens", "12", "--ignore-eos", "--json")
+    plain, spec = _muser(*args), _muser(*args, "--speculative", "ngram")
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    plain, spec = json.loads(plain.stdout), json.loads(spec.stdout)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert (plain["draft_tokens"], plain["accepted_tokens"]) == (0, 0)
+    assert spec["draft_tokens"] >= spec["accepted_tokens"] > 0
+
+
 def test_generate_streams_from_prompt_file_and_stdin(gguf_path: Path, tmp_path: Path) -> None:
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Count: one, two, three,")
@@ -51,6 +62,10 @@ def test_generate_streams_from_prompt_file_and_stdin(gguf_path: Path, tmp_path: 
     (["generate", "--prompt-file", "/nonexistent.txt"], "cannot read --prompt-file"),
     (["generate", "hi", "--device", "cpu", "--quantization", "fp8"],
      "--quantization fp8 runs on a CUDA GPU of compute capability >= 8.9"),
+    (["generate", "hi", "--device", "cuda", "--speculative", "ngram"],
+     "speculative decoding runs on the CPU only for now"),
+    (["generate", "hi", "--speculative", "draft"], "invalid choice: 'draft'"),
+    (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
 ])
 def test_bad_options_fail_cleanly(args: list[str], needle: str) -> None:
     _assert_clean_error(_muser(*args), needle)

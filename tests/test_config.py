@@ -60,3 +60,9 @@ def test_validation_messages() -> None:
         EngineConfig.for_device("cpu", quantization="int4")
     with pytest.raises(ValueError, match="fp8_head applies to quantization 'fp8' only"):
         EngineConfig.for_device("cpu", fp8_head=True)
+    with pytest.raises(ValueError, match="speculative must be one of none, ngram"):
+        EngineConfig.for_device("cpu", speculative="draft")
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
+        EngineConfig.for_device("cpu", speculative="ngram", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="speculative decoding runs on the CPU only"):
+        EngineConfig.for_device("cuda", speculative="ngram")
