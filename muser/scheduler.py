@@ -174,13 +174,16 @@ class Scheduler:
                 self._preempt_newest(pages, preempted, preempt)
                 continue
             room = self.max_batched_tokens - len(decodes)
-            for req in decodes:  # NOTE: drafts only where their rows and pages fit
+            reqs, rows = list(decodes), [1] * len(decodes)
+            drafting = [req for req in decodes if req.drafts]
+            for req in drafting:  # NOTE: drafts only where their rows and pages fit
                 req.drafts = req.drafts[:pages.fit_more(req, 1, min(len(req.drafts), room))]
                 room -= len(req.drafts)
-            plain = [req for req in decodes if not req.drafts]
-            drafting = [req for req in decodes if req.drafts]
-            reqs = plain + drafting
-            rows = [1] * len(plain) + [1 + len(req.drafts) for req in drafting]
+            if drafting:  # NOTE: after the plain decode rows, which attend as one batch
+                reqs = [req for req in decodes if not req.drafts]
+                drafting = [req for req in drafting if req.drafts]
+                reqs += drafting
+                rows = [1] * (len(reqs) - len(drafting)) + [1 + len(r.drafts) for r in drafting]
             if decodes and self.adaptive:
                 room = min(room, self.decode_waiting_chunk)
             for req in self.prefilling:

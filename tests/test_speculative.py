@@ -62,10 +62,21 @@ def llms(gguf_path: Path) -> tuple[LLM, LLM]:
 
 
 def _serve(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
-           arrivals: list[int]) -> tuple[list[list[int]], list, list[list[torch.Tensor]]]:
-    """Feed prompt i at step arrivals[i] -> per request (tokens, logprobs, logits rows)."""
+           arrivals: list[int], steps: list | None = None) -> list[tuple[list[int], list]]:
+    """Feed prompt i at step arrivals[i] -> per request (tokens, logits rows); `steps` gets
+    each step's (sequences verifying drafts, plain decode rows, prefill rows)."""
     engine = llm.engine
     engine.sampler = recorder = _Recorder(engine.sampler)
+    schedule = engine._schedule
+
+    def recorded():
+        plan = schedule()
+        if plan is not None and steps is not None:
+            b = plan.batch
+            steps.append((len(plan.verify), b.num_decode - len(plan.verify), b.num_prefill_rows))
+        return plan
+
+    engine._schedule = recorded
     seqs, step = {}, 0
     try:
         while len(seqs) < len(prompts) or engine.has_work:
@@ -76,7 +87,7 @@ def _serve(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
             step += 1
             assert all(not o.finished or o.finish_reason == "length" for o in outs)
     finally:
-        engine.sampler = recorder.sampler
+        engine.sampler, engine._schedule = recorder.sampler, schedule
     results = []
     for i in range(len(prompts)):
         seq = seqs[i]
@@ -105,9 +116,13 @@ def test_speculation_gives_plain_decodings_tokens_and_logits(llms: tuple[LLM, LL
     want = _serve(plain, prompts, params, arrivals)
     stats = spec.engine.speculation.stats
     before = (stats.drafted, stats.accepted)
-    got = _serve(spec, prompts, params, arrivals)
+    steps = []
+    got = _serve(spec, prompts, params, arrivals, steps)
     drafted, accepted_ = stats.drafted - before[0], stats.accepted - before[1]
     assert drafted > accepted_ > 0, (drafted, accepted_)  # drafts held, and some did not
+    # NOTE: several sequences verified in one step, beside plain decode rows and a prompt's chunk
+    assert any(v >= 2 for v, _, _ in steps)
+    assert any(v and plain and prefill for v, plain, prefill in steps), steps
     for (tokens, rows), (want_tokens, want_rows) in zip(got, want):
         assert tokens == want_tokens
         assert all(torch.equal(a, b) for a, b in zip(rows, want_rows))

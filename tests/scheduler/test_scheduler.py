@@ -299,3 +299,23 @@ def test_a_request_with_forks_is_admitted_with_its_seats_and_keeps_them() -> Non
     assert not sched.admit()  # 2 + 3 > 4
     sched.finish(last)
     assert sched.admit() == [pair] and sched.num_seats == 4
+
+
+def test_drafts_go_last_and_fit_the_rows_and_pages_left() -> None:
+    """Decode rows with drafts follow the plain ones (those attend as one batch); drafts are
+    cut to the step's rows and the free pages, never preempting anything for them."""
+    sched = Scheduler(max_num_seqs=3, prefill_chunk=64, max_batched_tokens=8, page_size=4)
+    reqs = [_req(3) for _ in range(3)]
+    for req in reqs:
+        sched.add(req)
+    sched.admit()
+    for req in reqs:  # prefilled: 3 rows cached, a token out, the next row decodes
+        req.num_cached, req.status = 3, Status.DECODE
+        req.output_ids.append(7)
+    reqs[0].drafts, reqs[2].drafts = [1, 2, 3, 4, 5, 6], [1, 2]
+    # 3 decode rows (each fills its first page's last row); 5 rows of budget left; one free
+    # page: the first drafting sequence gets the 4 rows that page holds, the second none
+    batch = sched.schedule(free_pages=1)
+    assert [len(r.drafts) for r in reqs] == [4, 0, 0]
+    assert batch.reqs == [reqs[1], reqs[2], reqs[0]] and batch.num_tokens == [1, 1, 5]
+    assert batch.num_decode == 3 and not batch.preempted
