@@ -2,7 +2,8 @@
 packed matrices; norms.c: RMSNorm, QK-norm + RoPE, RoPE angles, GeGLU; attention.c: query rows
 over a sequence's keys; noise.c: the sampler's draw; bands.c: top-p's mass per
 power-of-two band), built once per machine
-with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
+with the system C compiler (`$CC`, else `cc`) into muser's cache, a compiler process a source
+in parallel (build.py), called via ctypes.
 
 Each output is reduced in one fixed order whatever the number of rows (see each source's
 header), which is what makes the CPU backend bitwise the same at every chunk width and batch.
@@ -20,17 +21,17 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from muser.env import c_compiler, cache_dir
-from muser.errors import MuserError
+from muser.ops.native.build import INSTALL, NativeUnavailable, build
 from muser.ops.packed import PackedMatrix
 
 SOURCES = [Path(__file__).with_name(name)
@@ -43,10 +44,6 @@ FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
 
 
-class NativeUnavailable(MuserError):
-    """The C kernels could not be built or loaded on this machine."""
-
-
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -57,34 +54,45 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(cc: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise NativeUnavailable(f"building the CPU kernels with {cc} failed:\n"
-                                    f"{proc.stderr.strip()}")
-        os.replace(out, target)  # atomic: concurrent builders agree on the result
+def _stderr(line: str) -> None:
+    print(f"muser: {line}", file=sys.stderr, flush=True)
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    """The loaded kernel library, built on first use."""
+def _target() -> tuple[str, Path]:
+    """(compiler, the library's path in the cache): keyed by the sources, the flags, the
+    compiler's version and the CPU's feature flags."""
     cc = c_compiler()
     if shutil.which(cc) is None:
-        raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
+        raise NativeUnavailable(f"no C compiler '{cc}' (from CC, else cc) on PATH: {INSTALL}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              check=False).stdout
     key = hashlib.sha256("\0".join(
         [*(src.read_text() for src in SOURCES + HEADERS), " ".join(FLAGS), version, _cpu_flags(),
          platform.machine()]
     ).encode()).hexdigest()[:16]
-    target = cache_dir() / "native" / f"muser-cpu-{key}.so"
+    return cc, cache_dir() / "native" / f"muser-cpu-{key}.so"
+
+
+def is_built() -> bool:
+    """Whether this machine's library is in the cache (False: the next use builds it)."""
+    return _target()[1].exists()
+
+
+def build_kernels(report: Callable[[str], None] = _stderr) -> Path:
+    """Build this machine's library into the cache unless it is there, each step reported to
+    `report` (build.py) -> its path."""
+    cc, target = _target()
     if not target.exists():
-        _build(cc, target)
-    lib = ctypes.CDLL(str(target))
+        report("building CPU kernels for this machine (once)")
+        build(cc, FLAGS, SOURCES, target, report)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The loaded kernel library, built on first use (announced on stderr) unless a startup
+    built it first (muser/startup/start.py)."""
+    lib = ctypes.CDLL(str(build_kernels()))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     f32, c_int = ctypes.c_float, ctypes.c_int
     lib.muser_gemm.argtypes = [p, i64, i64, i64, p, c_int, p, p, i64, i64, p, i64, c_int]

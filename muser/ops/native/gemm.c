@@ -130,28 +130,45 @@ static inline __attribute__((always_inline)) void tile(
 
 #define CASE(R, MV, FMT) \
     case R: tile(W, FMT, p0, MV, x, ldx, R, y, ldy, M); break;
-#define ROWS12(MV, FMT)                                                               \
-    switch (nr) {                                                                     \
-        CASE(1, MV, FMT) CASE(2, MV, FMT) CASE(3, MV, FMT) CASE(4, MV, FMT)           \
-        CASE(5, MV, FMT) CASE(6, MV, FMT) CASE(7, MV, FMT) CASE(8, MV, FMT)           \
-        CASE(9, MV, FMT) CASE(10, MV, FMT) CASE(11, MV, FMT) CASE(12, MV, FMT)        \
-    }
+#define ROWS8(MV, FMT)                                                                \
+    CASE(1, MV, FMT) CASE(2, MV, FMT) CASE(3, MV, FMT) CASE(4, MV, FMT)               \
+    CASE(5, MV, FMT) CASE(6, MV, FMT) CASE(7, MV, FMT) CASE(8, MV, FMT)
+#define ROWS12(MV, FMT) ROWS8(MV, FMT) CASE(9, MV, FMT) CASE(10, MV, FMT)              \
+    CASE(11, MV, FMT) CASE(12, MV, FMT)
+/* NOTE: a tile of more than NR_NARROW rows is only ever float32 (a wide call's widened or
+ * float32 panels), so only float32 has those cases: the other formats' would be dead code
+ * that costs most of the build's time */
+#if NR_NARROW <= 4
+#define ROWS_NARROW(MV, FMT) CASE(1, MV, FMT) CASE(2, MV, FMT) CASE(3, MV, FMT) CASE(4, MV, FMT)
+#else
+#define ROWS_NARROW(MV, FMT) ROWS8(MV, FMT)
+#endif
+#if NR_WIDE <= 4
+#define ROWS_WIDE(MV, FMT) CASE(1, MV, FMT) CASE(2, MV, FMT) CASE(3, MV, FMT) CASE(4, MV, FMT)
+#elif NR_WIDE <= 6
+#define ROWS_WIDE(MV, FMT) ROWS_NARROW(MV, FMT) CASE(5, MV, FMT) CASE(6, MV, FMT)
+#else
+#define ROWS_WIDE(MV, FMT) ROWS12(MV, FMT)
+#endif
 
-/* One row tile (nr <= NR_WIDE) over `mv` panels from p0, weights of format `fmt`. */
+/* One row tile (nr <= NR_WIDE for float32, else nr <= NR_NARROW) over `mv` panels from p0,
+ * weights of format `fmt`. */
 static void run_tile(const Weights *W, int64_t p0, int mv, const float *x, int64_t ldx, int nr,
                      float *y, int64_t ldy, int64_t M)
 {
     const int fmt = W->fmt;
-#define FORMATS(MV)                                               \
-    if (fmt == FMT_CODES) { ROWS12(MV, FMT_CODES) }               \
-    else if (fmt == FMT_CODES_M) { ROWS12(MV, FMT_CODES_M) }      \
-    else if (fmt == FMT_CODES_H) { ROWS12(MV, FMT_CODES_H) }      \
-    else if (fmt == FMT_F16) { ROWS12(MV, FMT_F16) }              \
-    else if (fmt == FMT_BF16) { ROWS12(MV, FMT_BF16) }            \
-    else { ROWS12(MV, FMT_F32) }
-    if (mv == 4) { FORMATS(4) }
-    else if (mv == 2) { FORMATS(2) }
-    else { FORMATS(1) }
+#define FORMATS(MV, F32_ROWS)                                                    \
+    switch (fmt) {                                                               \
+    case FMT_CODES: switch (nr) { ROWS_NARROW(MV, FMT_CODES) } break;            \
+    case FMT_CODES_M: switch (nr) { ROWS_NARROW(MV, FMT_CODES_M) } break;        \
+    case FMT_CODES_H: switch (nr) { ROWS_NARROW(MV, FMT_CODES_H) } break;        \
+    case FMT_F16: switch (nr) { ROWS_NARROW(MV, FMT_F16) } break;                \
+    case FMT_BF16: switch (nr) { ROWS_NARROW(MV, FMT_BF16) } break;              \
+    default: switch (nr) { F32_ROWS(MV, FMT_F32) } break;                        \
+    }
+    if (mv == 4) { FORMATS(4, ROWS_NARROW) } /* NOTE: 4 panels a task: narrow calls only */
+    else if (mv == 2) { FORMATS(2, ROWS_WIDE) }
+    else { FORMATS(1, ROWS_WIDE) }
 #undef FORMATS
 }
 
