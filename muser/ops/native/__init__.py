@@ -42,6 +42,7 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fo
 # element types: FMT_* of weights in gemm.c, KV_* of the cache in attention.c
 FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
+FMT_PACKED = {4: 6, 5: 7}  # codes held at 4 bits (FMT_Q4_M) or 5 bits (FMT_Q5_H), by width
 
 
 def _cpu_flags() -> str:
@@ -107,6 +108,7 @@ def library() -> ctypes.CDLL:
     lib.muser_geglu.argtypes = [p, i64, i64, p]
     lib.muser_gumbel_argmax.argtypes = [p, i64, p, i64, p, i64, i64, i64, p, p, c_int, p]
     lib.muser_top_p_bands.argtypes = [p, i64, p, p]
+    lib.muser_isa.argtypes, lib.muser_isa.restype = [], ctypes.c_char_p
     lib.muser_gemm.restype = lib.muser_attention.restype = c_int
     lib.muser_decode_attention.restype = c_int
     for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
@@ -114,6 +116,17 @@ def library() -> ctypes.CDLL:
                lib.muser_top_p_bands):
         fn.restype = None
     return lib
+
+
+def isa() -> str:
+    """The vector build the library was compiled to: "avx512", "avx2" or "portable"."""
+    return library().muser_isa().decode()
+
+
+def cpu_flags() -> list[str]:
+    """The vector ISA flags this CPU advertises (/proc/cpuinfo), those a build may use."""
+    have = set(_cpu_flags().partition(":")[2].split())
+    return sorted(f for f in have if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
 
 
 def _check(rc: int, what: str) -> None:
@@ -129,11 +142,13 @@ def gemm(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
     n, k = x.shape
     m = w.rows
-    assert w.data.shape[1] == k, (tuple(x.shape), w.shape)
+    assert w.shape[1] == k, (tuple(x.shape), w.shape)
     y = torch.empty(n, m, dtype=torch.float32)
     if n == 0:
         return y
-    if w.is_codes:
+    if w.bits != 8:
+        fmt = FMT_PACKED[w.bits]
+    elif w.is_codes:
         fmt = FMT_CODES + (w.scales.dtype == torch.float16)
     else:
         fmt = FORMATS[w.data.dtype]
