@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("llama-cpp-python is not installed: measuring muser alone")
     vocab = llm.model_config.vocab_size
+    load_before = os.getloadavg()  # NOTE: a shared machine's other work shows here
     cells = [("prefill", n) for n in lengths] + [("decode", 32)]
     results = []
     bar = tqdm(total=len(cells) * len(sides), desc="bench", unit="cell")
@@ -155,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         results.append(cell)
     bar.close()
     receipt = {
-        "machine": _machine(llm.config.device, threads, sides.get("llama.cpp")),
+        "machine": _machine(llm.config.device, threads, sides.get("llama.cpp"))
+        | {"load_average_1_5_15min": {"before": load_before, "after": os.getloadavg()}},
         "versions": {"torch": torch.__version__,
                      "llama_cpp": getattr(sides.get("llama.cpp"), "version", None)},
         "model": str(llm.path), "dtype": llm.config.dtype, "kv_dtype": llm.config.kv_dtype,
