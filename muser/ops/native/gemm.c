@@ -59,7 +59,7 @@ enum { FMT_F32 = 0, FMT_F16 = 1, FMT_BF16 = 2, FMT_CODES = 3, FMT_CODES_H = 4,
 #define CHAINS 4
 
 /* Panels a task of a narrow call of N rows: 1, 2 or 4. */
-static int narrow_panels(int64_t N)
+static inline int narrow_panels(int64_t N)
 {
     const int64_t per_panel = (N < NR_NARROW ? N : NR_NARROW) * V16_REGS;
     return per_panel >= CHAINS ? 1 : 2 * per_panel >= CHAINS ? 2 : 4;
@@ -169,8 +169,16 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-#define CASE(R, MV, FMT) \
-    case R: tile(W, FMT, p0, MV, x, ldx, R, y, ldy, M); break;
+/* NOTE: a tile of several panels is built only where a call reaches it (a narrow call of R
+ * rows takes narrow_panels(R) panels a task, a wide one WIDE_PANELS of float32): any other is
+ * run one panel at a time, the same bits (each output is its own chain), and not compiled */
+#define REACHED(R, MV, FMT) \
+    ((MV) == 1 || narrow_panels(R) == (MV) || ((FMT) == FMT_F32 && (MV) <= WIDE_PANELS))
+#define CASE(R, MV, FMT)                                                          \
+    case R:                                                                       \
+        if (REACHED(R, MV, FMT)) tile(W, FMT, p0, MV, x, ldx, R, y, ldy, M);      \
+        else for (int i = 0; i < (MV); i++) tile(W, FMT, p0 + i, 1, x, ldx, R, y, ldy, M); \
+        break;
 #define ROWS8(MV, FMT)                                                                \
     CASE(1, MV, FMT) CASE(2, MV, FMT) CASE(3, MV, FMT) CASE(4, MV, FMT)               \
     CASE(5, MV, FMT) CASE(6, MV, FMT) CASE(7, MV, FMT) CASE(8, MV, FMT)
