@@ -17,19 +17,21 @@ from tqdm import tqdm
 from muser.engine_args import engine_kwargs
 from muser.errors import MuserError
 from muser.llm import LLM
+from muser.ops import native
 
 
-def _median_rate(
-    tokens: int, make_run: Callable[[], Callable[[], None]], repeats: int
-) -> tuple[float, list[float]]:
-    """Median tokens/s of `repeats` runs; make_run() (untimed) sets each one up."""
-    rates = []
+def _rates(tokens: int, make_runs: dict[str, Callable[[], Callable[[], None]]],
+           repeats: int) -> dict[str, list[float]]:
+    """tokens/s of `repeats` runs of each side, the sides taking turns run by run (a drift of
+    the machine's speed reaches both alike); make_run() (untimed) sets each run up."""
+    rates: dict[str, list[float]] = {name: [] for name in make_runs}
     for _ in range(repeats):
-        run = make_run()
-        start = time.perf_counter()
-        run()
-        rates.append(tokens / (time.perf_counter() - start))
-    return statistics.median(rates), rates
+        for name, make_run in make_runs.items():
+            run = make_run()
+            start = time.perf_counter()
+            run()
+            rates[name].append(tokens / (time.perf_counter() - start))
+    return rates
 
 
 def _cpu_model() -> str:
@@ -42,6 +44,19 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _machine(device: str, threads: int, llama: LlamaCppSide | None) -> dict:
+    """What ran the cells: the CPU's model, cores and the threads each engine used; on the CPU
+    also the vector ISA flags it advertises, the build muser's kernels run and llama.cpp's own
+    account of its build."""
+    machine = {"cpu": _cpu_model(), "cores": os.cpu_count(), "threads": threads,
+               "device": device}
+    if device == "cpu":
+        machine |= {"cpu_flags": native.cpu_flags(), "muser_kernels": native.isa()}
+    if llama is not None:
+        machine["llama_cpp_system_info"] = llama.system_info
+    return machine
 
 
 def _prompt(vocab: int, length: int) -> list[int]:
@@ -80,6 +95,7 @@ class LlamaCppSide:
         self.llm = llama_cpp.Llama(path, n_ctx=8192, n_batch=512, n_threads=threads,
                                    n_threads_batch=threads, verbose=False)
         self.version = llama_cpp.__version__
+        self.system_info = llama_cpp.llama_print_system_info().decode().strip()
 
     def prefill(self, ids: list[int]) -> None:
         self.llm.reset()
@@ -114,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("llama-cpp-python is not installed: measuring muser alone")
     vocab = llm.model_config.vocab_size
+    load_before = os.getloadavg()  # NOTE: a shared machine's other work shows here
     cells = [("prefill", n) for n in lengths] + [("decode", 32)]
     results = []
     bar = tqdm(total=len(cells) * len(sides), desc="bench", unit="cell")
@@ -121,25 +138,26 @@ def run(args: argparse.Namespace) -> int:
         ids = _prompt(vocab, n)
         cell = {"name": f"{regime}_{n}" if regime == "prefill" else
                 f"decode_{args.decode_tokens}_after_{n}", "regime": regime, "prompt_tokens": n}
-        for name, side in sides.items():
+        for side in sides.values():
             side.prefill(_prompt(vocab, 8))  # warm-up
-            if regime == "prefill":
-                rate, runs = _median_rate(n, lambda s=side, p=ids: lambda: s.prefill(p),
-                                          args.repeats)
-            else:  # each run decodes from a fresh prefill of the prompt (set up untimed)
-                rate, runs = _median_rate(
-                    args.decode_tokens, lambda s=side, p=ids: s.decode(p, args.decode_tokens),
-                    args.repeats)
-            cell[f"{name}_tokens_per_s"] = rate
-            cell[f"{name}_runs"] = runs
-            bar.update()
+        if regime == "prefill":
+            runs = _rates(n, {name: lambda s=side, p=ids: lambda: s.prefill(p)
+                              for name, side in sides.items()}, args.repeats)
+        else:  # each run decodes from a fresh prefill of the prompt (set up untimed)
+            runs = _rates(args.decode_tokens,
+                          {name: lambda s=side, p=ids: s.decode(p, args.decode_tokens)
+                           for name, side in sides.items()}, args.repeats)
+        for name, rates in runs.items():
+            cell[f"{name}_tokens_per_s"] = statistics.median(rates)
+            cell[f"{name}_runs"] = rates
+        bar.update(len(sides))
         if "llama.cpp" in sides:
             cell["ratio_vs_llama_cpp"] = cell["muser_tokens_per_s"] / cell["llama.cpp_tokens_per_s"]
         results.append(cell)
     bar.close()
     receipt = {
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(),
-                    "threads": threads, "device": llm.config.device},
+        "machine": _machine(llm.config.device, threads, sides.get("llama.cpp"))
+        | {"load_average_1_5_15min": {"before": load_before, "after": os.getloadavg()}},
         "versions": {"torch": torch.__version__,
                      "llama_cpp": getattr(sides.get("llama.cpp"), "version", None)},
         "model": str(llm.path), "dtype": llm.config.dtype, "kv_dtype": llm.config.kv_dtype,

@@ -94,3 +94,9 @@ def test_bench_writes_a_receipt(gguf_path: Path, tmp_path: Path) -> None:
         assert len(cell["muser_runs"]) == 3 and cell["muser_tokens_per_s"] > 0
         if "llama.cpp_tokens_per_s" in cell:  # llama-cpp-python installed
             assert cell["ratio_vs_llama_cpp"] > 0
+    machine = receipt["machine"]  # what ran it: the CPU, its vector ISA, threads, the load
+    assert machine["cpu"] and machine["threads"] >= 1 and machine["device"] == "cpu"
+    assert machine["muser_kernels"] in ("avx512", "avx2", "portable")
+    assert all(f.startswith(("avx", "amx", "fma", "f16c", "sse4")) for f in machine["cpu_flags"])
+    assert ("avx512f" in machine["cpu_flags"]) == (machine["muser_kernels"] == "avx512")
+    assert set(machine["load_average_1_5_15min"]) == {"before", "after"}

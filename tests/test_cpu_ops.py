@@ -325,3 +325,30 @@ def test_other_builds_compute_the_same_bits(march, variant_builds, monkeypatch):
     ours = outputs()
     monkeypatch.setattr(native, "library", lambda: variant)
     assert all(torch.equal(a, b) for a, b in zip(ours, outputs()))
+
+
+@pytest.mark.parametrize("march", MARCHES, ids=["portable", "avx2"])
+def test_other_builds_unpack_narrow_codes_to_the_same_bits(march, variant_builds,
+                                                           monkeypatch):
+    """Codes held at 4 bits (Q4_K) and 5 bits (Q5_0) unpack to the same integers in the
+    portable and AVX2 builds as in this machine's: the same GEMM bits at every width."""
+    import ctypes
+
+    main = native.library()
+    proc, target = variant_builds[march]
+    _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr
+    variant = ctypes.CDLL(str(target))
+    variant.muser_gemm.argtypes = main.muser_gemm.argtypes
+    variant.muser_gemm.restype = main.muser_gemm.restype
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 256, generator=gen)
+    mats = [_packed(qtype, 70, 256, seed) for seed, qtype in enumerate((QT.Q4_K, QT.Q5_0))]
+    assert [m.bits for m in mats] == [4, 5]
+
+    def outputs() -> list[torch.Tensor]:
+        return [native.gemm(x[:n], w) for w in mats for n in (1, 2, 3, 5, 8, 12, 16, 37)]
+
+    ours = outputs()
+    monkeypatch.setattr(native, "library", lambda: variant)
+    assert all(torch.equal(a, b) for a, b in zip(ours, outputs()))

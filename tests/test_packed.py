@@ -36,7 +36,8 @@ def _check_gemm(x: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
 def test_codes_dequantize_exactly(qtype):
     raw = torch.from_numpy(_random_raw(qtype, 40, 512, seed=3))
     p = PackedMatrix.from_codes(codes(raw, qtype, (40, 512)), (40, 512))
-    assert p.data.dtype == torch.int8 and p.group in (16, 32) and p.shape == (40, 512)
+    assert p.data.dtype == (torch.int8 if p.bits == 8 else torch.uint8)
+    assert p.group in (16, 32) and p.shape == (40, 512)
     expect = dequantize(raw, qtype, (40, 512))
     assert torch.equal(p.dequantize().view(torch.int32), expect.view(torch.int32))
     rows = torch.tensor([39, 0, 17, 17])
@@ -159,3 +160,21 @@ def test_reference_ops_keep_dense_weights(monkeypatch):
     assert not _keeps_codes(EngineConfig.for_device(device="cpu", dtype="float16"))
     monkeypatch.setenv("MUSER_OPS", "ref")
     assert not _keeps_codes(EngineConfig.for_device(device="cpu", dtype="float32"))
+
+
+@pytest.mark.parametrize("qtype, bits", [(QT.Q4_K, 4), (QT.Q5_0, 5), (QT.Q4_0, 5)],
+                         ids=lambda t: getattr(t, "name", t))
+def test_narrow_codes_give_the_bits_of_int8_codes(qtype, bits):
+    """Codes held at 4 or 5 bits unpack in registers to the integers int8 codes hold: every
+    width (decode rows, narrow and wide tiles, a partial last panel) gives the same bits as
+    the same codes at one byte each, at a fraction of the bytes."""
+    p = _packed(qtype, 300, 512, seed=bits)
+    assert p.bits == bits and p.data.dtype == torch.uint8 and p.shape == (300, 512)
+    wide = PackedMatrix(p.codes(), p.scales, p.mins, p.group, p.rows)
+    assert wide.bits == 8 and wide.data.dtype == torch.int8
+    assert p.data.nbytes * 8 == wide.data.nbytes * bits
+    assert torch.equal(p.dequantize(), wide.dequantize())
+    gen = torch.Generator().manual_seed(11)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 37):
+        x = torch.randn(rows, 512, generator=gen)
+        assert torch.equal(native.gemm(x, p), native.gemm(x, wide)), rows

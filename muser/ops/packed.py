@@ -4,9 +4,11 @@ Element (m, k) of an [M, K] matrix sits at data[m // 16, k, m % 16] (the last pa
 with zeros), so the kernel's vectors run across 16 output rows and each output is one FMA
 chain along k (muser/ops/native/gemm.c). `data` is either
 
-- the GGUF file's block codes (int8) with a float32 scale, and for K-quants an offset, per
-  `group` columns: W = codes * scales - mins, exactly the float32 weights ggml's
-  dequantization gives, at about a quarter of their bytes; or
+- the GGUF file's block codes with a float32 scale, and for K-quants an offset, per `group`
+  columns: W = codes * scales - mins, exactly the float32 weights ggml's dequantization
+  gives. Codes are held at the width their values need: 4 bits for 0 .. 15 with offsets
+  (Q4_K), 5 bits for -16 .. 15 with float16 scales (Q5_0), else int8 (`bits`; the layouts are
+  gemm.c's), the kernel unpacking them in registers to the same integers; or
 - the values themselves, float32, float16 or bfloat16.
 
 The CPU keeps nothing else: no dense twin, the embedding is looked up from the codes.
@@ -43,6 +45,55 @@ def _compact(scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
     return scales
 
 
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """int8 panels [P, K, 16] -> gemm.c's bytes for `bits` (8: the codes as they are)."""
+    if bits == 8:
+        return codes
+    p, k, _ = codes.shape
+    if bits == 4:  # byte (p, j, r) = code(2j) | code(2j + 1) << 4
+        u = codes.to(torch.uint8).view(p, k // 2, 2, PANEL)
+        return u[:, :, 0] | (u[:, :, 1] << 4)
+    u = (codes + 16).to(torch.uint8).view(p, k // 8, 8, PANEL)  # 5 bits: 80 bytes per 8 k
+    low = (u & 15).view(p, k // 8, 4, 2, PANEL)
+    nibbles = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).reshape(p, k // 8, 4 * PANEL)
+    high = torch.zeros(p, k // 8, PANEL, dtype=torch.uint8)
+    for i in range(8):
+        high |= ((u[:, :, i] >> 4) & 1) << i
+    return torch.cat([nibbles, high], dim=2)
+
+
+def _unpack(data: torch.Tensor, bits: int) -> torch.Tensor:
+    """_pack's inverse -> int8 panels [P, K, 16]."""
+    if bits == 8:
+        return data
+    p = data.shape[0]
+    if bits == 4:
+        return torch.stack([data & 15, data >> 4], dim=2).view(p, -1, PANEL).to(torch.int8)
+    nibbles = data[:, :, :4 * PANEL].reshape(p, -1, 4, PANEL)
+    low = torch.stack([nibbles & 15, nibbles >> 4], dim=3).view(p, -1, 8, PANEL)
+    high = torch.stack([(data[:, :, 4 * PANEL:] >> i) & 1 for i in range(8)], dim=2)
+    return ((low | (high << 4)).to(torch.int8) - 16).view(p, -1, PANEL)
+
+
+def _bits(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+          group: int) -> int:
+    """The width gemm.c holds these codes at: 4 (0 .. 15, float32 scales and offsets), 5
+    (-16 .. 15, float16 scales, no offsets), else 8."""
+    lo, hi = int(codes.min()), int(codes.max())
+    if mins is not None and scales.dtype == torch.float32 and 0 <= lo and hi <= 15:
+        return 4 if group % 8 == 0 else 8
+    if mins is None and scales.dtype == torch.float16 and -16 <= lo and hi <= 15:
+        return 5 if group % 8 == 0 else 8
+    return 8
+
+
+def _codes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group: int,
+           rows: int) -> PackedMatrix:
+    """A PackedMatrix of int8 code panels [P, K, 16], held at the width they need."""
+    bits = _bits(codes, scales, mins, group)
+    return PackedMatrix(_pack(codes, bits), scales, mins, group, rows, bits)
+
+
 def _panel_rows(t: torch.Tensor, rows: torch.Tensor | None, num_rows: int) -> torch.Tensor:
     """Rows `rows` (or all) of a panelled [P, C, 16] tensor -> [n, C]."""
     if rows is None:
@@ -52,20 +103,22 @@ def _panel_rows(t: torch.Tensor, rows: torch.Tensor | None, num_rows: int) -> to
 
 @dataclass(slots=True)
 class PackedMatrix:
-    data: torch.Tensor  # [panels, K, 16]: int8 codes, or float32 / float16 / bfloat16 values
+    data: torch.Tensor  # [panels, K, 16]: int8 codes, or float32 / float16 / bfloat16 values;
+    # uint8 for codes of 4 bits [panels, K // 2, 16] or 5 bits [panels, K // 8, 80] (_pack)
     scales: torch.Tensor | None  # codes: [panels, K // group, 16] float32, or float16 when
     # every scale is a float16 value and there are no offsets (Q8_0, Q4_0, Q5_0); values: None
     mins: torch.Tensor | None  # like scales; None: no offsets
     group: int  # codes: columns per scale; values: 0
     rows: int  # M
+    bits: int = 8  # codes: the width they are held at (4, 5 or 8)
 
     @classmethod
     def from_codes(cls, c: Codes, shape: tuple[int, int]) -> PackedMatrix:
         """Row-major block codes of an [M, K] tensor (K a multiple of its blocks)."""
         m, k = shape
         mins = None if c.mins is None else _to_panels(c.mins.reshape(m, -1))
-        return cls(_to_panels(c.codes.reshape(m, k)),
-                   _compact(_to_panels(c.scales.reshape(m, -1)), mins), mins, c.group, m)
+        return _codes(_to_panels(c.codes.reshape(m, k)),
+                      _compact(_to_panels(c.scales.reshape(m, -1)), mins), mins, c.group, m)
 
     @classmethod
     def from_dense(cls, w: torch.Tensor) -> PackedMatrix:
@@ -76,7 +129,13 @@ class PackedMatrix:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.rows, self.data.shape[1]
+        if self.bits == 8:
+            return self.rows, self.data.shape[1]
+        return self.rows, self.data.shape[1] * (2 if self.bits == 4 else 8)
+
+    def codes(self) -> torch.Tensor:
+        """The codes as int8 panels [panels, K, 16] (unpacked when held narrower)."""
+        return _unpack(self.data, self.bits)
 
     @property
     def is_codes(self) -> bool:
@@ -93,9 +152,9 @@ class PackedMatrix:
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """W of every row (or of `rows`): [M or len(rows), K] float32, the values the kernel
         multiplies (codes * scales - mins: bit for bit the loader's dequantization)."""
-        data = _panel_rows(self.data, rows, self.rows)
         if not self.is_codes:
-            return data.float()
+            return _panel_rows(self.data, rows, self.rows).float()
+        data = _panel_rows(self.codes(), rows, self.rows)
         scales = _panel_rows(self.scales, rows, self.rows).float()
         scales = scales.repeat_interleave(self.group, 1)
         w = scales * data.float()
@@ -117,15 +176,15 @@ def cat_rows(parts: list[PackedMatrix]) -> PackedMatrix:
     def rows_of(t: torch.Tensor, p: PackedMatrix) -> torch.Tensor:
         return _panel_rows(t, None, p.rows).float().repeat_interleave(p.group // group, dim=1)
 
-    codes = torch.cat([_panel_rows(p.data, None, p.rows) for p in parts])
+    codes = torch.cat([_panel_rows(p.codes(), None, p.rows) for p in parts])
     scales = torch.cat([rows_of(p.scales, p) for p in parts])
     mins = None
     if any(p.mins is not None for p in parts):
         mins = _to_panels(torch.cat([
             rows_of(p.mins, p) if p.mins is not None else torch.zeros_like(rows_of(p.scales, p))
             for p in parts]))
-    return PackedMatrix(_to_panels(codes), _compact(_to_panels(scales), mins), mins, group,
-                        codes.shape[0])
+    return _codes(_to_panels(codes), _compact(_to_panels(scales), mins), mins, group,
+                  codes.shape[0])
 
 
 def dense(weight: torch.Tensor | PackedMatrix) -> torch.Tensor:

@@ -1,5 +1,8 @@
 """Getting a runner ready to serve: the startup drives the runner, which knows nothing of it.
 
+On the CPU, a first start on a machine builds the C kernels as a phase of its own, a line at
+least every few seconds (muser/ops/native/build.py).
+
 On a GPU, in order: the warm-up's picks, compile and tune phases run every shape serving can
 run (muser/startup/warmup.py), their peak allocation measured; the KV pages are sized from the
 memory left beside that workspace (unless num_pages is given); the decode graphs are captured
@@ -14,8 +17,11 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import torch
+
 from muser.config import EngineConfig, ModelConfig
 from muser.graph.weights import ModelWeights
+from muser.ops import native
 from muser.runner import Runner
 from muser.startup import waiting_chunk
 from muser.startup.log import StartupLog
@@ -36,8 +42,12 @@ def start(cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights,
     """A runner ready to serve when it returns (its record in `runner.startup`): on a GPU every
     kernel, projection pick and decode graph serving can use is compiled, chosen and captured.
     Phases are reported to `log`."""
+    log = log or StartupLog()
+    if torch.device(engine.device).type == "cpu" and not native.is_built():
+        with log.phase("CPU kernels"):  # NOTE: once per machine; its lines keep the wait loud
+            native.build_kernels(lambda line: log.note(f"  {line}"))
     runner = Runner(cfg, engine, weights)
-    runner.ready(warm_up(runner, log or StartupLog()))
+    runner.ready(warm_up(runner, log))
     return runner
 
 

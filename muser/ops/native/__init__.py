@@ -2,7 +2,8 @@
 packed matrices; norms.c: RMSNorm, QK-norm + RoPE, RoPE angles, GeGLU; attention.c: query rows
 over a sequence's keys; noise.c: the sampler's draw; bands.c: top-p's mass per
 power-of-two band), built once per machine
-with the system C compiler (`$CC`, else `cc`) into muser's cache, called via ctypes.
+with the system C compiler (`$CC`, else `cc`) into muser's cache, a compiler process a source
+in parallel (build.py), called via ctypes.
 
 Each output is reduced in one fixed order whatever the number of rows (see each source's
 header), which is what makes the CPU backend bitwise the same at every chunk width and batch.
@@ -20,17 +21,17 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from muser.env import c_compiler, cache_dir
-from muser.errors import MuserError
+from muser.ops.native.build import INSTALL, NativeUnavailable, build
 from muser.ops.packed import PackedMatrix
 
 SOURCES = [Path(__file__).with_name(name)
@@ -41,10 +42,7 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fo
 # element types: FMT_* of weights in gemm.c, KV_* of the cache in attention.c
 FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FMT_CODES = 3  # float32 scales; FMT_CODES + 1: float16 scales
-
-
-class NativeUnavailable(MuserError):
-    """The C kernels could not be built or loaded on this machine."""
+FMT_PACKED = {4: 6, 5: 7}  # codes held at 4 bits (FMT_Q4_M) or 5 bits (FMT_Q5_H), by width
 
 
 def _cpu_flags() -> str:
@@ -57,34 +55,45 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(cc: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise NativeUnavailable(f"building the CPU kernels with {cc} failed:\n"
-                                    f"{proc.stderr.strip()}")
-        os.replace(out, target)  # atomic: concurrent builders agree on the result
+def _stderr(line: str) -> None:
+    print(f"muser: {line}", file=sys.stderr, flush=True)
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    """The loaded kernel library, built on first use."""
+def _target() -> tuple[str, Path]:
+    """(compiler, the library's path in the cache): keyed by the sources, the flags, the
+    compiler's version and the CPU's feature flags."""
     cc = c_compiler()
     if shutil.which(cc) is None:
-        raise NativeUnavailable(f"no C compiler '{cc}' on PATH (set CC, or install gcc)")
+        raise NativeUnavailable(f"no C compiler '{cc}' (from CC, else cc) on PATH: {INSTALL}")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              check=False).stdout
     key = hashlib.sha256("\0".join(
         [*(src.read_text() for src in SOURCES + HEADERS), " ".join(FLAGS), version, _cpu_flags(),
          platform.machine()]
     ).encode()).hexdigest()[:16]
-    target = cache_dir() / "native" / f"muser-cpu-{key}.so"
+    return cc, cache_dir() / "native" / f"muser-cpu-{key}.so"
+
+
+def is_built() -> bool:
+    """Whether this machine's library is in the cache (False: the next use builds it)."""
+    return _target()[1].exists()
+
+
+def build_kernels(report: Callable[[str], None] = _stderr) -> Path:
+    """Build this machine's library into the cache unless it is there, each step reported to
+    `report` (build.py) -> its path."""
+    cc, target = _target()
     if not target.exists():
-        _build(cc, target)
-    lib = ctypes.CDLL(str(target))
+        report("building CPU kernels for this machine (once)")
+        build(cc, FLAGS, SOURCES, target, report)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The loaded kernel library, built on first use (announced on stderr) unless a startup
+    built it first (muser/startup/start.py)."""
+    lib = ctypes.CDLL(str(build_kernels()))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     f32, c_int = ctypes.c_float, ctypes.c_int
     lib.muser_gemm.argtypes = [p, i64, i64, i64, p, c_int, p, p, i64, i64, p, i64, c_int]
@@ -99,6 +108,7 @@ def library() -> ctypes.CDLL:
     lib.muser_geglu.argtypes = [p, i64, i64, p]
     lib.muser_gumbel_argmax.argtypes = [p, i64, p, i64, p, i64, i64, i64, p, p, c_int, p]
     lib.muser_top_p_bands.argtypes = [p, i64, p, p]
+    lib.muser_isa.argtypes, lib.muser_isa.restype = [], ctypes.c_char_p
     lib.muser_gemm.restype = lib.muser_attention.restype = c_int
     lib.muser_decode_attention.restype = c_int
     for fn in (lib.muser_rms_norm, lib.muser_add_rms_norm, lib.muser_qk_norm_rope,
@@ -106,6 +116,17 @@ def library() -> ctypes.CDLL:
                lib.muser_top_p_bands):
         fn.restype = None
     return lib
+
+
+def isa() -> str:
+    """The vector build the library was compiled to: "avx512", "avx2" or "portable"."""
+    return library().muser_isa().decode()
+
+
+def cpu_flags() -> list[str]:
+    """The vector ISA flags this CPU advertises (/proc/cpuinfo), those a build may use."""
+    have = set(_cpu_flags().partition(":")[2].split())
+    return sorted(f for f in have if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
 
 
 def _check(rc: int, what: str) -> None:
@@ -121,11 +142,13 @@ def gemm(x: torch.Tensor, w: PackedMatrix) -> torch.Tensor:
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
     n, k = x.shape
     m = w.rows
-    assert w.data.shape[1] == k, (tuple(x.shape), w.shape)
+    assert w.shape[1] == k, (tuple(x.shape), w.shape)
     y = torch.empty(n, m, dtype=torch.float32)
     if n == 0:
         return y
-    if w.is_codes:
+    if w.bits != 8:
+        fmt = FMT_PACKED[w.bits]
+    elif w.is_codes:
         fmt = FMT_CODES + (w.scales.dtype == torch.float16)
     else:
         fmt = FORMATS[w.data.dtype]

@@ -1,6 +1,7 @@
 /* 16-float vectors for the CPU kernels: one AVX-512 register, two AVX2 registers, or 16 scalar
  * lanes. Every operation is one IEEE operation per lane (FMA fused, correctly rounded), so the
- * three builds compute the same bits. VEC_REGS: 16-float registers available (0: portable). */
+ * three builds compute the same bits. VEC_REGS: 16-float registers available (0: portable);
+ * VEC_ISA: the build's name (muser_isa). */
 #ifndef MUSER_VEC_H
 #define MUSER_VEC_H
 
@@ -32,7 +33,26 @@ static inline void vstore(float *p, v16 v, int n) {
     if (n == 16) _mm512_storeu_ps(p, v);
     else _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v);
 }
+/* 16 int32 lanes: packed codes unpacked in registers (gemm.c) */
+typedef __m512i vi16;
+static inline vi16 vbytes(const uint8_t *p) { /* 16 bytes, zero-extended */
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+static inline vi16 vi_set(int32_t s) { return _mm512_set1_epi32(s); }
+static inline vi16 vi_and(vi16 a, vi16 b) { return _mm512_and_si512(a, b); }
+static inline vi16 vi_andnot(vi16 a, vi16 b) { return _mm512_andnot_si512(a, b); } /* ~a & b */
+static inline vi16 vi_sub(vi16 a, vi16 b) { return _mm512_sub_epi32(a, b); }
+#define vi_shl(a, n) _mm512_slli_epi32(a, n)
+#define vi_shr(a, n) _mm512_srli_epi32(a, n)
+static inline v16 vi_float(vi16 a) { return _mm512_cvtepi32_ps(a); }
+/* low - 16 in the lanes r whose bit j of high[r] is clear (a 5-bit code's high bit) */
+static inline vi16 vi_high5(vi16 low, const uint8_t *high, int j) {
+    const __mmask16 clear = _mm_testn_epi8_mask(_mm_loadu_si128((const __m128i *)high),
+                                                _mm_set1_epi8((char)(1 << j)));
+    return _mm512_mask_sub_epi32(low, clear, low, _mm512_set1_epi32(16));
+}
 #define VEC_REGS 32
+#define VEC_ISA "avx512"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 typedef struct { __m256 lo, hi; } v16;
@@ -77,7 +97,33 @@ static inline void vstore(float *p, v16 v, int n) {
     _mm256_storeu_ps(t + 8, v.hi);
     memcpy(p, t, (size_t)n * sizeof(float));
 }
+typedef struct { __m256i lo, hi; } vi16;
+static inline vi16 vbytes(const uint8_t *p) {
+    return (vi16){_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),
+                  _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)))};
+}
+static inline vi16 vi_set(int32_t s) { return (vi16){_mm256_set1_epi32(s), _mm256_set1_epi32(s)}; }
+static inline vi16 vi_and(vi16 a, vi16 b) {
+    return (vi16){_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)};
+}
+static inline vi16 vi_andnot(vi16 a, vi16 b) {
+    return (vi16){_mm256_andnot_si256(a.lo, b.lo), _mm256_andnot_si256(a.hi, b.hi)};
+}
+static inline vi16 vi_sub(vi16 a, vi16 b) {
+    return (vi16){_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)};
+}
+#define vi_shl(a, n) ((vi16){_mm256_slli_epi32((a).lo, n), _mm256_slli_epi32((a).hi, n)})
+#define vi_shr(a, n) ((vi16){_mm256_srli_epi32((a).lo, n), _mm256_srli_epi32((a).hi, n)})
+static inline v16 vi_float(vi16 a) {
+    return (v16){_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)};
+}
+static inline vi16 vi_high5(vi16 low, const uint8_t *high, int j) {
+    const vi16 h = vbytes(high);
+    const vi16 at4 = j <= 4 ? vi_shl(h, 4 - j) : vi_shr(h, j - 4); /* bit j at bit 4 */
+    return vi_sub(low, vi_andnot(at4, vi_set(16)));
+}
 #define VEC_REGS 8
+#define VEC_ISA "avx2"
 #else /* portable: one fmaf per lane */
 typedef struct { float f[16]; } v16;
 static inline v16 vzero(void) { v16 v = {{0}}; return v; }
@@ -116,7 +162,29 @@ static inline v16 vbf16(const uint16_t *p) {
     return v;
 }
 static inline void vstore(float *p, v16 v, int n) { memcpy(p, v.f, (size_t)n * sizeof(float)); }
+typedef struct { int32_t i[16]; } vi16;
+static inline vi16 vbytes(const uint8_t *p) { vi16 v; for (int i = 0; i < 16; i++) v.i[i] = p[i]; return v; }
+static inline vi16 vi_set(int32_t s) { vi16 v; for (int i = 0; i < 16; i++) v.i[i] = s; return v; }
+static inline vi16 vi_and(vi16 a, vi16 b) { for (int i = 0; i < 16; i++) a.i[i] &= b.i[i]; return a; }
+static inline vi16 vi_andnot(vi16 a, vi16 b) {
+    for (int i = 0; i < 16; i++) a.i[i] = ~a.i[i] & b.i[i];
+    return a;
+}
+static inline vi16 vi_sub(vi16 a, vi16 b) { for (int i = 0; i < 16; i++) a.i[i] -= b.i[i]; return a; }
+static inline vi16 vi_shl_(vi16 a, int n) { for (int i = 0; i < 16; i++) a.i[i] <<= n; return a; }
+static inline vi16 vi_shr_(vi16 a, int n) {
+    for (int i = 0; i < 16; i++) a.i[i] = (int32_t)((uint32_t)a.i[i] >> n);
+    return a;
+}
+#define vi_shl(a, n) vi_shl_(a, n)
+#define vi_shr(a, n) vi_shr_(a, n)
+static inline v16 vi_float(vi16 a) { v16 v; for (int i = 0; i < 16; i++) v.f[i] = (float)a.i[i]; return v; }
+static inline vi16 vi_high5(vi16 low, const uint8_t *high, int j) {
+    for (int i = 0; i < 16; i++) low.i[i] -= (high[i] >> j) & 1 ? 0 : 16;
+    return low;
+}
 #define VEC_REGS 0
+#define VEC_ISA "portable"
 #endif
 
 
