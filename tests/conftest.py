@@ -12,6 +12,15 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     # ones do not (22 ms). The kernels' results do not depend on the wait policy.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: before anything imports Triton: Triton reads TRITON_INTERPRET when `triton.language`
+    # is first imported (its own @jit helpers, tl.cdiv among them, are made then), and a test
+    # module collected before the kernel tests may import it (transformers does, through
+    # torch._dynamo). Set later, the kernels run in the interpreter but call compiled helpers.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import gguf
 import pytest
 

@@ -1,20 +1,15 @@
 """Helpers of the kernel tests: device, dtypes, tolerances, seeded inputs.
 
-Imported before any Triton code: without CUDA it selects the interpreter (TRITON_INTERPRET=1;
-fp32/fp16 only, since the interpreter computes bf16 wrongly). Every kernel output is poisoned
-(conftest.py's `poisoned` fixture).
+Without CUDA the kernels run in the interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets
+before anything imports Triton; fp32/fp16 only, since the interpreter computes bf16 wrongly).
+Every kernel output is poisoned (conftest.py's `poisoned` fixture).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 
 
 def _patch_interpreter_index() -> None:
