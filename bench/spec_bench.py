@@ -1,8 +1,9 @@
 """Speculative decoding against plain decoding, side by side in one run (CPU, prompt lookup).
 
 Each workload is a committed prompt (bench/prompts/spec/*.txt: a passage of 300+ tokens the
-continuation reuses: a quotation, an edit, code with one change), sent through the chat
-template. Per (workload, k) cell: greedy decode tok/s of the same request on a plain engine and
+continuation reuses: a quotation, an edit, code with one change; and `free`, a story asked for
+in two sentences, where little repeats: what speculation costs when it has nothing to copy),
+sent through the chat template. Per (workload, k) cell: greedy decode tok/s of the same request on a plain engine and
 on a speculating one, alternated `--reps` times (the median of each), the speedup, the share of
 draft tokens accepted, the mean tokens a verify pass emitted, and whether the outputs were the
 same token for token. One speculating engine serves every k (its rings hold the largest; a

@@ -12,10 +12,9 @@ import torch
 
 from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
-from muser.graph.weights import LayerWeights
 from muser.loading import load_model
 from muser.loading.fp8_checkpoint import fp8_layout
-from muser.loading.hf import Shards, _shapes, load_weights_hf
+from muser.loading.hf import Shards, _layer_names, _shapes, load_weights_hf
 from muser.loading.names import HF_LAYER_NAMES
 from muser.ops.fp8 import FP8, Fp8Matrix, quantize_fp8
 from tests.hf_checkpoint import hf_config, write_safetensors
@@ -46,9 +45,10 @@ def _checkpoint(tmp_path: Path, quant: dict | None, kind: str = "channel",
     bfloat16 values), the rest bfloat16 -> (its directory, every tensor written)."""
     gen = torch.Generator().manual_seed(0)
     tensors = {}
-    for name, shape in _shapes(CFG).items():
-        for i in range(CFG.num_layers):
-            full = f"model.layers.{i}.{name}"
+    for i in range(CFG.num_layers):
+        shapes = _shapes(CFG, i)
+        for name in (n for names in _layer_names(CFG, i).values() for n in names):
+            shape, full = shapes[name], f"model.layers.{i}.{name}"
             if len(shape) == 1 or quant is None:
                 tensors[full] = torch.randn(shape, generator=gen).to(torch.bfloat16)
             else:
@@ -126,8 +126,8 @@ def test_quantize_unquantized_checkpoint(tmp_path):
     assert weights.embed.dtype == torch.bfloat16 and weights.dtype == torch.bfloat16
     layers = weights.layers
     assert weights.nbytes() == weights.embed.nbytes + weights.final_norm.nbytes + sum(
-        getattr(layer, f).nbytes() if f in PROJECTIONS else getattr(layer, f).nbytes
-        for layer in layers for f in LayerWeights.__slots__)
+        part.nbytes() if f in PROJECTIONS else part.nbytes
+        for layer in layers for f, part in layer.parts().items())
 
 
 def test_missing_scale(tmp_path):

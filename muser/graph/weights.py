@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,14 @@ class LayerWeights:
     per_layer_norm: torch.Tensor | None = None  # PLE: [hidden], after per_layer_proj
     layer_scalar: torch.Tensor | None = None  # [1]: the layer's output residual times it
 
+    def parts(self) -> dict[str, Matrix]:
+        """Every part the layer has, by field (the parts its model lacks, None, left out)."""
+        return {f: v for f in self.__slots__ if (v := getattr(self, f)) is not None}
+
+    def map(self, fn: Callable[[Matrix], Matrix]) -> LayerWeights:
+        """The layer with `fn` applied to each of its parts (e.g. moved to a device)."""
+        return LayerWeights(**{f: fn(v) for f, v in self.parts().items()})
+
 
 @dataclass(slots=True)
 class ModelWeights:
@@ -68,7 +77,7 @@ class ModelWeights:
         mats = [self.embed, self.final_norm, self.head, self.per_layer_embed,
                 self.per_layer_model_proj, self.per_layer_proj_norm]
         for layer in self.layers:
-            mats += [getattr(layer, name) for name in LayerWeights.__slots__]
+            mats += layer.parts().values()
         for m in mats:
             tensors.update((id(t), t) for t in matrix_tensors(m))
         return sum(t.nbytes for t in tensors.values())

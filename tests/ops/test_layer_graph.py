@@ -8,7 +8,7 @@ import torch
 
 import muser.ops.triton as triton_ops
 from muser.config import EngineConfig, ModelConfig, gemma3_layer_kinds
-from muser.graph.weights import LayerWeights, ModelWeights, random_weights, with_fp8_head
+from muser.graph.weights import ModelWeights, random_weights, with_fp8_head
 from muser.ops import ref
 from muser.ops.fp8 import Fp8Matrix
 from muser.runner import Runner
@@ -32,8 +32,7 @@ CFG = ModelConfig(
 
 
 def _to(weights: ModelWeights, device: str) -> ModelWeights:
-    layers = [LayerWeights(**{f: getattr(w, f).to(device) for f in LayerWeights.__slots__})
-              for w in weights.layers]
+    layers = [w.map(lambda m: m.to(device)) for w in weights.layers]
     return ModelWeights(weights.embed.to(device), weights.final_norm.to(device), layers)
 
 
@@ -42,8 +41,7 @@ def _dequantized(weights: ModelWeights) -> ModelWeights:
     def dense(m):
         return m.dequantize() if isinstance(m, Fp8Matrix) else m
 
-    layers = [LayerWeights(**{f: dense(getattr(w, f)) for f in LayerWeights.__slots__})
-              for w in weights.layers]
+    layers = [w.map(dense) for w in weights.layers]
     return ModelWeights(dense(weights.embed), weights.final_norm, layers)
 
 

@@ -10,7 +10,7 @@ import torch
 
 import muser.ops.triton as triton_ops
 from muser.config import EngineConfig, gemma3_layer_kinds
-from muser.graph.weights import LayerWeights, ModelWeights, random_weights
+from muser.graph.weights import ModelWeights, random_weights
 from muser.runner import Runner
 from tests.graph.reference import reference_logits
 from tests.graph.test_nope import TINY
@@ -24,8 +24,7 @@ def test_nope_graph_through_triton_ops() -> None:
     """Error model of tests/graph/test_nope.py (7 ops a layer, then 2) with the kernel tests'
     per-op tolerance (opcheck.TOL: sums of up to 4,096 terms), one side exact."""
     weights = random_weights(CFG, torch.float32, "cpu", seed=0)
-    layers = [LayerWeights(**{f: getattr(w, f).to(DEVICE) for f in LayerWeights.__slots__})
-              for w in weights.layers]
+    layers = [w.map(lambda m: m.to(DEVICE)) for w in weights.layers]
     on_device = ModelWeights(weights.embed.to(DEVICE), weights.final_norm.to(DEVICE), layers)
     engine = EngineConfig.for_device(device=DEVICE, dtype="float32", kv_dtype="float32",
                                      max_num_seqs=1, max_model_len=64, page_size=8,

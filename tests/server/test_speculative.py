@@ -76,10 +76,10 @@ def test_llama_completion_reports_draft_n(spec: Server) -> None:
     off = spec.client().post("/completion", json=body | {"speculative.n_max": 0}).json()
     assert on["content"] == off["content"]
     assert on["timings"]["draft_n"] >= on["timings"]["draft_n_accepted"] > 0
-    assert off["timings"]["draft_n"] == 0
+    assert "draft_n" not in off["timings"]  # NOTE: llama-server names drafts only where made
     # NOTE: a draft must be at least n_min long to be verified: none of 64
     never = spec.client().post("/completion", json=body | {"speculative.n_min": 64}).json()
-    assert never["content"] == on["content"] and never["timings"]["draft_n"] == 0
+    assert never["content"] == on["content"] and "draft_n" not in never["timings"]
 
 
 @pytest.mark.parametrize("route, fields", [
