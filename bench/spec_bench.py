@@ -42,8 +42,8 @@ def _cpu() -> dict:
             "threads": torch.get_num_threads(), "cores": os.cpu_count()}
 
 
-def _decode(llm: LLM, ids: list[int], max_tokens: int, k: int | None):
-    p = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+def _decode(llm: LLM, ids: list[int], max_tokens: int, k: int | None, temperature: float):
+    p = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0, ignore_eos=True,
                        speculative=k)
     return llm.generate(ids, p)
 
@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="*", default=[2, 3, 4, 5, 6, 8])
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy; else seeded sampling (seed 0), exact all the same")
     ap.add_argument("--verify-costs", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -83,15 +85,16 @@ def main() -> None:
         text = (PROMPTS / f"{workload}.txt").read_text()
         ids = plain.tokenizer.encode(plain.tokenizer.apply_chat_template(
             [{"role": "user", "content": text}]))
-        want = _decode(plain, ids, args.max_tokens, None)  # NOTE: also warms both engines
-        _decode(spec, ids, 8, None)
+        want = _decode(plain, ids, args.max_tokens, None, args.temperature)  # NOTE: also warms both engines
+        _decode(spec, ids, 8, None, args.temperature)
         plain_tps, spec_tps = [], {k: [] for k in args.ks}
         exact, counts = dict.fromkeys(args.ks, True), {k: [0, 0, 0] for k in args.ks}
         for _ in range(args.reps):  # NOTE: each rep runs plain, then every k, in turn
-            plain_tps.append(_decode(plain, ids, args.max_tokens, None).decode_tokens_per_s)
+            plain_tps.append(_decode(plain, ids, args.max_tokens, None,
+                                    args.temperature).decode_tokens_per_s)
             for k in args.ks:
                 before = (stats.drafted, stats.accepted, stats.verified)
-                got = _decode(spec, ids, args.max_tokens, k)
+                got = _decode(spec, ids, args.max_tokens, k, args.temperature)
                 spec_tps[k].append(got.decode_tokens_per_s)
                 exact[k] &= got.token_ids == want.token_ids
                 for i, (now, then) in enumerate(zip((stats.drafted, stats.accepted,
@@ -102,7 +105,7 @@ def main() -> None:
             d, a, v = counts[k]
             a_spec = statistics.median(spec_tps[k])
             cell = {"model": plain.path.name if plain.path else "default", "draft": "ngram",
-                    "k": k, "workload": workload, "batch": 1, "prompt_tokens": len(ids),
+                    "k": k, "workload": workload, "temperature": args.temperature, "batch": 1, "prompt_tokens": len(ids),
                     "output_tokens": args.max_tokens, "tokens_per_s_plain": round(a_plain, 2),
                     "tokens_per_s_spec": round(a_spec, 2), "speedup": round(a_spec / a_plain, 3),
                     "acceptance_rate": round(a / d, 3) if d else 0.0,

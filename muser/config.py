@@ -152,8 +152,8 @@ QUANTIZATIONS = ("none", "fp8")
 # speculative decoding's proposers (muser/engine/speculation.py): "ngram" is prompt lookup
 SPECULATIVE = ("none", "ngram")
 # draft tokens verified per step at most (--num-speculative-tokens): the measured best of
-# K = 2..8 on the CPU's prompt-lookup workload (bench/results/spec_cpu.json)
-NUM_SPECULATIVE_TOKENS = 5
+# K = 2..8 on each of the CPU's prompt-lookup workloads (bench/results/spec_cpu.json)
+NUM_SPECULATIVE_TOKENS = 6
 
 # EngineConfig fields that for_device fills and no config leaves None.
 _RESOLVED = ("fp8_head", "prefill_chunk", "max_num_seqs", "max_batched_tokens", "prefix_cache",
