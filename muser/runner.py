@@ -243,7 +243,8 @@ class Runner:
         seq.ring = ring
         if self.prefix is not None:
             self.prefix.append(seq, ids)
-            if len(ids) > 1 and seq.num_cached % CHECKPOINT_EVERY == 0:
+            n = seq.num_cached
+            if (len(ids) > 1 and n % CHECKPOINT_EVERY == 0) or n == seq.prompt_end:
                 self.prefix.save(seq)
 
     def reserve(self, seq: Placement, num_positions: int) -> None:

@@ -63,6 +63,10 @@ class Sequence(Placement):
     num_accepted: int = 0  # of those, accepted (outputs that came from a draft)
 
     @property
+    def prompt_end(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
     def output_uid(self) -> int:
         """The uid its outputs carry (a fork's: its request's)."""
         return self.uid if self.parent is None else self.parent

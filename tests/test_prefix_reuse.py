@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from muser import LLM, SamplingParams
+from muser.kvcache.prefix import chain_keys
 from muser.kvcache.reuse import CHECKPOINT_EVERY
 from muser.runner import Runner
 
@@ -66,6 +67,39 @@ def test_a_prefix_hit_gives_the_bits_of_a_cold_prefill(
     cold_reused, cold, cold_tokens = _run(runner, follow, 8)
     assert cold_reused == 0 and runner.prefix.stats().hits == 0
     assert torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
+
+
+@pytest.mark.parametrize("num_prompt", [
+    50,  # inside its first page, the ring not wrapped
+    128,  # on a page boundary: the page that holds the last row is copied, not shared
+    601,  # inside a page, after the 512-row ring wrapped
+    640,  # on a page boundary, after the ring wrapped
+])
+def test_the_same_prompt_again_resumes_before_its_last_token(llm: LLM, num_prompt: int) -> None:
+    """A prompt sent twice: the second starts from the first's checkpoint at its prompt's end,
+    one row before it (whose logits are needed), with the bits of a cold prefill; the row it
+    computes again lands in a page of its own, never in one it shares."""
+    runner = llm.runner
+    runner.prefix.reset(runner.pages)
+    ids = llm.encode("The tide came in over the stones. " * 200)[:num_prompt]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = llm.engine.add_request(ids, params)
+    list(llm.engine.run(first))
+    again = llm.engine.add_request(ids, params)
+    list(llm.engine.run(again))
+    assert first.num_reused == 0 and again.num_reused == num_prompt - 1
+    seq = runner.allocate(ids)
+    try:
+        cached = runner.pages.lookup(chain_keys(ids, PAGE))
+        assert seq.num_cached == num_prompt - 1 and seq.page_ids[-1] not in cached
+        assert len(seq.page_ids) == -(-num_prompt // PAGE)
+    finally:
+        runner.free(seq)
+    reused, hit, hit_tokens = _run(runner, ids, 8)
+    assert reused == num_prompt - 1
+    runner.prefix.reset(runner.pages)
+    cold_reused, cold, cold_tokens = _run(runner, ids, 8)
+    assert cold_reused == 0 and torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
 
 
 def test_eviction_under_pressure_spares_the_pages_a_sequence_shares(gguf_path: Path) -> None:

@@ -8,7 +8,8 @@
     keys          each full page (muser/kvcache/prefix.py)
 
 The runner places, grows and frees it (muser/runner.py); the prefix cache restores and saves it
-(muser/kvcache/reuse.py). The engine's Sequence is a Placement (muser/sequence.py), so these
+(muser/kvcache/reuse.py), at every CHECKPOINT_EVERY rows a chunk ends on and where its prompt
+ends. The engine's Sequence is a Placement (muser/sequence.py), so these
 counts have one owner: the scheduler reads the same `num_cached` the runner commits.
 """
 
@@ -27,6 +28,11 @@ class Placement:
     page_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     keys: list[bytes] = field(default_factory=list)
+
+    @property
+    def prompt_end(self) -> int | None:
+        """Where its prompt ends (the prefix cache checkpoints it there); None: not known."""
+        return None
 
     @property
     def is_placed(self) -> bool:

@@ -54,6 +54,10 @@ class KVPool:
         if src_page is not None:
             self.pages[:, :, dst_page].copy_(self.pages[:, :, src_page])
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """Page `dst` := page `src` in every full layer."""
+        self.pages[:, :, dst].copy_(self.pages[:, :, src])
+
     @property
     def num_pages(self) -> int:
         return self.pages.shape[2]

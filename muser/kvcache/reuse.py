@@ -4,13 +4,18 @@
                     stay cached, evicted LRU only when free pages run out), and its state at
                     its end is checkpointed: every sliding layer's ring (rows + metadata) and
                     the rows of its partial last page (muser/kvcache/prefix.py); so is its
-                    state after a prefill chunk that ends at a multiple of CHECKPOINT_EVERY
-                    tokens, whatever the chunk's width (the runner's call)
-    on allocate ... the longest checkpoint whose prefix the prompt begins with (at most all
-                    but the prompt's last token, whose logits are needed) and whose full pages
-                    are still cached: those pages are shared (reference counted, read-only),
-                    the partial page's rows are copied into a new page of the sequence, the
-                    rings are copied back into its slot; it resumes at that position
+                    state where its prompt ends, and after a prefill chunk that ends at a
+                    multiple of CHECKPOINT_EVERY tokens, whatever the chunk's width (the
+                    runner's call)
+    on allocate ... the longest checkpoint whose prefix the prompt begins with and whose full
+                    pages are still cached: those pages are shared (reference counted,
+                    read-only), the partial page's rows are copied into a new page of the
+                    sequence, the rings are copied back into its slot; it resumes at that
+                    position. A checkpoint of the whole prompt (the same prompt again) resumes
+                    one row before its end, whose logits are needed: the ring gives back its
+                    newest row (RingState.retract) and the row's page is the sequence's own
+                    (a page the row fills is copied, not shared), so computing the row again
+                    writes it where it was
 
 The K/V rows a sequence computes do not depend on how its rows were chunked (the CPU
 backend's exactness construction), so a hit gives the same bits as a cold prefill there.
@@ -55,45 +60,56 @@ class PrefixCache:
                            self.index.num_evictions)
 
     def _match(self, token_ids: list[int], touch: bool = True):
-        """The longest cached prefix of token_ids[:-1] -> (page keys, its pages, its
-        checkpoint), or None."""
-        ps, limit = self.page_size, len(token_ids) - 1
-        keys = chain_keys(token_ids[:limit], ps)
+        """The longest cached prefix of token_ids -> (page keys, its pages, its checkpoint), or
+        None."""
+        ps, n = self.page_size, len(token_ids)
+        if n < 2:
+            return None
+        keys = chain_keys(token_ids, ps)
         cached = self.pages.lookup(keys)
         for k in range(len(cached), -1, -1):
             ckpt = self.index.find(keys[k - 1] if k else ROOT, token_ids[k * ps:(k + 1) * ps],
-                                   limit - k * ps, touch)
+                                   n - k * ps, touch)
             if ckpt is not None:
                 return keys, cached[:k], ckpt
         return None
 
     def cached_tokens(self, token_ids: list[int]) -> int:
-        """How many of token_ids a restore would reuse now (takes nothing)."""
+        """How many of token_ids a restore would reuse now (takes nothing): at most all but
+        the last."""
         match = self._match(token_ids, touch=False)
-        return match[2].num_tokens if match else 0
+        return min(match[2].num_tokens, len(token_ids) - 1) if match else 0
 
     def restore(self, seq: Placement, token_ids: list[int], count: bool = True) -> None:
-        """Start fresh `seq` after the longest cached prefix of token_ids[:-1], if any
-        (`count`: in the lookup / hit counters; a slot file's export is not a prompt)."""
+        """Start fresh `seq` after the longest cached prefix of token_ids, if any, and before
+        its last token at the latest (`count`: in the lookup / hit counters; a slot file's export is not a prompt)."""
         self._lookups += count
         match = self._match(token_ids, touch=count)
         if match is None:
             return
         keys, shared, ckpt = match
-        k = len(shared)
+        n, ring = ckpt.num_tokens, ckpt.ring
+        whole = n == len(token_ids)  # resumes at n - 1, computing the last row again
+        copied = shared[-1] if whole and not ckpt.tail_ids else None  # holds row n - 1
         self.pages.share(shared)  # NOTE: first, so the tail page cannot evict one of them
         tail = []
-        if ckpt.tail_ids:
+        if ckpt.tail_ids or copied is not None:
             try:
                 tail = self.pages.allocate(1)
             except OutOfPages:
                 self.pages.free(shared)
                 return
-        self.store.restore(ckpt.index, seq.slot, tail[0] if tail else None)
-        seq.page_ids, seq.ring, seq.num_cached = shared + tail, ckpt.ring, ckpt.num_tokens
-        seq.token_ids, seq.keys = token_ids[:ckpt.num_tokens], keys[:k]
+        self.store.restore(ckpt.index, seq.slot, tail[0] if ckpt.tail_ids else None)
+        if copied is not None:
+            self.store.pool.copy_page(copied, tail[0])
+            self.pages.free([copied])
+            shared = shared[:-1]
+        if whole:
+            n, ring = n - 1, ring.retract()
+        seq.page_ids, seq.ring, seq.num_cached = shared + tail, ring, n
+        seq.token_ids, seq.keys = token_ids[:n], keys[:len(shared)]
         self._hits += count
-        self._reused += ckpt.num_tokens if count else 0
+        self._reused += n if count else 0
 
     def forget(self, token_ids: list[int]) -> None:
         """Forget every cached prefix of `token_ids`: the checkpoints filed along it and the

@@ -62,6 +62,15 @@ class RingState:
         return range(first_kept, num_rows), (
             self.physical_origin + self.length + first_kept) % self.capacity
 
+    def retract(self) -> RingState:
+        """The state with its newest row given back, to be computed again: the next append
+        writes it where it was. The row left behind at the far end is not re-held, so the
+        ring reads one row short of a full one until then; a window-wide read after that
+        append needs none of the rows missing (capacity >= window)."""
+        assert self.length, "an empty ring has no row to give back"
+        return RingState(self.capacity, self.logical_origin, self.physical_origin,
+                         self.length - 1)
+
     def advance(self, num_rows: int) -> RingState:
         """The state after `append(num_rows)`."""
         total = self.length + num_rows
