@@ -62,6 +62,14 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def model_names(args: argparse.Namespace) -> str | None:
+    """--model-name as given, or --alias's names in alphabetical order (llama-server's id is
+    the first of them) -> 'name[,alias...]', or None (the model file's stem)."""
+    if args.alias is None:
+        return args.model_name
+    return ",".join(sorted({n.strip() for n in args.alias.split(",") if n.strip()}))
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound to one of several --host addresses (IPv6 ones IPv6 only)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -91,6 +99,6 @@ def _context(args: argparse.Namespace, keys, metrics):
     loop = EngineProcess(spec, args.max_queue)
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,
-                         args.model_name or Path(ready.model_path).stem, ready.model_path,
+                         model_names(args) or Path(ready.model_path).stem, ready.model_path,
                          ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
                          batching=ready.batching, options=options)

@@ -35,6 +35,7 @@ class ServerOptions:
     max_n: int = 8  # most samples (n, best_of) one request may ask for
     keyless_admin: bool = False  # slot save / restore / erase without --admin-key
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
+    tags: tuple[str, ...] = ()  # listed with the model (llama-server's --tags)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -119,6 +120,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         folder = os.path.realpath(args.slot_save_path)
     return ServerOptions(
         max_n=args.max_n, keyless_admin=args.keyless_admin, grammar_limits=limits,
+        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,
