@@ -50,7 +50,8 @@ def serve(args: argparse.Namespace) -> int:
 
     startup = Startup(lambda: _context(args, keys, metrics), stop)
     metrics = Metrics(lambda: startup.ctx.loop.stats if startup.ctx else LoopStats())
-    config = uvicorn.Config(create_app(startup, metrics), host=args.host, port=args.port,
+    config = uvicorn.Config(create_app(startup, metrics, args.sleep_idle_seconds),
+                            host=args.host, port=args.port,
                             log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
                             server_header=False)
     holder.append(uvicorn.Server(config))

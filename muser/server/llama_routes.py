@@ -71,7 +71,8 @@ async def props(request: Request) -> dict[str, Any]:
             "total_slots": ctx.max_num_seqs, "model_alias": ctx.model_name,
             "model_aliases": list(ctx.aliases), "model_tags": list(ctx.options.tags),
             "model_path": ctx.model_path, "chat_template": ctx.template.source,
-            "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching}
+            "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching,
+            "is_sleeping": ctx.loop.asleep}
 
 
 def _memory(ctx: ServerContext) -> dict[str, Any]:
