@@ -20,6 +20,9 @@ Per row, in this order (the order of the per-request sampler this replaced):
    shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
    to its last; min-p keeps the tokens whose probability is at least min_p times the top token's.
 4. one draw from softmax(logits / temperature) over the survivors.
+A row whose params ask for post_sampling logprobs gets, in place of the raw log-softmax, the log
+of softmax(survivors of 3. / temperature) over the logits after 0. and 1. (`post_sampling`;
+greedy: its token at log 1 = 0), from a second filter pass over those rows.
 A row with a top-k list hashes B x k noise words; a row without one hashes the whole vocabulary
 on a GPU (cheap there). On the CPU a top-p row without top-k gets a best-first list just long
 enough to hold its survivors (`_top_p_prefix`), not the whole vocabulary sorted, with top-p's
