@@ -47,6 +47,16 @@ class SamplingParams:
     # the engine's --num-speculative-tokens); outputs are the same either way
     speculative: int | None = None
     min_drafts: int = 0  # a shorter draft is not verified (llama-server's speculative.n_min)
+    # logprobs of the distribution the token is drawn from (after the mask, biases, penalties,
+    # top-k / top-p / min-p and temperature; greedy: the chosen token, probability 1) instead
+    # of the raw logits' (llama-server's post_sampling_probs)
+    post_sampling: bool = False
+    # the sequence slot to run in (llama-server's id_slot; the request waits while another
+    # holds it); None: any free one. Its samples (n > 1) take other free slots
+    slot: int | None = None
+    # emit a prompt-progress output (StepOutput.progress) when the prompt is placed and after
+    # each step that computes prompt rows of it (llama-server's return_progress)
+    progress: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -66,6 +76,9 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.n >= 1, "n must be >= 1"),
+            (self.slot is None or self.slot >= 0, "slot must be >= 0"),
+            (not self.post_sampling or self.logprobs is not None,
+             "post-sampling probabilities need logprobs"),
             (self.speculative is None or self.speculative >= 0,
              "speculative draft tokens must be >= 0"),
             (all(t >= 0 and not math.isnan(b) and b != math.inf for t, b in self.logit_bias),
@@ -156,3 +169,6 @@ class StepOutput:
     # speculative decoding, so far for this sample: draft tokens verified, and accepted
     num_drafted: int = 0
     num_accepted: int = 0
+    # a prompt-progress report (SamplingParams.progress; token_id None, not finished): prompt
+    # rows in the cache now (num_reused of them found in the prefix cache); None: not one
+    progress: int | None = None

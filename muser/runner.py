@@ -99,15 +99,21 @@ class Runner:
             self.prefix.reset(self.pages)
 
     def allocate(self, token_ids: list[int] | None = None, count: bool = True,
-                 seq: Placement | None = None) -> Placement:
-        """`seq` (unplaced; default a new one) placed in a free slot -> it: empty, or (with the
-        prefix cache) holding the longest cached prefix of `token_ids[:-1]` (then `num_cached`
-        > 0; `count`: as a prompt's lookup in the prefix cache's counters)."""
+                 seq: Placement | None = None, slot: int | None = None) -> Placement:
+        """`seq` (unplaced; default a new one) placed in free slot `slot` (default: the free
+        slot freed last) -> it: empty, or (with the prefix cache) holding the longest cached
+        prefix of `token_ids[:-1]` (then `num_cached` > 0; `count`: as a prompt's lookup in the
+        prefix cache's counters)."""
         if not self.free_slots:
             raise RuntimeError("no free sequence slot")
+        if slot is not None and slot not in self.free_slots:
+            raise RuntimeError(f"sequence slot {slot} is not free")
         seq = Placement() if seq is None else seq
         assert not seq.is_placed and not seq.num_cached and not seq.page_ids, "placed already"
-        seq.slot, seq.ring = self.free_slots.pop(), RingState(self.pool.ring_capacity)
+        if slot is None:
+            slot = self.free_slots[-1]
+        self.free_slots.remove(slot)
+        seq.slot, seq.ring = slot, RingState(self.pool.ring_capacity)
         if self.prefix is not None and token_ids:
             self.prefix.restore(seq, token_ids, count)
         return seq

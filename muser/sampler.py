@@ -20,6 +20,9 @@ Per row, in this order (the order of the per-request sampler this replaced):
    shortest best-first prefix of that list whose softmax mass reaches top_p, and any logit equal
    to its last; min-p keeps the tokens whose probability is at least min_p times the top token's.
 4. one draw from softmax(logits / temperature) over the survivors.
+A row whose params ask for post_sampling logprobs gets, in place of the raw log-softmax, the log
+of softmax(survivors of 3. / temperature) over the logits after 0. and 1. (`post_sampling`;
+greedy: its token at log 1 = 0), from a second filter pass over those rows.
 A row with a top-k list hashes B x k noise words; a row without one hashes the whole vocabulary
 on a GPU (cheap there). On the CPU a top-p row without top-k gets a best-first list just long
 enough to hold its survivors (`_top_p_prefix`), not the whole vocabulary sorted, with top-p's
@@ -133,16 +136,51 @@ class BatchSampler:
         """As choose, without waiting: the tokens stay on the device (Pending.tokens) while
         their copy to the host is under way, so the caller may queue more work on the device
         (the next decode step, fed these tokens) before it waits for them."""
-        tokens = self._tokens(self.constrain(logits, bitmask) if bitmask is not None else logits,
-                              rows)
+        penalized = self.penalize(
+            self.constrain(logits, bitmask) if bitmask is not None else logits, rows)
+        tokens = self._tokens(penalized, rows)
         ks = [row.params.logprobs for row in rows]
         if all(k is None for k in ks):
             return Pending(tokens, tokens, None)
-        return Pending(tokens, pack(logits, tokens, max(k or 0 for k in ks)), ks)
+        k = max(k or 0 for k in ks)
+        payload = pack(logits, tokens, k)
+        post = [b for b, row in enumerate(rows) if row.params.post_sampling]
+        if post:
+            index = self._upload(post, torch.int64)
+            payload[index] = self.post_sampling(penalized.index_select(0, index),
+                                                [rows[b] for b in post], tokens[index], k)
+        return Pending(tokens, payload, ks)
+
+    def post_sampling(self, logits: torch.Tensor, rows: list[SamplingRow],
+                      tokens: torch.Tensor, k: int) -> torch.Tensor:
+        """pack's rows of the distribution each token was drawn from: logits [B, vocab] after
+        the mask, biases and penalties, tokens [B] the ids drawn -> [B, 2 + 2k] float64 with
+        the log of softmax(survivors / temperature) in place of the raw log-softmax (-inf: not a
+        survivor, or a pad where fewer than k survive); a greedy row: its token, log 1 = 0."""
+        num_rows = logits.shape[0]
+        top = logits.new_full((num_rows, k), float("-inf"), dtype=torch.float64)
+        top_ids = torch.zeros(num_rows, k, dtype=torch.int64, device=logits.device)
+        chosen = torch.zeros(num_rows, 1, dtype=torch.float64, device=logits.device)
+        if k:
+            top[:, 0], top_ids[:, 0] = 0.0, tokens
+        if not all(row.params.is_greedy for row in rows):
+            values, ids, keep = self.filter(logits, rows)
+            temperature = self._upload([[row.params.temperature or 1.0] for row in rows],
+                                       torch.float64)
+            logp = torch.log_softmax(torch.where(keep, values.double() / temperature,
+                                                 float("-inf")), -1)
+            drawn = torch.where(ids == tokens[:, None], logp, float("-inf")).amax(-1, True)
+            v, i = torch.topk(logp, min(k, logp.shape[1]))
+            v = F.pad(v, (0, k - v.shape[1]), value=float("-inf"))
+            i = F.pad(ids.gather(1, i), (0, k - i.shape[1]))
+            greedy = self._upload([[row.params.is_greedy] for row in rows], torch.bool)
+            chosen = torch.where(greedy, chosen, drawn)
+            top, top_ids = torch.where(greedy, top, v), torch.where(greedy, top_ids, i)
+        parts = [tokens[:, None].double(), chosen]
+        return torch.cat(parts + ([top, top_ids.double()] if k else []), 1)
 
     def _tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """[B, vocab] -> [B] int64 chosen ids on the device."""
-        logits = self.penalize(logits, rows)
+        """[B, vocab] penalized logits -> [B] int64 chosen ids on the device."""
         greedy = [row.params.is_greedy for row in rows]
         if all(greedy):
             return logits.argmax(-1)

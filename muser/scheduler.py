@@ -213,16 +213,30 @@ class Scheduler:
             self.running.remove(req)
 
     def admit(self) -> list[Sequence]:
-        """Move waiting requests into free sequence places -> those admitted (schedule() admits
-        too; a caller that places cached prefixes admits first)."""
-        admitted = []
+        """Move waiting requests into free sequence places, oldest first -> those admitted
+        (schedule() admits too; a caller that places cached prefixes admits first). A request
+        pinned to a slot (SamplingParams.slot) that a running one holds or is pinned to is
+        passed over and keeps its place in line (llama-server defers it); any other request
+        that does not fit stops the admissions."""
+        admitted, passed = [], []
+        taken = self.pinned_slots()
         while self.waiting and self.num_seats + 1 + self.waiting[0].num_forks <= (
                 self.max_num_seqs):
             req = self.waiting.popleft()
+            pin = req.sampling.slot
+            if pin is not None and pin in taken:
+                passed.append(req)
+                continue
+            taken.add(pin)
             req.status = Status.PREFILL
             self.running.append(req)
             admitted.append(req)
+        self.waiting.extendleft(reversed(passed))
         return admitted
+
+    def pinned_slots(self) -> set[int | None]:
+        """The slots running requests hold, or are pinned to before they are placed."""
+        return {r.slot if r.slot is not None else r.sampling.slot for r in self.running}
 
     def _preempt_newest(self, pages: _Pages, preempted: list[Sequence],
                         preempt: Callable[[Sequence], int] | None) -> None:

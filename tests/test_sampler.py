@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -327,3 +328,34 @@ def test_stop_strings_hold_back_partial_matches() -> None:
     assert StopMatcher(("x",)).push("abc") == ("abc", False)
     tail = StopMatcher(("END",))
     assert tail.push("ok E") == ("ok ", False) and tail.flush() == "E"
+
+
+def test_post_sampling_logprobs_are_the_distribution_drawn_from() -> None:
+    """post_sampling rows report log softmax(survivors / temperature) of the penalized logits:
+    top-k 5 at temperature 0.7 is the softmax of the 5 best logits / 0.7; a greedy row its token
+    at log 1 = 0 and nothing else; the tokens are those of the same rows without it."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 1000) * 3
+    plain = [SamplingParams(temperature=0.7, top_k=5, seed=1, logprobs=5),
+             SamplingParams(temperature=0.0, logprobs=3),
+             SamplingParams(temperature=1.0, min_p=0.2, seed=2, logprobs=4)]
+    post = [dataclasses.replace(p, post_sampling=True) for p in plain]
+    sampler = BatchSampler(torch.device("cpu"))
+    before = sampler.choose(logits, [SamplingRow(p, p.seed or 0, 0, []) for p in plain])
+    after = sampler.choose(logits, [SamplingRow(p, p.seed or 0, 0, []) for p in post])
+    assert after.tokens == before.tokens
+    top5 = torch.topk(logits[0].double(), 5)
+    want = torch.log_softmax(top5.values / 0.7, 0)
+    got = after.logprobs[0]
+    assert [i for i, _ in got.top] == top5.indices.tolist()
+    assert torch.allclose(torch.tensor([v for _, v in got.top], dtype=torch.float64), want,
+                          atol=1e-6)
+    assert got.logprob == dict(got.top)[after.tokens[0]]
+    assert after.logprobs[1].logprob == 0.0
+    assert after.logprobs[1].top[0] == (after.tokens[1], 0.0)
+    assert all(v == -math.inf for _, v in after.logprobs[1].top[1:])
+    row = logits[2].double()
+    kept = row[torch.exp(row - row.max()) >= 0.2]
+    probs = [math.exp(v) for _, v in after.logprobs[2].top if v > -math.inf]
+    assert len(probs) == min(4, kept.numel())
+    assert math.isclose(probs[0], float(torch.softmax(kept, 0).max()), rel_tol=1e-6)

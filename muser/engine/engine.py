@@ -99,11 +99,14 @@ class Engine:
         if p.n > self.scheduler.max_num_seqs:
             raise ValueError(f"n = {p.n} samples need as many sequence slots; the engine has "
                              f"{self.scheduler.max_num_seqs}")
+        if p.slot is not None and p.slot >= self.scheduler.max_num_seqs:
+            raise ValueError(f"slot {p.slot}: the engine's slots are 0 to "
+                             f"{self.scheduler.max_num_seqs - 1}")
         seq.num_forks, seq.seed = p.n - 1, request_seed(p)
         if p.prompt_logprobs is not None:
             seq.max_chunk = ECHO_ROWS
         # NOTE: forks and prompt logprobs need the prompt's logits and KV here
-        if self.sources and p.n == 1 and p.prompt_logprobs is None:
+        if self.sources and p.n == 1 and p.prompt_logprobs is None and p.slot is None:
             uncached = self._uncached(seq.prompt_ids)
             if any(source.offer(seq, uncached) for source in self.sources):
                 seq.status = Status.REMOTE
@@ -157,13 +160,15 @@ class Engine:
         placed), then run one scheduled step (decode rows and/or prefill chunks) -> their
         outputs."""
         outputs = self._install_arrived() if self.sources else []
-        self._place_admitted()
+        outputs += self._place_admitted()
         if self.speculation is not None:
             self.speculation.draft(self.scheduler.decode_ready)
         plan = self._schedule()
         if plan is None:
             return outputs
         logits = self._run(plan)
+        outputs += [self._progress(seq) for seq in plan.batch.reqs[plan.batch.num_decode:]
+                    if seq.sampling.progress and not seq.output_ids]
         seqs, rows = self._to_sample(plan, outputs)
         if not seqs:
             return outputs
@@ -197,14 +202,33 @@ class Engine:
             self.runner.trim(seq)
         return outputs
 
-    def _place_admitted(self) -> None:
+    def _place_admitted(self) -> list[StepOutput]:
         """Sequences the scheduler admits now get a slot, after their longest cached prefix
-        (none for one that wants prompt logprobs)."""
-        for seq in self.scheduler.admit():
+        (none for one that wants prompt logprobs) -> the first progress reports of those that
+        ask for them."""
+        admitted = self.scheduler.admit()
+        # NOTE: pinned ones first, in their slots; the others in free slots no waiting request
+        # is pinned to, while there are such
+        wanted = {seq.sampling.slot for seq in self.scheduler.waiting} - {None}
+        for seq in sorted(admitted, key=lambda seq: seq.sampling.slot is None):
             echoes = seq.sampling.prompt_logprobs is not None
-            self.runner.allocate(None if echoes else seq.all_ids, seq=seq)
+            self.runner.allocate(None if echoes else seq.all_ids, seq=seq,
+                                 slot=seq.sampling.slot if seq.sampling.slot is not None
+                                 else self._spare_slot(wanted))
             if not seq.output_ids:
                 seq.num_reused = seq.num_cached
+        return [self._progress(seq) for seq in admitted
+                if seq.sampling.progress and not seq.output_ids]
+
+    def _progress(self, seq: Sequence) -> StepOutput:
+        """A prompt-progress report: the prompt rows in the cache now, no token."""
+        return StepOutput(seq.output_uid, None, "", False, num_reused=seq.num_reused,
+                          ends_request=False, progress=min(seq.num_cached, seq.num_prompt))
+
+    def _spare_slot(self, wanted: set[int]) -> int | None:
+        """The free slot freed last that no waiting request is pinned to (None: any)."""
+        return next((slot for slot in reversed(self.runner.free_slots) if slot not in wanted),
+                    None)
 
     def _schedule(self) -> StepPlan | None:
         """The scheduler's next batch as a plan (rows computed ahead taken), or None."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +17,7 @@ from muser.server import llama_routes, openai_routes, slot_routes
 from muser.server.cors import Cors
 from muser.server.errors import ApiError, install_error_handlers
 from muser.server.metrics import Metrics
+from muser.server.sleep import Sleep
 from muser.server.startup import Startup
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
@@ -25,8 +28,10 @@ ALIASES = {"/completions": "/completion", "/chat/completions": "/v1/chat/complet
            "/models": "/v1/models", "/v1/health": "/health"}
 
 
-def _ready(request: Request) -> None:
-    request.app.state.ctx = request.app.state.startup.ready_ctx()
+async def _ready(request: Request) -> None:
+    ctx = request.app.state.ctx = request.app.state.startup.ready_ctx()
+    if Sleep.wakes(request.scope):
+        await request.app.state.sleep.awake(ctx.loop)
 
 
 def _user(request: Request) -> None:
@@ -65,15 +70,36 @@ class _RequestCounter:
                 scope["app"].state.metrics.observe_request(route, message["status"])
             await send(message)
 
-        await self.app(scope, receive, counted_send)
+        sleep = scope["app"].state.sleep if Sleep.wakes(scope) else None
+        if sleep is not None:
+            sleep.begin()
+        try:
+            await self.app(scope, receive, counted_send)
+        finally:
+            if sleep is not None:
+                sleep.end()
 
 
-def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
-    """The app around an engine that `startup` builds in the background (503 until ready)."""
+async def _watch_when_ready(startup: Startup, sleep: Sleep) -> None:
+    while startup.ctx is None:
+        await asyncio.sleep(0.25)
+    await sleep.watch(startup.ctx.loop)
+
+
+def create_app(startup: Startup, metrics: Metrics, sleep_idle_s: float | None = None
+               ) -> FastAPI:
+    """The app around an engine that `startup` builds in the background (503 until ready);
+    sleep_idle_s: --sleep-idle-seconds (muser/server/sleep.py)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup.start()
+        watch = asyncio.ensure_future(_watch_when_ready(startup, app.state.sleep)) if (
+            sleep_idle_s is not None) else None
         yield
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         app.state.draining = True
         if startup.ctx is not None:
             startup.ctx.loop.stop()
@@ -83,6 +109,7 @@ def create_app(startup: Startup, metrics: Metrics) -> FastAPI:
                   openapi_url=None)
     app.state.startup, app.state.metrics, app.state.ctx = startup, metrics, None
     app.state.draining, app.state.started = False, int(time.time())
+    app.state.sleep = Sleep(sleep_idle_s)
     install_error_handlers(app)
     app.include_router(llama_routes.health_router)
     user, admin = [Depends(_ready), Depends(_user)], [Depends(_ready), Depends(_admin)]

@@ -50,7 +50,8 @@ def serve(args: argparse.Namespace) -> int:
 
     startup = Startup(lambda: _context(args, keys, metrics), stop)
     metrics = Metrics(lambda: startup.ctx.loop.stats if startup.ctx else LoopStats())
-    config = uvicorn.Config(create_app(startup, metrics), host=args.host, port=args.port,
+    config = uvicorn.Config(create_app(startup, metrics, args.sleep_idle_seconds),
+                            host=args.host, port=args.port,
                             log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout,
                             server_header=False)
     holder.append(uvicorn.Server(config))
@@ -60,6 +61,14 @@ def serve(args: argparse.Namespace) -> int:
         raise startup.error if isinstance(startup.error, MuserError) else MuserError(
             f"startup failed: {startup.error}")
     return 0
+
+
+def model_names(args: argparse.Namespace) -> str | None:
+    """--model-name as given, or --alias's names in alphabetical order (llama-server's id is
+    the first of them) -> 'name[,alias...]', or None (the model file's stem)."""
+    if args.alias is None:
+        return args.model_name
+    return ",".join(sorted({n.strip() for n in args.alias.split(",") if n.strip()}))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -91,6 +100,6 @@ def _context(args: argparse.Namespace, keys, metrics):
     loop = EngineProcess(spec, args.max_queue)
     ready = loop.launch()
     return ServerContext(loop, ready.tokenizer, metrics, keys,
-                         args.model_name or Path(ready.model_path).stem, ready.model_path,
+                         model_names(args) or Path(ready.model_path).stem, ready.model_path,
                          ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
                          batching=ready.batching, options=options)

@@ -136,6 +136,17 @@ class ServerContext:
                 ids += await self.encode([part])
         return ids
 
+    def slot(self, id_slot: int) -> int | None:
+        """llama-server's id_slot -> the slot to pin the request to (None: -1, any free one);
+        one outside 0 .. max_num_seqs - 1 is a 400 naming the range."""
+        if id_slot == -1:
+            return None
+        if not 0 <= id_slot < self.max_num_seqs:
+            raise ApiError(400, f"id_slot: {id_slot} is not a slot of this server: -1 (any) or "
+                           f"0 to {self.max_num_seqs - 1} (--max-num-seqs)", "invalid_value",
+                           "id_slot")
+        return id_slot
+
     def max_tokens(self, requested: int | None, default: int, param: str) -> int:
         """OpenAI's max_tokens: more than the context is refused; unset -> --n-predict or
         `default`."""
@@ -184,6 +195,13 @@ class ServerContext:
                         "context_length_exceeded", "prompt")
 
 
+def check_progress(return_progress: bool, stream: bool) -> None:
+    """return_progress reports come as stream chunks: without stream it is a 400."""
+    if return_progress and not stream:
+        raise ApiError(400, "return_progress: prompt progress comes in stream chunks; set "
+                       "stream to true with it", "invalid_value", "return_progress")
+
+
 def with_defaults(body: BodyT, ctx: ServerContext) -> BodyT:
     """The server's --temp / --seed where the request left them out."""
     d = ctx.options.defaults
@@ -199,7 +217,8 @@ async def collect_outputs(gen: Generation, http: Request) -> list[StepOutput]:
 
     async def drain() -> None:
         async for out in gen.outputs():
-            outs.append(out)
+            if out.progress is None:
+                outs.append(out)
 
     task = asyncio.ensure_future(drain())
     try:

@@ -118,7 +118,7 @@ class _PipeLoop(EngineLoop):
         self._pending.append((out.uid, out.token_id, out.text_delta, out.finished,
                               out.finish_reason, out.num_reused, out.logprobs,
                               out.prompt_logprobs, out.index, out.ends_request, out.error,
-                              out.num_drafted, out.num_accepted))
+                              out.num_drafted, out.num_accepted, out.progress))
         if out.finished and out.ends_request:
             self._stats_due = True
             self._seen.discard(out.uid)
@@ -142,7 +142,10 @@ class _PipeLoop(EngineLoop):
             self._stats_due, self._stats_sent = False, now
 
     def answer(self, call: int, result: object) -> None:
-        """A slot action's outcome to the server (on the loop thread)."""
+        """A slot action's outcome to the server (on the loop thread), after the stats it
+        changed (a slot's cache), so /slots shows them once the answer is in."""
+        self._stats_due = True
+        self._snapshot()
         if isinstance(result, SlotError):
             reply = ("error", result.status, str(result), result.code)
         elif isinstance(result, BaseException):

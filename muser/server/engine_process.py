@@ -10,7 +10,7 @@ the EngineLoop; the server keeps the tokenizer and talks to the child over two p
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
                       ("step", [(uid, token_id, text_delta, finished, finish_reason,
                       num_reused, logprobs, prompt_logprobs, index, ends_request,
-                      error, num_drafted, num_accepted)...],
+                      error, num_drafted, num_accepted, progress)...],
                       LoopStats | (steps per kind, rows per work class, preemptions))
                       and for each slot call ("slot", call_id, ("ok", answer) |
                       ("error", status, message, code))  (muser/slot_actions.py)
@@ -67,6 +67,7 @@ class EngineProcess:
         self.stats = LoopStats()
         self.ready: Ready | None = None
         self.error: str | None = None  # why the engine process is gone, once it is
+        self.asleep = False  # stopped by sleep(), until wake() starts a fresh one
         self._sinks: dict[int, Sink] = {}
         self._calls: dict[int, Future] = {}  # slot actions waiting for the child's answer
         self._lock = threading.Lock()  # sinks, error and the pipe to the child
@@ -75,12 +76,17 @@ class EngineProcess:
         self._to_child: Connection | None = None
         self._from_child: Connection | None = None
         self._stopped = threading.Event()  # the child said it stopped
-        self._reader = threading.Thread(target=self._read, name="muser-engine-reader",
-                                        daemon=True)
+        self._reader: threading.Thread | None = None
 
     def launch(self) -> Ready:
         """Start the child and wait until its engine is loaded and warmed up -> Ready.
         Raises MuserError with the child's reason when it fails or dies first."""
+        self._stopped.clear()
+        for old in (self._to_child, self._from_child):  # NOTE: a process slept before
+            if old is not None:
+                old.close()
+        self._reader = threading.Thread(target=self._read, name="muser-engine-reader",
+                                        daemon=True)
         ctx = mp.get_context("spawn")
         req_read, req_write = ctx.Pipe(duplex=False)
         out_read, out_write = ctx.Pipe(duplex=False)
@@ -106,14 +112,33 @@ class EngineProcess:
     def start(self) -> None:
         self._reader.start()
 
+    def sleep(self) -> None:
+        """Stop the engine process (the caller knows nothing is in flight): its weights, KV
+        and prefix cache leave memory; wake() starts a fresh one."""
+        self.asleep = True
+        self.stop()
+
+    def wake(self) -> None:
+        """A fresh engine process after sleep(), loaded and warmed up. Raises MuserError (the
+        engine is then dead: requests get 503)."""
+        try:
+            self.launch()
+        except MuserError as exc:
+            self.error = str(exc)
+            raise
+        finally:
+            self.asleep = False
+        self.error = None
+        self.start()
+
     def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink) -> int:
         """Queue a request -> uid; `sink` is called from the reader thread with each StepOutput.
         The caller has checked the prompt (ServerContext.start). Raises QueueFull or
         EngineDead."""
         ready = self.ready
         with self._lock:
-            if self.error is not None:
-                raise EngineDead(self.error)
+            if self.error is not None or self.asleep:
+                raise EngineDead(self.error or "the engine is asleep")
             bound = self.max_queue
             if bound is not None and len(self._sinks) >= ready.max_num_seqs + bound:
                 raise QueueFull(f"{bound} requests already waiting")
@@ -195,11 +220,12 @@ class EngineProcess:
         self._proc.join(5)
         with self._lock:
             code = self._proc.exitcode
-            self.error = f"the engine process exited with code {code}"
+            if not self.asleep:
+                self.error = f"the engine process exited with code {code}"
             sinks, self._sinks = self._sinks, {}
             calls, self._calls = self._calls, {}
         for fut in calls.values():
-            fut.set_result(("error", 503, self.error, "engine_dead"))
+            fut.set_result(("error", 503, self.error or "the engine is asleep", "engine_dead"))
         if not stopping_ok:
             log.error("%s; failing %d requests in flight", self.error, len(sinks))
         reason = "cancelled" if stopping_ok else "error"

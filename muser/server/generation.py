@@ -9,6 +9,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import StreamingResponse
@@ -85,6 +86,10 @@ class Generation:
         self.reasons: dict[int, str] = {}  # each finished sample's
         self._drafts: dict[int, tuple[int, int]] = {}  # each sample's (drafted, accepted)
         self.last: StepOutput | None = None
+        # prompt progress (SamplingParams.progress): rows in the cache at the last report, and
+        # when the first and the last report came
+        self.num_processed = 0
+        self._progress_s: tuple[float, float] | None = None
         self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
         box = mailbox(asyncio.get_running_loop())
         self._start = self._last = time.perf_counter()
@@ -113,7 +118,7 @@ class Generation:
                     out = await asyncio.wait_for(self._queue.get(), _DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
                     out = None
-                if out is not None:
+                if out is not None and out.progress is None:
                     self._account(out)
                     outputs.append(out)
                     if out.index == 0:
@@ -137,7 +142,13 @@ class Generation:
         return sum(a for _, a in self._drafts.values())
 
     def timings(self) -> dict[str, float]:
-        """llama.cpp-style timings: prompt (to the first token) and generation, in ms."""
+        """llama.cpp-style timings: prompt (to the first token) and generation, in ms; while
+        the prompt prefills with progress reports, the rows processed so far and the time since
+        the first report."""
+        if self._first is None and self._progress_s is not None:
+            start, last = self._progress_s
+            return {"prompt_n": self.num_processed, "prompt_ms": (last - start) * 1e3,
+                    "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_second": 0.0}
         first = self._first or self._last
         prompt_ms = (first - self._start) * 1e3
         gen_ms = (self._last - first) * 1e3
@@ -157,8 +168,19 @@ class Generation:
             self.finish_reason = "cancelled"
             self.loop.abort(self.uid)
 
+    def prompt_progress(self) -> dict[str, Any]:
+        """llama-server's prompt_progress at the last report: total, cache, processed, time_ms
+        (since the first report, when the prompt was placed)."""
+        first, last = self._progress_s or (self._start, self._start)
+        return {"total": self.num_prompt, "cache": self.num_cached,
+                "processed": self.num_processed, "time_ms": round((last - first) * 1e3)}
+
     def _account(self, out: StepOutput) -> None:
         now = time.perf_counter()
+        if out.progress is not None:
+            self.num_cached, self.num_processed = out.num_reused, out.progress
+            self._progress_s = (self._progress_s[0] if self._progress_s else now, now)
+            return
         self.last = out
         self.num_cached = max(self.num_cached, out.num_reused)
         self._drafts[out.index] = max(self._drafts.get(out.index, (0, 0)),

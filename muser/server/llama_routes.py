@@ -14,7 +14,13 @@ from starlette.concurrency import run_in_threadpool
 
 from muser.core import SamplingParams
 from muser.server import logit_bias, logprob_shapes
-from muser.server.context import ServerContext, collect_outputs, sampling_or_400, with_defaults
+from muser.server.context import (
+    ServerContext,
+    check_progress,
+    collect_outputs,
+    sampling_or_400,
+    with_defaults,
+)
 from muser.server.errors import ApiError, generation_failed
 from muser.server.generation import Generation, GenerationStream
 from muser.server.logprob_shapes import Pieces
@@ -63,8 +69,10 @@ async def props(request: Request) -> dict[str, Any]:
         params["n_predict"] = ctx.options.defaults.n_predict
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},
             "total_slots": ctx.max_num_seqs, "model_alias": ctx.model_name,
+            "model_aliases": list(ctx.aliases), "model_tags": list(ctx.options.tags),
             "model_path": ctx.model_path, "chat_template": ctx.template.source,
-            "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching}
+            "build_info": "muser", "memory": _memory(ctx), "batching": ctx.batching,
+            "is_sleeping": ctx.loop.asleep}
 
 
 def _memory(ctx: ServerContext) -> dict[str, Any]:
@@ -110,10 +118,15 @@ async def completion(request: Request) -> Any:
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
                        "prompt")
+    check_progress(body.return_progress, body.stream)
+    if body.post_sampling_probs and not body.n_probs:
+        raise ApiError(400, "post_sampling_probs: set n_probs (how many probabilities) with it",
+                       "invalid_value", "post_sampling_probs")
+    slot = ctx.slot(body.id_slot)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
     given = bool({"n_predict", "max_tokens", "max_completion_tokens"} & body.model_fields_set)
     samplings = [await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, ctx.max_model_len),
+        lambda m: body.sampling(m, ctx.max_model_len, slot),
         ctx.n_predict(body.num_predict, len(ids), given), bias), ctx.grammars)
         for ids in prompts]
     gens: list[Generation] = []
@@ -135,7 +148,8 @@ async def completion(request: Request) -> Any:
         tokens = [o.token_id for o in out if o.token_id is not None]
         probs = {"completion_probabilities": logprob_shapes.llama(
             Pieces(ctx.tokenizer), [(o.token_id, o.logprobs) for o in out
-                                    if o.token_id is not None])} if body.n_probs else {}
+                                    if o.token_id is not None], body.post_sampling_probs)
+                 } if body.n_probs else {}
         result = {"index": i, "content": text, "tokens": tokens if body.return_tokens else [],
                   **probs, **_final(ctx, body, gen, ids, sampling, text, tokens)}
         results.append(pick_fields(result, body.response_fields) if body.response_fields
@@ -158,23 +172,32 @@ async def _encode(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
 
 async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
                   prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[str]:
-    """Every token in a `stop: false` chunk (with n_probs, its completion_probabilities), then
-    one `stop: true` chunk with the final fields and no content (llama-server's framing); a
-    generation that fails ends with an error event instead."""
+    """Every token in a `stop: false` chunk (with n_probs, its completion_probabilities;
+    with timings_per_token, the timings so far), with return_progress a chunk per prompt
+    progress report before them, then one `stop: true` chunk with the final fields and no
+    content (llama-server's framing); a generation that fails ends with an error event
+    instead."""
     parts, tokens = [], []
     pieces = Pieces(ctx.tokenizer)
     async for out in gen.outputs():
         if out.finish_reason in ("error", "cancelled"):
             yield sse(generation_failed(out.finish_reason, out.error).body())
             return
+        head = {"index": 0, "stop": False, "id_slot": body.id_slot,
+                **({"timings": timings(gen)} if body.timings_per_token else {})}
+        if out.progress is not None:
+            yield sse({**head, "content": "", "tokens": [], "tokens_predicted": 0,
+                       "tokens_evaluated": gen.num_prompt,
+                       "prompt_progress": gen.prompt_progress()})
+            continue
         ids = [] if out.token_id is None else [out.token_id]
         parts.append(out.text_delta)
         tokens += ids
         if ids or out.text_delta:
             probs = {"completion_probabilities": logprob_shapes.llama(
-                pieces, [(i, out.logprobs) for i in ids])} if body.n_probs else {}
-            yield sse({"index": 0, "content": out.text_delta, "tokens": ids, "stop": False,
-                       "id_slot": -1, **probs})
+                pieces, [(i, out.logprobs) for i in ids], body.post_sampling_probs)
+                     } if body.n_probs else {}
+            yield sse({**head, "content": out.text_delta, "tokens": ids, **probs})
     text = "".join(parts)
     yield sse({"index": 0, "content": "", "tokens": [],
                **_final(ctx, body, gen, prompt_ids, sampling, text, tokens)})
@@ -189,7 +212,7 @@ def _final(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
     if kind == "word" and not word:
         kind = "eos"  # NOTE: the grammar ended it (llama.cpp's grammar ends with an EOS)
     gen.record_finished()
-    return {"id_slot": -1, "stop": True, "model": ctx.model_name,
+    return {"id_slot": body.id_slot, "stop": True, "model": ctx.model_name,
             "tokens_predicted": gen.num_output, "tokens_evaluated": gen.num_prompt,
             "generation_settings": generation_settings(ctx, body, sampling),
             "prompt": ctx.tokenizer.decode(prompt_ids), "has_new_line": "\n" in text,
@@ -213,7 +236,9 @@ def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,
             "frequency_penalty": sampling.frequency_penalty,
             "stop": list(sampling.stop), "ignore_eos": sampling.ignore_eos,
             "logit_bias": [{"token": t, "bias": None} for t in eog] + biases,
-            "n_probs": body.n_probs,
+            "n_probs": body.n_probs, "post_sampling_probs": body.post_sampling_probs,
+            "timings_per_token": body.timings_per_token,
+            "return_progress": body.return_progress,
             "stream": body.stream, "cache_prompt": body.cache_prompt}
 
 

@@ -2,11 +2,13 @@
 n_probs (completion_probabilities).
 
 The values are the engine's (muser/logprobs.py): log-softmax of the raw logits, before any
-sampling transform. A token's text is its piece decoded as UTF-8 (a piece that is part of a
+sampling transform (with llama-server's post_sampling_probs, the logs of the distribution the
+token was drawn from, muser/sampler.py, shown as probabilities). A token's text is its piece decoded as UTF-8 (a piece that is part of a
 character decodes to U+FFFD; `bytes` has the raw bytes)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from muser.core import Logprobs
@@ -60,11 +62,19 @@ def chat(pieces: Pieces, entries: list[Entry]) -> dict[str, Any]:
                         for t, lp in entries if lp is not None], "refusal": None}
 
 
-def llama(pieces: Pieces, entries: list[Entry]) -> list[dict[str, Any]]:
-    """llama.cpp's completion_probabilities: [{id, token, logprob, bytes, top_logprobs}]."""
-    def one(token_id: int, value: float) -> dict[str, Any]:
-        text, raw = pieces(token_id)
-        return {"id": token_id, "token": text, "logprob": value, "bytes": raw}
+def llama(pieces: Pieces, entries: list[Entry], post_sampling: bool = False
+          ) -> list[dict[str, Any]]:
+    """llama.cpp's completion_probabilities: [{id, token, logprob, bytes, top_logprobs}];
+    post_sampling (the engine's values are then logs of the post-sampling distribution):
+    [{id, token, prob, bytes, top_probs}] without the tokens of probability 0, as llama-server
+    lists them."""
+    value, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
-    return [{**one(t, lp.logprob), "top_logprobs": [one(i, v) for i, v in lp.top]}
+    def one(token_id: int, v: float) -> dict[str, Any]:
+        text, raw = pieces(token_id)
+        return {"id": token_id, "token": text, value: math.exp(v) if post_sampling else v,
+                "bytes": raw}
+
+    return [{**one(t, lp.logprob), top: [one(i, v) for i, v in lp.top
+                                         if not post_sampling or v > -math.inf]}
             for t, lp in entries if lp is not None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 from muser.core import SamplingParams, StepOutput
@@ -142,4 +143,7 @@ class EngineLoop:
                                sched.stats.preemptions,
                                runner.prefix.stats() if runner.prefix is not None else None,
                                self.engine.remote.stats() if self.engine.remote else None,
-                               spec.stats.copy() if (spec := self.engine.speculation) else None)
+                               spec.stats.copy() if (spec := self.engine.speculation) else None,
+                               {s: len(ids) for s, ids in self.engine.slot_ids.items()},
+                               dict(Counter(r.sampling.slot for r in sched.waiting
+                                            if r.sampling.slot is not None)))

@@ -25,3 +25,7 @@ class LoopStats:
     prefix: PrefixStats | None = None  # None: --no-prefix-cache
     disagg: dict | None = None  # the prefill workers' outcomes and transfers, when any
     speculation: SpecStats | None = None  # None: no --speculative
+    # per slot: the tokens its last sequence left in the prefix cache (its cache in
+    # llama-server's sense), and the requests waiting for it (pinned to it by id_slot)
+    slot_cache: dict[int, int] = field(default_factory=dict)
+    slot_waiting: dict[int, int] = field(default_factory=dict)

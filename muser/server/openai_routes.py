@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +14,13 @@ from fastapi import APIRouter, Request
 
 from muser.core import StepOutput
 from muser.server import logit_bias, logprob_shapes
-from muser.server.context import ServerContext, is_llama_path, sampling_or_400, with_defaults
+from muser.server.context import (
+    ServerContext,
+    check_progress,
+    is_llama_path,
+    sampling_or_400,
+    with_defaults,
+)
 from muser.server.errors import ApiError, generation_failed
 from muser.server.generation import Generation, GenerationStream
 from muser.server.logprob_shapes import Entry, Pieces
@@ -65,7 +72,8 @@ def _usage(*gens: Generation) -> dict[str, Any]:
 async def models(request: Request) -> dict[str, Any]:
     ctx = _ctx(request)
     return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
-                                        "owned_by": "muser", "aliases": list(ctx.aliases)}]}
+                                        "owned_by": "muser", "aliases": list(ctx.aliases),
+                                        "tags": list(ctx.options.tags)}]}
 
 
 @router.post("/v1/completions")
@@ -151,6 +159,8 @@ async def chat_completions(request: Request) -> Any:
         raise ApiError(400, "top_logprobs: set logprobs to true with it", "invalid_value",
                        "top_logprobs")
     k = (body.top_logprobs or 0) if body.logprobs else None
+    check_progress(body.return_progress, body.stream)
+    slot = ctx.slot(body.id_slot)
     llama = is_llama_path(request)
     prompt = await _chat_prompt(ctx, body, llama)
     ids = await ctx.encode(prompt)
@@ -159,7 +169,8 @@ async def chat_completions(request: Request) -> Any:
     num_samples = check_samples(ctx, body.n, None, body.stream)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, num_samples, k), n, bias), ctx.grammars)
+        lambda m: dataclasses.replace(body.sampling(m, num_samples, k), slot=slot,
+                                      progress=body.return_progress), n, bias), ctx.grammars)
     gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
     pieces = Pieces(ctx.tokenizer)
@@ -179,16 +190,18 @@ async def chat_completions(request: Request) -> Any:
         return _stream(ctx, gen, head, body.include_usage, llama, content,
                        lambda index, reason: {"index": index, "delta": {}, "logprobs": None,
                                               "finish_reason": reason},
-                       first, always=k is not None)
+                       first, always=k is not None, per_token=body.timings_per_token)
     result = await gen.collect(request)
     _raise_if_failed(gen)
     gen.record_finished()
-    verbose = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
+    extra = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
+    if body.timings_per_token:
+        extra["timings"] = timings(gen)
     return {**head, "object": "chat.completion", "usage": _usage(gen),
             "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
                          "logprobs": lps(s.entries), "finish_reason": s.finish_reason}
                         for i, s in enumerate(split(result.outputs, num_samples))],
-            **verbose}
+            **extra}
 
 
 @router.post("/v1/chat/completions/input_tokens")
@@ -225,11 +238,17 @@ def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:
 def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_usage: bool,
             llama: bool, content: Callable[[StepOutput, bool, dict[int, int]], dict[str, Any]],
             finish: Callable[[int, str], dict[str, Any]], first: list[dict[str, Any]] | None,
-            always: bool = False) -> GenerationStream:
-    """[first chunks], one chunk per output with a text delta (per token with `always`: logprobs
-    or echo asked), each sample's finish reason in a chunk of its own as it finishes (the
-    choice's index tells the samples apart), [usage (with llama-server's timings off /v1/*)],
-    [DONE]. A generation that fails ends the stream with an error event instead (no [DONE])."""
+            always: bool = False, per_token: bool = False) -> GenerationStream:
+    """[first chunks], with prompt progress asked a chunk per report (the first chunks'
+    delta again, with prompt_progress, as llama-server sends it), one chunk per output with a
+    text delta (per token with `always`: logprobs or echo asked), each sample's finish reason in
+    a chunk of its own as it finishes (the choice's index tells the samples apart), [usage
+    (with llama-server's timings off /v1/* or with `per_token`)], [DONE]; `per_token`: every
+    chunk after the first ones carries the timings so far. A generation that fails ends the
+    stream with an error event instead (no [DONE])."""
+    def with_timings(chunk: dict[str, Any]) -> dict[str, Any]:
+        return {**chunk, "timings": timings(gen)} if per_token else chunk
+
     async def events() -> AsyncIterator[str]:
         for chunk in first or []:
             yield sse({**head, "choices": [chunk]})
@@ -239,16 +258,21 @@ def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_u
             if out.finish_reason in ("error", "cancelled"):
                 yield sse(generation_failed(out.finish_reason, out.error).body())
                 return
+            if out.progress is not None:
+                yield sse(with_timings({**head, "choices": (first or [])[:1],
+                                        "prompt_progress": gen.prompt_progress()}))
+                continue
             is_first = out.index not in seen
             seen.add(out.index)
             if out.text_delta or (always and (out.token_id is not None or is_first)):
-                yield sse({**head, "choices": [content(out, is_first, offsets)]})
+                yield sse(with_timings({**head, "choices": [content(out, is_first, offsets)]}))
             if out.finished:
-                yield sse({**head, "choices": [finish(out.index, out.finish_reason)]})
+                yield sse(with_timings({**head, "choices": [finish(out.index,
+                                                                   out.finish_reason)]}))
         gen.record_finished()
         if include_usage:
             usage = {**head, "choices": [], "usage": _usage(gen)}
-            yield sse({**usage, "timings": timings(gen)} if llama else usage)
+            yield sse({**usage, "timings": timings(gen)} if llama or per_token else usage)
         yield "data: [DONE]\n\n"
 
     return GenerationStream(gen, events())

@@ -35,6 +35,8 @@ class ServerOptions:
     max_n: int = 8  # most samples (n, best_of) one request may ask for
     keyless_admin: bool = False  # slot save / restore / erase without --admin-key
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
+    tags: tuple[str, ...] = ()  # listed with the model (llama-server's --tags)
+    sleep_idle_s: float | None = None  # stop the engine after this long idle (None: never)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -82,6 +84,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    "CPU time, when it is checked) is a 400, and a request whose mask is later than that on a step is ended there "
                    "with an error naming this budget (a 400, or an error event mid-stream), so "
                    "no grammar slows the batch (default: %(default)s)")
+    p.add_argument("--sleep-idle-seconds", type=float, metavar="S",
+                   help="after S seconds with no request, stop the engine process (the weights "
+                   "and KV, prefix cache included, leave memory; /props shows is_sleeping); "
+                   "the next request that needs the engine starts it again first "
+                   "(default: never)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -102,6 +109,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--temp must be >= 0")
     if args.n_predict is not None and (args.n_predict == 0 or args.n_predict < -1):
         raise MuserError("--n-predict must be -1 or >= 1")
+    if args.sleep_idle_seconds is not None and args.sleep_idle_seconds <= 0:
+        raise MuserError("--sleep-idle-seconds must be > 0")
     if args.max_n < 1:
         raise MuserError("--max-n must be >= 1")
     if args.grammar_max_size < 1 or args.grammar_compile_s <= 0 or args.grammar_mask_ms <= 0:
@@ -119,6 +128,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         folder = os.path.realpath(args.slot_save_path)
     return ServerOptions(
         max_n=args.max_n, keyless_admin=args.keyless_admin, grammar_limits=limits,
+        tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+        sleep_idle_s=args.sleep_idle_seconds,
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,

@@ -153,6 +153,11 @@ class ChatRequest(OpenAISampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
     verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
+    # llama-server's: the slot to run in (-1: any; the route checks the range), timings on
+    # every streamed chunk, prompt-progress chunks while the prompt prefills (stream only)
+    id_slot: Annotated[int, Field(ge=-1)] = -1
+    timings_per_token: bool = False
+    return_progress: bool = False
 
     def chat(self) -> list[dict[str, Any]]:
         return [m.turn() for m in self.messages]
@@ -199,7 +204,7 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     stream: bool = False
     ignore_eos: bool = False
     cache_prompt: bool = True
-    id_slot: Annotated[int, Field(ge=-1, le=-1)] = -1
+    id_slot: Annotated[int, Field(ge=-1)] = -1  # -1: any slot (the route checks the range)
     return_tokens: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
     n_probs: NumLogprobs = 0
@@ -231,9 +236,9 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     n_cache_reuse: Annotated[int, Field(ge=0, le=0)] = 0
     t_max_predict_ms: Annotated[int, Field(ge=0, le=0)] = 0
     t_max_prompt_ms: Annotated[int, Field(ge=-1, le=0)] = -1
-    timings_per_token: Literal[False] = False
-    return_progress: Literal[False] = False
-    post_sampling_probs: Literal[False] = False  # NOTE: refused: only pre-sampling logprobs
+    timings_per_token: bool = False  # every streamed chunk carries timings
+    return_progress: bool = False  # prompt-progress chunks while the prompt prefills (stream)
+    post_sampling_probs: bool = False  # n_probs of the distribution drawn from, as probs
     lora: Annotated[list[Any], Field(max_length=0)] | None = None
     samplers: Unsupported = None
     # llama-server's draft settings: n_max caps the draft tokens per step (0: none); a draft
@@ -265,8 +270,10 @@ class LlamaCompletionRequest(LlamaStructured, Body):
         return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None),
                     self.n_predict)
 
-    def sampling(self, max_tokens: int, context: int) -> SamplingParams:
-        """context: the context size, llama.cpp's repeat_last_n = -1."""
+    def sampling(self, max_tokens: int, context: int, slot: int | None = None
+                 ) -> SamplingParams:
+        """context: the context size, llama.cpp's repeat_last_n = -1; slot: id_slot checked
+        (None: any)."""
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
@@ -274,7 +281,8 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             penalties_over_last_n=True, seed=None if self.seed < 0 else self.seed,
             stop=tuple(self.stop), ignore_eos=self.ignore_eos,
-            logprobs=self.n_probs or None,
+            logprobs=self.n_probs or None, post_sampling=self.post_sampling_probs and bool(
+                self.n_probs), slot=slot, progress=self.return_progress,
             speculative=self.spec_n_max if "spec_n_max" in self.model_fields_set else None,
             min_drafts=self.spec_n_min)
 

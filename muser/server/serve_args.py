@@ -42,8 +42,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="adaptive: prefill rows are capped at --decode-waiting-chunk while "
                    "decodes run; fixed: full --prefill-chunk chunks regardless "
                    "(default: %(default)s)")
-    p.add_argument("--model-name", metavar="NAME[,ALIAS...]", help="name clients use, then "
-                   "other names it answers to (default: the model file's stem)")
+    names = p.add_mutually_exclusive_group()
+    names.add_argument("--model-name", metavar="NAME[,ALIAS...]", help="name clients use, then "
+                       "other names it answers to (default: the model file's stem)")
+    names.add_argument("--alias", metavar="A[,B...]", help="llama-server's: the names the "
+                       "model answers to, responses carrying the first in alphabetical order "
+                       "(as llama-server picks it)")
+    p.add_argument("--tags", metavar="T[,T...]", help="tags listed with the model in /v1/models "
+                   "and /props (llama-server's)")
     p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
                    help="largest request body (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=300.0,

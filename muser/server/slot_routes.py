@@ -44,14 +44,17 @@ async def slots(request: Request) -> list[dict[str, Any]]:
     if not ctx.options.slots:
         raise ApiError(501, "/slots is disabled: start the server without --no-slots",
                        "not_supported")
-    by_slot = {s.slot: s for s in ctx.loop.stats.slots if s.slot is not None}
+    stats = ctx.loop.stats
+    by_slot = {s.slot: s for s in stats.slots if s.slot is not None}
     out = []
     for i in range(ctx.max_num_seqs):
         s = by_slot.get(i)
         out.append({"id": i, "id_task": s.uid if s else -1, "is_processing": s is not None,
                     "n_ctx": ctx.max_model_len, "state": s.status if s else "idle",
                     "n_prompt_tokens": s.num_prompt if s else 0,
-                    "n_past": s.num_cached if s else 0, "n_decoded": s.num_output if s else 0})
+                    "n_past": s.num_cached if s else 0, "n_decoded": s.num_output if s else 0,
+                    "n_cached": stats.slot_cache.get(i, 0),
+                    "n_waiting": stats.slot_waiting.get(i, 0)})
     # NOTE: a prompt being prefilled by a prefill worker holds no slot yet: listed after them
     out += [{"id": -1, "id_task": s.uid, "is_processing": True, "n_ctx": ctx.max_model_len,
              "state": s.status, "n_prompt_tokens": s.num_prompt, "n_past": 0, "n_decoded": 0}

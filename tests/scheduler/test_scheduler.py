@@ -319,3 +319,22 @@ def test_drafts_go_last_and_fit_the_rows_and_pages_left() -> None:
     assert [len(r.drafts) for r in reqs] == [4, 0, 0]
     assert batch.reqs == [reqs[1], reqs[2], reqs[0]] and batch.num_tokens == [1, 1, 5]
     assert batch.num_decode == 3 and not batch.preempted
+
+
+def test_a_pinned_request_waits_for_its_slot_and_keeps_its_place() -> None:
+    """A request pinned to a slot a running one holds (or is pinned to) is passed over, not
+    the requests behind it, and is admitted first once its slot is free."""
+    sched = Scheduler(2)
+    holder = Sequence([1, 2], SamplingParams(max_tokens=4, slot=1))
+    waiting = Sequence([1, 2], SamplingParams(max_tokens=4, slot=1))
+    other = _req(2)
+    for req in (holder, waiting, other):
+        sched.add(req)
+    assert sched.admit() == [holder, other]
+    assert list(sched.waiting) == [waiting]
+    holder.slot = 1  # NOTE: placed by the engine
+    assert sched.admit() == [] and sched.pinned_slots() == {1, None}
+    later = _req(2)
+    sched.add(later)
+    sched.remove(holder.uid)
+    assert sched.admit() == [waiting] and list(sched.waiting) == [later]

@@ -141,7 +141,8 @@ def test_context_overflow_error_shapes(compat: Server) -> None:
     ("/chat/completions", "grammar", "root ::= undefined-rule"),
     ("/chat/completions", "json_schema", {"type": "integer", "minimum": "zero"}),
     ("/chat/completions", "response_format", {"type": "sound"}),
-    ("/completion", "id_slot", 1), ("/completion", "top_k", 2.5), ("/completion", "mirostat", 2),
+    ("/completion", "id_slot", 2), ("/chat/completions", "id_slot", 2),
+    ("/completion", "top_k", 2.5), ("/completion", "mirostat", 2),
     ("/completion", "no_such_field", 1), ("/chat/completions", "no_such_field", 1)])
 def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field: str,
                                                 value: object) -> None:

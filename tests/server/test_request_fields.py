@@ -19,7 +19,7 @@ import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
-from tests.server.conftest import Server
+from tests.server.conftest import MAX_NUM_SEQS, Server
 
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Name a city."}]
@@ -57,6 +57,11 @@ CHAT = [p for p in SHARED if p[0] != "logprobs"] + [
         "name": "city", "schema": SCHEMA, "strict": True}}, "honoured", {}),
     ("tools", [{"type": "function", "function": {"name": "f"}}], "refused", {}),
     ("tool_choice", "none", "accepted", {}), ("tool_choice", "auto", "refused", {}),
+    # llama-server's (tests/server/test_pinned_slots.py: the slot, the timings' values)
+    ("id_slot", 0, "accepted", {}), ("id_slot", MAX_NUM_SEQS, "refused", {}),
+    ("timings_per_token", True, "accepted", {}),
+    ("return_progress", True, "honoured", {"stream": True}),
+    ("return_progress", True, "refused", {}),
     ("parallel_tool_calls", False, "refused", {}), ("functions", [{"name": "f"}], "refused", {}),
     ("function_call", "none", "refused", {}), ("store", False, "accepted", {}),
     ("store", True, "refused", {}), ("service_tier", "auto", "accepted", {}),
@@ -91,8 +96,7 @@ OFF = {"typical_p": (1.0, 0.9), "dynatemp_range": (0.0, 0.5), "top_n_sigma": (-1
        "min_keep": (0, 5), "grammar_lazy": (False, True), "n_indent": (0, 4),
        "n_keep": (0, 8), "n_discard": (0, 4), "n_cache_reuse": (0, 256),
        "t_max_predict_ms": (0, 100), "t_max_prompt_ms": (-1, 100),
-       "timings_per_token": (False, True), "return_progress": (False, True),
-       "post_sampling_probs": (False, True), "lora": ([], [{"id": 0, "scale": 1.0}])}
+       "lora": ([], [{"id": 0, "scale": 1.0}])}
 # sub-parameters of samplers that are off unless their switch is on (llama.cpp ignores them too)
 SUBORDINATE = {"dynatemp_exponent": 2.0, "xtc_threshold": 0.2, "mirostat_tau": 4.0,
                "mirostat_eta": 0.2, "dry_base": 2.0, "dry_allowed_length": 3,
@@ -111,7 +115,14 @@ LLAMA_NAMED = [
     ("ignore_eos", True, "accepted", {}),  # test_llama_compat: generation_settings, lengths
     ("cache_prompt", False, "accepted", {}),  # the prefix cache gives the same tokens
     ("model", None, "accepted", {}), ("id_slot", -1, "accepted", {}),
-    ("id_slot", 0, "refused", {}),
+    ("id_slot", 0, "honoured", {}), ("id_slot", MAX_NUM_SEQS, "refused", {}),
+    # NOTE: the timings' values: tests/server/test_pinned_slots.py (they differ run to run)
+    ("timings_per_token", True, "accepted", {"stream": True}),
+    ("timings_per_token", False, "accepted", {}),
+    ("return_progress", True, "honoured", {"stream": True}),
+    ("return_progress", True, "refused", {}), ("return_progress", False, "accepted", {}),
+    ("post_sampling_probs", True, "honoured", {"n_probs": 2}),
+    ("post_sampling_probs", True, "refused", {}), ("post_sampling_probs", False, "accepted", {}),
     # NOTE: the penalties' effect: tests/server/test_logprobs_samples.py
     ("presence_penalty", 0.5, "accepted", {}), ("frequency_penalty", 0.5, "accepted", {}),
     ("n_probs", 2, "honoured", {}), ("logprobs", 2, "refused", {}), ("n", 2, "refused", {}),
