@@ -20,6 +20,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import pickle
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,8 +38,10 @@ CHECK_NICE = 10
 class _Worker:
     """One checking process and the server's end of its pipe."""
 
-    def __init__(self, tokenizer: Tokenizer, limits: GrammarLimits) -> None:
-        """Starts the process (wait_ready: until its vocabulary table is built)."""
+    def __init__(self, tokenizer: bytes, limits: GrammarLimits) -> None:
+        """Starts the process (wait_ready: until its vocabulary table is built). `tokenizer`:
+        pickled once by GrammarCheck (a Tokenizer pickled here, on the thread that replaces a
+        worker, held the server's GIL 0.2-0.8 s, and every stream waited)."""
         # NOTE: forked from a fresh forkserver process (no torch, no server state in it), so
         # they start quickly and are no children of the server beside its engine process
         ctx = mp.get_context("forkserver")
@@ -70,8 +73,9 @@ class GrammarCheck:
     def __init__(self, tokenizer: Tokenizer, limits: GrammarLimits) -> None:
         """Starts the workers (each builds the vocabulary table, 1.5-4 s)."""
         self.tokenizer, self.limits = tokenizer, limits
+        self._pickled = pickle.dumps(tokenizer)
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
-        for worker in [_Worker(tokenizer, limits) for _ in range(CHECK_WORKERS)]:
+        for worker in [_Worker(self._pickled, limits) for _ in range(CHECK_WORKERS)]:
             self._idle.put_nowait(worker.wait_ready())
 
     async def check(self, kind: str, spec: Any) -> str:
@@ -112,7 +116,7 @@ class GrammarCheck:
     def _replace(self, worker: _Worker, loop: asyncio.AbstractEventLoop) -> None:
         """Kill a worker, start another and put it in the idle queue (on an executor thread)."""
         worker.kill()
-        fresh = _Worker(self.tokenizer, self.limits).wait_ready()
+        fresh = _Worker(self._pickled, self.limits).wait_ready()
         loop.call_soon_threadsafe(self._idle.put_nowait, fresh)
 
 
@@ -123,10 +127,10 @@ def _consume(fut: asyncio.Future) -> None:
         fut.exception()
 
 
-def _serve(tokenizer: Tokenizer, limits: GrammarLimits, conn: Connection) -> None:
+def _serve(tokenizer: bytes, limits: GrammarLimits, conn: Connection) -> None:
     """A worker: check grammars until the server's end of the pipe closes."""
     os.nice(CHECK_NICE)
-    vocab = Vocab(tokenizer)
+    vocab = Vocab(pickle.loads(tokenizer))
     vocab.get()
     parser_limits = limits.parser_limits()
     conn.send(("ready",))
