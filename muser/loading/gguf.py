@@ -69,7 +69,7 @@ def config_from_gguf(reader: gguf.GGUFReader) -> ModelConfig:
         field(reader, f"{arch}.attention.head_count"))
     head_dim = int(field(reader, f"{arch}.attention.key_length"))
     pattern = int(field(reader, f"{arch}.attention.sliding_window_pattern",
-                         GEMMA3_SLIDING_PATTERN))
+                        GEMMA3_SLIDING_PATTERN))
     # NOTE: Gemma 3 27B scales queries by (hidden / heads) ** -0.5, the others by head_dim.
     scalar = hidden / num_heads if num_layers == 62 else head_dim
     scaling = field(reader, f"{arch}.rope.scaling.factor", 1.0)
