@@ -245,7 +245,8 @@ def load_weights_hf(
     `layout`: the checkpoint's FP8 layout (fp8_checkpoint.fp8_layout; None: not quantized),
     whose float8 weights load with their scales. `fp8` (--quantization fp8): the projections
     as Fp8Matrix, taken as stored or quantized one by one on `device`; without it, FP8 weights
-    are dequantized to `dtype`. The embedding (the tied head) and the norms stay unquantized."""
+    are dequantized to `dtype`. The embedding (the tied head), the experts' router and the norms
+    stay unquantized."""
     prefix, gemma4 = shards.prefix(), cfg.architecture == "gemma4"
     names = [_layer_names(cfg, i) for i in range(cfg.num_layers)]
     ple = {v: k for k, v in HF_GEMMA4_PLE_NAMES.items()} if cfg.per_layer_input_size else {}
@@ -299,8 +300,8 @@ def load_weights_hf(
                 bar.update()
                 mats = [t.to(device=device, dtype=dtype) for t in stacked.unbind()]
                 fields[field] = [quantize_fp8(t) for t in mats] if fp8 else mats
-            else:
-                fields[field] = matrix(full, shapes[name], fp8)
+            else:  # NOTE: the router stays unquantized: its scores choose the experts
+                fields[field] = matrix(full, shapes[name], quantize=False)
         return MoeWeights(**fields)
 
     inv = {v: k for k, v in HF_GLOBAL_NAMES.items()}
