@@ -45,6 +45,11 @@ class ModelConfig:
     num_kv_shared_layers: int = 0  # the last n layers read the K/V of the last earlier layer of
     # their kind (kv_owner) and store none
     double_wide_mlp: bool = False  # the KV-sharing layers' MLPs are 2 * intermediate_size wide
+    # mixture of experts (0: none): beside every layer's MLP, top_k_experts of num_experts
+    # routed experts per token, each a GeGLU MLP moe_intermediate_size wide
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         if len(self.layer_kinds) != self.num_layers:
@@ -54,6 +59,11 @@ class ModelConfig:
                 raise ValueError(f"num_heads must be a multiple of the {kind} layers' KV heads")
         if not 0 <= self.num_kv_shared_layers < self.num_layers:
             raise ValueError("num_kv_shared_layers must leave at least one layer its own KV")
+        if self.num_experts and not 0 < self.top_k_experts <= self.num_experts:
+            raise ValueError(f"top_k_experts must be in 1 .. num_experts ({self.num_experts}), "
+                             f"got {self.top_k_experts}")
+        if self.num_experts and self.moe_intermediate_size <= 0:
+            raise ValueError("a mixture of experts needs moe_intermediate_size > 0")
         first = self.num_layers - self.num_kv_shared_layers
         for layer_id in range(first, self.num_layers):
             kind = self.layer_kinds[layer_id]

@@ -113,7 +113,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
         """Read the tokenizer from a GGUF file; ValueError if its tokenizer model is unsupported."""
-        return cls(_spec_from_reader(reader))
+        return cls(spec_from_gguf(reader))
 
     def is_special(self, token_id: int) -> bool:
         """Whether the token is a control/unknown token (hidden when decoding with skip_special)."""
@@ -366,14 +366,17 @@ def _token_attrs(tokens: list[str], types: Sequence[int]) -> list[int]:
     return attrs
 
 
-def _spec_from_reader(reader: gguf.GGUFReader) -> VocabSpec:
-    """Collect the tokenizer metadata of a GGUF file into a VocabSpec."""
+def spec_from_gguf(reader: gguf.GGUFReader, expected: str = "llama") -> VocabSpec:
+    """Collect the tokenizer metadata of a GGUF file into a VocabSpec; ValueError unless its
+    tokenizer model is `expected` (SentencePiece, 'llama', is the one Tokenizer merges by
+    itself; muser/loading/gguf_tokenizer.py reads Gemma 4's 'gemma4' BPE)."""
     model = _field(reader, "tokenizer.ggml.model")
     if model is None:
         raise ValueError("GGUF has no tokenizer (tokenizer.ggml.model is missing)")
-    if model != "llama":
+    if model != expected:
         raise ValueError(
-            f"unsupported tokenizer model {model!r}: only SentencePiece ('llama') is supported"
+            f"unsupported tokenizer model {model!r}: only SentencePiece ('llama') and Gemma 4's "
+            f"BPE ('gemma4') are supported"
         )
     tokens = _field(reader, "tokenizer.ggml.tokens")
     if not tokens:

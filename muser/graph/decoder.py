@@ -1,4 +1,4 @@
-"""The Gemma decoder (Gemma 3 and Gemma 4's dense text models), written once and run at both
+"""The Gemma decoder (Gemma 3 and Gemma 4's text models), written once and run at both
 widths (prefill chunk or decode rows).
 
 embed * sqrt(hidden) -> per layer: norm -> QKV -> QK-norm + RoPE (the identity on the kinds in
@@ -9,7 +9,8 @@ final norm -> tied LM head.
 Gemma 4's parts are per-layer data of the same stack: each kind's head size, KV heads and RoPE
 (ModelConfig.kv_row, rope_fraction); values from the key projection on K=V kinds; values
 RMS-normalized (v_norm); per-layer inputs (PLE: after the MLP, a gated projection of the
-layer's slice of per_layer_inputs joins the residual); a layer scalar on the residual; and
+layer's slice of per_layer_inputs joins the residual); a layer scalar on the residual; routed
+experts beside the MLP (muser/graph/moe.py: the two outputs normed and summed); and
 KV-sharing layers, which project queries only and attend their owner's cache, rows the owner
 stored in this step included (a STAGING chunk's rows are committed by the cache's last reader,
 after every reader attended the shadow).
@@ -25,6 +26,7 @@ import torch
 from muser.attention.layer import attend
 from muser.attention.plan import StepPlan, kind_window
 from muser.config import ModelConfig
+from muser.graph.moe import routed_experts
 from muser.graph.weights import LayerWeights, ModelWeights
 from muser.kvcache.pool import KVPool
 
@@ -132,6 +134,11 @@ class Decoder:
                    store=owner == layer_id, commit=self.commits[layer_id])
         h, x = ops.linear_add_rms_norm(a.reshape(n, heads * head_dim), w.o_proj, h,
                                        w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps, act)
+        if w.moe is not None:  # the dense MLP and the routed experts, each normed, summed
+            mlp = ops.rms_norm(ops.linear(ops.linear_geglu(x, w.gate_up), w.down),
+                               w.moe.post_dense_norm, cfg.rms_norm_eps)
+            mlp = mlp + routed_experts(h, w.moe, cfg, ops, act)
+            return ops.add_rms_norm(h, mlp, w.post_ffn_norm, next_norm, cfg.rms_norm_eps, act)
         return ops.linear_add_rms_norm(ops.linear_geglu(x, w.gate_up), w.down, h,
                                        w.post_ffn_norm, next_norm, cfg.rms_norm_eps, act)
 

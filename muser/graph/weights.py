@@ -20,6 +20,34 @@ Matrix = torch.Tensor | PackedMatrix | Fp8Matrix | Blocks  # packed: CPU float32
 
 
 @dataclass(slots=True)
+class MoeWeights:
+    """A layer's mixture of experts (Gemma 4 26B-A4B), beside its dense MLP."""
+
+    router: Matrix  # [num_experts, hidden]: expert scores of the normed residual
+    router_scale: torch.Tensor  # [hidden] f32: the router's input gain
+    expert_scale: torch.Tensor  # [num_experts] f32: each expert's output times it
+    gate_up: list[Matrix]  # per expert [2 * moe_intermediate, hidden], gate rows first
+    down: list[Matrix]  # per expert [hidden, moe_intermediate]
+    pre_norm: torch.Tensor  # [hidden] f32: the experts' input norm
+    post_norm: torch.Tensor  # [hidden] f32: after the experts' weighted sum
+    post_dense_norm: torch.Tensor  # [hidden] f32: after the dense MLP, before the two add
+
+    def parts(self) -> dict[str, Matrix]:
+        """Every part by name: its field, 'gate_up.3' for expert 3's gate_up."""
+        out: dict[str, Matrix] = {}
+        for f in self.__slots__:
+            v = getattr(self, f)
+            out.update({f"{f}.{e}": m for e, m in enumerate(v)} if isinstance(v, list) else
+                       {f: v})
+        return out
+
+    def map(self, fn: Callable[[Matrix], Matrix]) -> MoeWeights:
+        """The experts with `fn` applied to each of their parts."""
+        return MoeWeights(**{f: [fn(m) for m in v] if isinstance(v, list) else fn(v)
+                             for f in self.__slots__ if (v := getattr(self, f)) is not None})
+
+
+@dataclass(slots=True)
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden] f32 (Gemma's 1 + w folded in)
     qkv: Matrix  # [q_size + 2 * kv_size, hidden]
@@ -38,14 +66,22 @@ class LayerWeights:
     per_layer_proj: Matrix | None = None  # PLE: [hidden, per_layer_input_size]
     per_layer_norm: torch.Tensor | None = None  # PLE: [hidden], after per_layer_proj
     layer_scalar: torch.Tensor | None = None  # [1]: the layer's output residual times it
+    moe: MoeWeights | None = None  # the routed experts beside the MLP (None: a dense layer)
 
     def parts(self) -> dict[str, Matrix]:
-        """Every part the layer has, by field (the parts its model lacks, None, left out)."""
-        return {f: v for f in self.__slots__ if (v := getattr(self, f)) is not None}
+        """Every part the layer has, by field (the parts its model lacks, None, left out); the
+        experts' as 'moe.<their name>' (MoeWeights.parts)."""
+        own = {f: v for f, v in self._own().items() if f != "moe"}
+        experts = {} if self.moe is None else {f"moe.{k}": v for k, v in self.moe.parts().items()}
+        return own | experts
 
     def map(self, fn: Callable[[Matrix], Matrix]) -> LayerWeights:
         """The layer with `fn` applied to each of its parts (e.g. moved to a device)."""
-        return LayerWeights(**{f: fn(v) for f, v in self.parts().items()})
+        return LayerWeights(**{f: v.map(fn) if f == "moe" else fn(v)
+                               for f, v in self._own().items()})
+
+    def _own(self) -> dict[str, object]:
+        return {f: v for f in self.__slots__ if (v := getattr(self, f)) is not None}
 
 
 @dataclass(slots=True)
@@ -143,7 +179,14 @@ def random_weights(
             ffn_norm=norm(h), gate_up=mat(2 * i, h), down=mat(h, i), post_ffn_norm=norm(h),
             v_norm=ones(d) if cfg.v_norm else None,
             per_layer_gate=mat(p, h) if p else None, per_layer_proj=mat(h, p) if p else None,
-            per_layer_norm=norm(h) if p else None)
+            per_layer_norm=norm(h) if p else None, moe=experts() if cfg.num_experts else None)
+
+    def experts() -> MoeWeights:
+        e, i = cfg.num_experts, cfg.moe_intermediate_size
+        return MoeWeights(
+            router=mat(e, h), router_scale=norm(h), expert_scale=norm(e),
+            gate_up=[mat(2 * i, h) for _ in range(e)], down=[mat(h, i) for _ in range(e)],
+            pre_norm=norm(h), post_norm=norm(h), post_dense_norm=norm(h))
 
     h, p = cfg.hidden_size, cfg.per_layer_input_size
     layers = [layer(layer_id) for layer_id in range(cfg.num_layers)]

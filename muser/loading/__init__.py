@@ -13,6 +13,7 @@ from muser.graph.weights import ModelWeights
 from muser.loading.default_model import default_model_path
 from muser.loading.fp8_checkpoint import fp8_layout
 from muser.loading.gguf import config_from_gguf, load_weights, open_gguf
+from muser.loading.gguf_tokenizer import tokenizer_from_gguf
 from muser.loading.hf import Shards, checkpoint_dir, config_from_hf, load_weights_hf, read_json
 from muser.loading.hf_tokenizer import tokenizer_from_hf
 from muser.tokenizer import Tokenizer
@@ -61,7 +62,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str, progr
     reader = open_gguf(path)
     config = config_from_gguf(reader)
     try:
-        tokenizer = Tokenizer.from_gguf(reader)
+        tokenizer = tokenizer_from_gguf(reader)
     except ValueError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
     weights = load_weights(reader, config, dtype, device, progress, pack, blocks)

@@ -1,4 +1,4 @@
-"""`--load-format dummy`: a named Gemma 3 shape (muser/presets.py) with seeded random weights
+"""`--load-format dummy`: a named Gemma 3 or Gemma 4 shape (muser/presets.py) with seeded random weights
 created on the device, so benchmarks need no checkpoint. The tokenizer is the embedded Gemma 3
 model's (same 262k vocabulary), so text still round-trips."""
 

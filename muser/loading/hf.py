@@ -15,18 +15,22 @@ from tqdm import tqdm
 
 from muser.config import LayerKind, ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
-from muser.graph.weights import LayerWeights, Matrix, ModelWeights
+from muser.graph.weights import LayerWeights, Matrix, ModelWeights, MoeWeights
 from muser.loading.fp8_checkpoint import Fp8Layout, read_fp8
 from muser.loading.hf_gemma4 import ARCHITECTURES as GEMMA4_ARCHITECTURES
 from muser.loading.hf_gemma4 import config_from_gemma4
 from muser.loading.names import (
     GEMMA4_AS_STORED,
     HF_GEMMA4_LAYER_NAMES,
+    HF_GEMMA4_MOE_NAMES,
     HF_GEMMA4_PLE_NAMES,
     HF_GLOBAL_NAMES,
     HF_LAYER_NAMES,
     HF_LM_HEAD,
+    MOE_EXPERTS,
+    MOE_GAINS,
     NORMS,
+    gemma4_layer_names,
 )
 from muser.ops.fp8 import FP8, Fp8Matrix, cat_rows, quantize_fp8
 
@@ -211,25 +215,25 @@ def _shapes(cfg: ModelConfig, layer_id: int) -> dict[str, tuple[int, ...]]:
         "mlp.down_proj.weight": (h, i),
         "per_layer_input_gate.weight": (p, h), "per_layer_projection.weight": (h, p),
         "post_per_layer_input_norm.weight": (h,), "layer_scalar": (1,),
-    }
+    } | _moe_shapes(cfg)
+
+
+def _moe_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every HF tensor of a mixture-of-experts layer (none without experts)."""
+    if not cfg.num_experts:
+        return {}
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    shapes = {"router": (e, h), "router_scale": (h,), "expert_scale": (e,),
+              "gate_up": (e, 2 * i, h), "down": (e, h, i)}
+    return {name: shapes.get(field, (h,)) for field, name in HF_GEMMA4_MOE_NAMES.items()}
 
 
 def _layer_names(cfg: ModelConfig, layer_id: int) -> dict[str, list[str]]:
     """LayerWeights field -> the HF tensors (names after 'layers.{i}.') it is read from, rows
-    concatenated in order. Gemma 4: a K=V kind has no v_proj, a KV-sharing layer neither
-    k_proj nor k_norm (it reads its owner's cache), PLE's tensors only with PLE."""
+    concatenated in order (Gemma 4: names.gemma4_layer_names)."""
     if cfg.architecture != "gemma4":
         return {f: [n] if isinstance(n, str) else n for f, n in HF_LAYER_NAMES.items()}
-    names = {f: [n] if isinstance(n, str) else n for f, n in HF_GEMMA4_LAYER_NAMES.items()}
-    if cfg.kv_owner(layer_id) != layer_id:
-        names["qkv"] = names["qkv"][:1]
-        del names["k_norm"]
-    elif cfg.layer_kinds[layer_id] in cfg.k_eq_v_kinds:
-        names["qkv"] = names["qkv"][:2]
-    if not cfg.per_layer_input_size:
-        for field in ("per_layer_gate", "per_layer_proj", "per_layer_norm"):
-            del names[field]
-    return names
+    return gemma4_layer_names(HF_GEMMA4_LAYER_NAMES, cfg, layer_id)
 
 
 def load_weights_hf(
@@ -241,12 +245,14 @@ def load_weights_hf(
     `layout`: the checkpoint's FP8 layout (fp8_checkpoint.fp8_layout; None: not quantized),
     whose float8 weights load with their scales. `fp8` (--quantization fp8): the projections
     as Fp8Matrix, taken as stored or quantized one by one on `device`; without it, FP8 weights
-    are dequantized to `dtype`. The embedding (the tied head) and the norms stay unquantized."""
+    are dequantized to `dtype`. The embedding (the tied head), the experts' router and the norms
+    stay unquantized."""
     prefix, gemma4 = shards.prefix(), cfg.architecture == "gemma4"
     names = [_layer_names(cfg, i) for i in range(cfg.num_layers)]
     ple = {v: k for k, v in HF_GEMMA4_PLE_NAMES.items()} if cfg.per_layer_input_size else {}
+    moe = len(HF_GEMMA4_MOE_NAMES) if cfg.num_experts else 0
     total = (sum(len(n) for layer in names for n in layer.values()) + 2 + len(ple)
-             + (not cfg.tie_word_embeddings))
+             + (not cfg.tie_word_embeddings) + moe * cfg.num_layers)
     bar = tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress)
 
     def norm(name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -278,7 +284,25 @@ def load_weights_hf(
             if bool((fields["layer_scalar"] == 1.0).all()):
                 fields["layer_scalar"] = None  # times 1 is the identity: no op at all
             fields["v_norm"] = torch.ones(cfg.head_dim_of(cfg.layer_kinds[i]), device=device)
+        if cfg.num_experts:
+            fields["moe"] = experts(i)
         return LayerWeights(**fields)
+
+    def experts(i: int) -> MoeWeights:
+        """Layer i's routed experts: gate_up and down one matrix per expert."""
+        shapes, fields = _shapes(cfg, i), {}
+        for field, name in HF_GEMMA4_MOE_NAMES.items():
+            full = f"{prefix}layers.{i}.{name}"
+            if field in MOE_GAINS:
+                fields[field] = norm(full, shapes[name])
+            elif field in MOE_EXPERTS:
+                stacked = shards.get(full, shapes[name])
+                bar.update()
+                mats = [t.to(device=device, dtype=dtype) for t in stacked.unbind()]
+                fields[field] = [quantize_fp8(t) for t in mats] if fp8 else mats
+            else:  # NOTE: the router stays unquantized: its scores choose the experts
+                fields[field] = matrix(full, shapes[name], quantize=False)
+        return MoeWeights(**fields)
 
     inv = {v: k for k, v in HF_GLOBAL_NAMES.items()}
     vocab, hidden = (cfg.vocab_size, cfg.hidden_size), (cfg.hidden_size,)

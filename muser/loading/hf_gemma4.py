@@ -1,6 +1,6 @@
 """Gemma 4's config.json (Gemma4ForCausalLM, or the text_config of
 Gemma4ForConditionalGeneration) -> ModelConfig: the dense text models, per-layer inputs (PLE),
-KV sharing and K=V included. The mixture-of-experts variant is refused by name."""
+KV sharing, K=V and the mixture of experts (enable_moe_block) included."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256,
     "attention_k_eq_v": False, "num_kv_shared_layers": 0, "enable_moe_block": False,
     "use_double_wide_mlp": False, "global_head_dim": 512, "num_global_key_value_heads": None,
+    "num_experts": None, "top_k_experts": None, "moe_intermediate_size": None,
 }
 ROPE_DEFAULTS = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
@@ -35,9 +36,6 @@ _KINDS: dict[str, LayerKind] = {"sliding_attention": "sliding", "full_attention"
 def config_from_gemma4(text: dict[str, Any]) -> ModelConfig:
     """ModelConfig of a Gemma 4 text config (the text_config of a multimodal one)."""
     text = TEXT_DEFAULTS | text
-    if text["enable_moe_block"]:
-        raise ModelLoadError("Gemma 4 mixture-of-experts models (enable_moe_block, e.g. "
-                             "26B-A4B) are not supported yet; the dense ones are")
     for key, value in (("hidden_activation", "gelu_pytorch_tanh"), ("attention_bias", False),
                        ("use_bidirectional_attention", None)):
         if text[key] != value:
@@ -67,10 +65,22 @@ def config_from_gemma4(text: dict[str, Any]) -> ModelConfig:
             v_norm=True, per_layer_input_size=ple,
             per_layer_vocab_size=int(text["vocab_size_per_layer_input"]) if ple else 0,
             num_kv_shared_layers=int(text["num_kv_shared_layers"]),
-            double_wide_mlp=bool(text["use_double_wide_mlp"]),
+            double_wide_mlp=bool(text["use_double_wide_mlp"]), **_experts(text),
         )
     except ValueError as exc:
         raise ModelLoadError(f"config.json: {exc}") from None
+
+
+def _experts(text: dict[str, Any]) -> dict[str, int]:
+    """ModelConfig's mixture-of-experts fields: none without enable_moe_block, else all three
+    keys (a missing one is an error)."""
+    if not text["enable_moe_block"]:
+        return {}
+    keys = ("num_experts", "top_k_experts", "moe_intermediate_size")
+    missing = [key for key in keys if text[key] is None]
+    if missing:
+        raise ModelLoadError(f"config.json: enable_moe_block without {', '.join(missing)}")
+    return {key: int(text[key]) for key in keys}
 
 
 def _layer_kinds(types: list[str] | None, num_layers: int) -> tuple[LayerKind, ...]:

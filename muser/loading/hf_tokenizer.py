@@ -51,7 +51,7 @@ def tokenizer_from_hf(directory: Path, num_ids: int = 0) -> Tokenizer:
         chat_template=_chat_template(directory, settings),
     )
     try:
-        return Tokenizer(spec, _model_encoder(encoder))
+        return Tokenizer(spec, model_encoder(encoder))
     except ValueError as exc:  # e.g. no byte-fallback tokens
         raise ModelLoadError(f"{path}: {exc}") from None
 
@@ -69,7 +69,7 @@ def _vocabulary(hf: Any, num_ids: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def _model_encoder(hf: Any) -> Callable[[str], list[int]]:
+def model_encoder(hf: Any) -> Callable[[str], list[int]]:
     """Text -> ids through tokenizer.json's normalizer, pre-tokenizer and model only: muser has
     split out the special tokens it parses, and what is left (a control token's text when not
     parsing specials, as llama.cpp) is plain text, never split out again."""

@@ -1,6 +1,7 @@
-"""GGUFReader with vectorized metadata arrays: the stock reader walks a 262,144-entry
-vocabulary one numpy view at a time (~10 s); this reads scalar arrays in one view and
-string arrays with one pass over the lengths. Fields keep the stock `ReaderField` layout."""
+"""GGUF metadata: `field` reads one value; FastGGUFReader is a GGUFReader with vectorized
+metadata arrays: the stock reader walks a 262,144-entry vocabulary one numpy view at a time
+(~10 s); this reads scalar arrays in one view and string arrays with one pass over the
+lengths. Fields keep the stock `ReaderField` layout."""
 
 from __future__ import annotations
 
@@ -9,6 +10,19 @@ from typing import Any
 import gguf
 import numpy as np
 from gguf import GGUFValueType
+
+from muser.errors import ModelLoadError
+
+
+def field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    """Metadata value `key` as a Python object; `default` when absent, an error when absent
+    and no default is given."""
+    found = reader.fields.get(key)
+    if found is None:
+        if default is None:
+            raise ModelLoadError(f"GGUF metadata lacks '{key}'")
+        return default
+    return found.contents()
 
 
 class FastGGUFReader(gguf.GGUFReader):

@@ -31,8 +31,16 @@ def prepare_weights(weights: Weights) -> Weights:
             return m
         return PackedMatrix.from_dense(m.cpu())
 
+    def pack_moe(moe):  # a layer's routed experts (muser.graph.weights.MoeWeights), or None
+        if moe is None:
+            return None
+        return dataclasses.replace(moe, router=pack(moe.router),
+                                   gate_up=[pack(m) for m in moe.gate_up],
+                                   down=[pack(m) for m in moe.down])
+
     matrices = ("qkv", "o_proj", "gate_up", "down", "per_layer_gate", "per_layer_proj")
-    layers = [dataclasses.replace(layer, **{f: pack(getattr(layer, f)) for f in matrices})
+    layers = [dataclasses.replace(layer, moe=pack_moe(layer.moe),
+                                  **{f: pack(getattr(layer, f)) for f in matrices})
               for layer in weights.layers]
     return dataclasses.replace(weights, embed=pack(weights.embed), layers=layers,
                                lm_head=pack(weights.lm_head),

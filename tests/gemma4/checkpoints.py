@@ -2,9 +2,10 @@
 save_pretrained), one per variant muser runs, and transformers' float32 logits of them.
 
 Weights are drawn again (seeded) before saving, at scales that make every part matter: gains
-near 1 (Gemma 4 multiplies by the stored w), layer scalars in [0.5, 1.5], unit-variance
-embeddings (logits of a few units, spread over the soft cap) and matrices scaled by
-1 / sqrt(fan-in); transformers' own initialization (std 0.02, gains and scalars 1) leaves
+near 1 (Gemma 4 multiplies by the stored w, the router's input gain too), layer scalars and
+per-expert scales in [0.5, 1.5], unit-variance embeddings (logits of a few units, spread over
+the soft cap) and router rows (expert scores of a few units: routing far from ties), and
+matrices scaled by 1 / sqrt(fan-in); transformers' own initialization (std 0.02, gains and scalars 1) leaves
 logits near 0 and the layer scalars out."""
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ VARIANTS = {
     "ple_shared": {"hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 512,
                    "num_kv_shared_layers": 3, "use_double_wide_mlp": True,
                    "tie_word_embeddings": False},
+    # 26B-A4B's block: beside every layer's MLP, 2 of 4 routed experts per token
+    "moe": {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+            "moe_intermediate_size": 32},
 }
 
 
@@ -53,11 +57,11 @@ def reference_model(variant: str) -> Gemma4ForCausalLM:
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, t in model.state_dict().items():
-            if name.endswith("layer_scalar"):
+            if name.endswith(("layer_scalar", "per_expert_scale")):
                 t.copy_(0.5 + torch.rand(t.shape, generator=gen))
-            elif "norm" in name:
+            elif "norm" in name or name.endswith("router.scale"):
                 t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=gen))
-            elif "embed_tokens" in name:
+            elif "embed_tokens" in name or name.endswith("router.proj.weight"):
                 t.copy_(torch.randn(t.shape, generator=gen))
             else:
                 t.copy_(torch.randn(t.shape, generator=gen) * t.shape[-1] ** -0.5)

@@ -1,7 +1,7 @@
 """Gemma 4 checkpoints: the text model inside Gemma4ForConditionalGeneration loads (its vision
 and audio towers skipped, one log line) and matches transformers' logits; both config.json
-forms of the full layers' geometry map onto one ModelConfig; the mixture-of-experts variant
-and geometries muser does not carry end in one clear error."""
+forms of the full layers' geometry map onto one ModelConfig; incomplete expert settings and
+geometries muser does not carry end in one clear error."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def test_published_geometry_keys_map_as_transformers_saves(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2},
-     "Gemma 4 mixture-of-experts models .enable_moe_block, e.g. 26B-A4B. are not supported"),
+     "enable_moe_block without moe_intermediate_size"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 5,
+      "moe_intermediate_size": 32}, r"top_k_experts must be in 1 \.\. num_experts \(4\)"),
     ({"per_layer_config": {"2": {"head_dim": 32}, "5": {"head_dim": 64}, "7": {"head_dim": 32}}},
      "per_layer_config gives layers of one kind different geometries"),
     ({"per_layer_config": {"2": {"sliding_window": 4}}},
