@@ -161,8 +161,9 @@ PREFIX_CACHE = {"cpu": True, "cuda": True}
 QUANTIZATIONS = ("none", "fp8")
 # speculative decoding's proposers (muser/engine/speculation.py): "ngram" is prompt lookup
 SPECULATIVE = ("none", "ngram")
-# draft tokens verified per step at most (--num-speculative-tokens): the measured best of
-# K = 2..8 on each of the CPU's prompt-lookup workloads (bench/results/spec_cpu.json)
+# draft tokens verified per step at most (--num-speculative-tokens): of K = 2..8, the best or
+# within 4 % of the best on each of the CPU's prompt-lookup workloads
+# (bench/results/spec_cpu.json)
 NUM_SPECULATIVE_TOKENS = 6
 
 # EngineConfig fields that for_device fills and no config leaves None.

@@ -113,7 +113,7 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    default=NUM_SPECULATIVE_TOKENS, metavar="K",
                    help="with --speculative: most draft tokens per sequence and step; each "
                    "sequence's draft length adapts to what its drafts accept (default: "
-                   "%(default)s, the best measured on the CPU)")
+                   "%(default)s, chosen by measurement on the CPU)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
