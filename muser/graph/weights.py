@@ -146,6 +146,16 @@ def with_fp8_head(weights: ModelWeights) -> ModelWeights:
     return dataclasses.replace(weights, lm_head=fp8)
 
 
+def gemma4_layer_fields(fields: dict[str, object], cfg: ModelConfig, layer_id: int,
+                        device: torch.device | str) -> None:
+    """A loaded Gemma 4 layer's fields (as read from its file) made what the graph reads: a
+    layer scalar of exactly 1 dropped (times 1 is the identity: no op at all), and the V
+    norm's unit gain, which no file holds."""
+    if bool((fields["layer_scalar"] == 1.0).all()):
+        fields["layer_scalar"] = None
+    fields["v_norm"] = torch.ones(cfg.head_dim_of(cfg.layer_kinds[layer_id]), device=device)
+
+
 def random_weights(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
     made_on: torch.device | str | None = None, fp8: bool = False,

@@ -14,7 +14,13 @@ from tqdm import tqdm
 
 from muser.config import ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
-from muser.graph.weights import LayerWeights, Matrix, ModelWeights, MoeWeights
+from muser.graph.weights import (
+    LayerWeights,
+    Matrix,
+    ModelWeights,
+    MoeWeights,
+    gemma4_layer_fields,
+)
 from muser.loading.gguf_gemma4 import config_from_gemma4_gguf
 from muser.loading.names import (
     GEMMA4_AS_STORED,
@@ -177,9 +183,7 @@ def load_weights(
             fields[field_name] = (get(names[0], torch.float32) if field_name in gains
                                   else matrix(names))
         if gemma4:
-            if bool((fields["layer_scalar"] == 1.0).all()):
-                fields["layer_scalar"] = None  # times 1 is the identity: no op at all
-            fields["v_norm"] = torch.ones(cfg.head_dim_of(cfg.layer_kinds[i]), device=device)
+            gemma4_layer_fields(fields, cfg, i, device)
         if cfg.num_experts:
             fields["moe"] = moe(i)
         return LayerWeights(**fields)

@@ -15,7 +15,13 @@ from tqdm import tqdm
 
 from muser.config import LayerKind, ModelConfig, gemma3_layer_kinds
 from muser.errors import ModelLoadError
-from muser.graph.weights import LayerWeights, Matrix, ModelWeights, MoeWeights
+from muser.graph.weights import (
+    LayerWeights,
+    Matrix,
+    ModelWeights,
+    MoeWeights,
+    gemma4_layer_fields,
+)
 from muser.loading.fp8_checkpoint import Fp8Layout, read_fp8
 from muser.loading.hf_gemma4 import ARCHITECTURES as GEMMA4_ARCHITECTURES
 from muser.loading.hf_gemma4 import config_from_gemma4
@@ -281,9 +287,7 @@ def load_weights_hf(
             fields[field] = parts[0] if len(parts) == 1 else (
                 cat_rows(parts) if isinstance(parts[0], Fp8Matrix) else torch.cat(parts))
         if gemma4:
-            if bool((fields["layer_scalar"] == 1.0).all()):
-                fields["layer_scalar"] = None  # times 1 is the identity: no op at all
-            fields["v_norm"] = torch.ones(cfg.head_dim_of(cfg.layer_kinds[i]), device=device)
+            gemma4_layer_fields(fields, cfg, i, device)
         if cfg.num_experts:
             fields["moe"] = experts(i)
         return LayerWeights(**fields)
