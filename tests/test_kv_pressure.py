@@ -20,6 +20,7 @@ def test_a_tiny_page_pool_delays_requests_and_changes_no_token(gguf_path: Path) 
     assert all(90 < len(p) + MAX_TOKENS <= 8 * PAGE for p in prompts)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     alone = [llm.generate(p, params).token_ids for p in prompts]
+    engine.runner.prefix.reset(engine.runner.pages)  # NOTE: else the prompts resume, cached alone
 
     reqs = [engine.add_request(p, params) for p in prompts]
     tokens: dict[int, list[int]] = {r.uid: [] for r in reqs}
