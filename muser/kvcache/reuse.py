@@ -82,7 +82,8 @@ class PrefixCache:
 
     def restore(self, seq: Placement, token_ids: list[int], count: bool = True) -> None:
         """Start fresh `seq` after the longest cached prefix of token_ids, if any, and before
-        its last token at the latest (`count`: in the lookup / hit counters; a slot file's export is not a prompt)."""
+        its last token at the latest (`count`: in the lookup / hit counters; a slot file's
+        export is not a prompt)."""
         self._lookups += count
         match = self._match(token_ids, touch=count)
         if match is None:
