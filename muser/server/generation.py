@@ -161,7 +161,8 @@ class Generation:
         """This generation's phases into the llamacpp: metric families (once, when done)."""
         t = self.timings()
         self.metrics.observe_finished(t["prompt_ms"], t["predicted_ms"],
-                                      self.num_prompt + self.num_output)
+                                      self.num_prompt + self.num_output,
+                                      self.num_prompt - self.num_cached, self.num_cached)
 
     def close(self) -> None:
         if self.finish_reason is None:

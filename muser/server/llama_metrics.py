@@ -16,25 +16,31 @@ class LlamaTotals:
     prompt_s: float = 0.0
     predicted_s: float = 0.0
     max_tokens: int = 0
+    prompt_tokens: int = 0  # computed (timings' prompt_n)
+    cached_tokens: int = 0  # found in the prefix cache (timings' cache_n)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def observe(self, prompt_s: float, predicted_s: float, num_tokens: int) -> None:
+    def observe(self, prompt_s: float, predicted_s: float, num_tokens: int, prompt_n: int,
+                cache_n: int) -> None:
         with self._lock:
             self.prompt_s += prompt_s
             self.predicted_s += predicted_s
             self.max_tokens = max(self.max_tokens, num_tokens)
+            self.prompt_tokens += prompt_n
+            self.cached_tokens += cache_n
 
 
-def render_llama(totals: LlamaTotals, stats: LoopStats, prompt_tokens: float,
-                 predicted_tokens: float) -> bytes:
-    """Prometheus text of the llamacpp: families. muser keeps no prompt cache across requests
-    (prompt_tokens_cached_total is 0) and does not decode speculatively (spec_* are 0)."""
+def render_llama(totals: LlamaTotals, stats: LoopStats, predicted_tokens: float) -> bytes:
+    """Prometheus text of the llamacpp: families. Prompt tokens are counted as llama-server
+    counts them, when a generation ends: those computed, and apart those taken from the prefix
+    cache; spec_* are the engine's speculative decoding counts (0 without --speculative)."""
     decode_steps = stats.steps.get("decode", 0) + stats.steps.get("mixed", 0)
     busy = sum(1 for s in stats.slots if s.slot is not None)
+    spec, prompt_tokens = stats.speculation, totals.prompt_tokens
     rows = [
         ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", prompt_tokens),
         ("prompt_tokens_cached_total", "counter", "Number of prompt tokens taken from the cache.",
-         0),
+         totals.cached_tokens),
         ("prompt_seconds_total", "counter", "Prompt process time", totals.prompt_s),
         ("tokens_predicted_total", "counter", "Number of generation tokens processed.",
          predicted_tokens),
@@ -42,9 +48,12 @@ def render_llama(totals: LlamaTotals, stats: LoopStats, prompt_tokens: float,
          totals.predicted_s),
         ("n_decode_total", "counter", "Total number of engine steps.", sum(stats.steps.values())),
         ("n_tokens_max", "counter", "Largest observed n_tokens.", totals.max_tokens),
-        ("spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens.", 0),
-        ("spec_decode_num_accepted_tokens_total", "counter", "Accepted draft tokens.", 0),
-        ("spec_decode_num_drafts_total", "counter", "Speculative drafts.", 0),
+        ("spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens.",
+         spec.drafted if spec else 0),
+        ("spec_decode_num_accepted_tokens_total", "counter", "Accepted draft tokens.",
+         spec.accepted if spec else 0),
+        ("spec_decode_num_drafts_total", "counter", "Speculative drafts.",
+         spec.verified if spec else 0),
         ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
          prompt_tokens / totals.prompt_s if totals.prompt_s else 0.0),
         ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",

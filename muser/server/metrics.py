@@ -117,9 +117,11 @@ class Metrics:
         r.register(_EngineCollector(stats))
         self.stats, self.llama = stats, LlamaTotals()
 
-    def observe_finished(self, prompt_ms: float, predicted_ms: float, num_tokens: int) -> None:
-        """A generation's phases, for the llamacpp: families (once per generation)."""
-        self.llama.observe(prompt_ms / 1e3, predicted_ms / 1e3, num_tokens)
+    def observe_finished(self, prompt_ms: float, predicted_ms: float, num_tokens: int,
+                         prompt_n: int, cache_n: int) -> None:
+        """A generation's phases and prompt tokens (computed, cached), for the llamacpp:
+        families (once per generation)."""
+        self.llama.observe(prompt_ms / 1e3, predicted_ms / 1e3, num_tokens, prompt_n, cache_n)
 
     def observe_request(self, route: str, code: int) -> None:
         self.requests.labels(route, str(code)).inc()
@@ -128,8 +130,7 @@ class Metrics:
 
     def render(self) -> bytes:
         sample = self.registry.get_sample_value
-        llama = render_llama(self.llama, self.stats(), sample("muser_prompt_tokens_total") or 0,
-                             sample("muser_generation_tokens_total") or 0)
+        llama = render_llama(self.llama, self.stats(), sample("muser_generation_tokens_total") or 0)
         return generate_latest(self.registry) + llama
 
 

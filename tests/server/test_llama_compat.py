@@ -249,12 +249,20 @@ def test_server_defaults_and_switches(compat: Server) -> None:
 
 
 def test_llamacpp_metric_families(server: Server) -> None:
+    """Prompt tokens as llama-server counts them: computed, and apart those the prefix cache
+    held (the same prompt sent again computes only its last)."""
     c = server.client()
-    c.post("/completion", json={"prompt": "Hello", "n_predict": 2, "temperature": 0})
+    timings = [c.post("/completion", json={"prompt": "Hello there, keeper", "n_predict": 2,
+                                           "temperature": 0}).json()["timings"]
+               for _ in range(2)]
+    assert timings[1]["cache_n"] == timings[0]["prompt_n"] - 1 and timings[1]["prompt_n"] == 1
     text = c.get("/metrics").text
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line.startswith("llamacpp:")}
-    assert values["llamacpp:prompt_tokens_total"] == server.metric("muser_prompt_tokens_total")
+    computed, cached = values["llamacpp:prompt_tokens_total"], values[
+        "llamacpp:prompt_tokens_cached_total"]
+    assert computed + cached == server.metric("muser_prompt_tokens_total")
+    assert cached >= timings[1]["cache_n"] > 0
     assert values["llamacpp:tokens_predicted_total"] == server.metric(
         "muser_generation_tokens_total")
     assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:prompt_seconds_total"] > 0
