@@ -250,7 +250,11 @@ class Runner:
         if self.prefix is not None:
             self.prefix.append(seq, ids)
             n = seq.num_cached
-            if (len(ids) > 1 and n % CHECKPOINT_EVERY == 0) or n == seq.prompt_end:
+            if n == seq.prompt_end:
+                # NOTE: protected, as a sequence's end is: on probation a full store evicted it
+                # first, to make room for that very end
+                self.prefix.save(seq, final=True)
+            elif len(ids) > 1 and n % CHECKPOINT_EVERY == 0:
                 self.prefix.save(seq)
 
     def reserve(self, seq: Placement, num_positions: int) -> None:

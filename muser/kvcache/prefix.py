@@ -61,8 +61,8 @@ class Checkpoint(NamedTuple):
 
 class CheckpointIndex:
     """At most `capacity` checkpoints in two LRU segments. A checkpoint taken mid-prompt (at a
-    chunk boundary) starts on probation; one taken at a request's end, or found by a later
-    prompt, is protected. A full index evicts the least recently used checkpoint on
+    chunk boundary) starts on probation; one taken where a prompt or a request ends, or found
+    by a later prompt, is protected. A full index evicts the least recently used checkpoint on
     probation, and a protected one only when none is left there: a long prompt's chunk
     checkpoints never push out the ends of the conversations that will come back."""
 

@@ -134,7 +134,7 @@ class PrefixCache:
 
     def save(self, seq: Placement, final: bool = False) -> None:
         """Register the sequence's full pages and checkpoint its state now; `final`: at its
-        end, before its pages are freed (a protected checkpoint, see CheckpointIndex)."""
+        prompt's end or its own, a protected checkpoint (see CheckpointIndex)."""
         n, ps = seq.num_cached, self.page_size
         if not n:
             return
