@@ -9,9 +9,11 @@ Decode metadata lives in ONE int32 buffer, so a step costs one host-to-device co
     src            [B]                0..B-1                         0..B-1
     write_dst      [B]                slot * cap + next physical     page[pos // ps] * ps + ..
     block_table    [B, blocks]        [slot]  (1 block of cap rows)  page ids
-    starts         [B]                max(0, length - window)        0
-    lens           [B]                ring length after the store    pos + 1
-    origins        [B]                ring physical origin           0
+    starts         [B]                max(origin, end - window)      0
+    lens           [B]                ring logical end after store   pos + 1
+    origins        [B]                (phys. - logical origin) % cap 0
+
+Ring keys are named by logical position: key i at physical (origins + i) mod cap.
 
 Padding rows (b >= number of sequences) have write_dst = -1 and lens = 0: they store
 nothing and attend nothing. Every field (and every tensor `upload` packs) starts at a multiple
@@ -97,9 +99,13 @@ class DecodeLayout:
         f["sliding.src"][:n] = f["global.src"][:n] = range(n)
         f["sliding.write_dst"][:n] = [s.slot * cap + w for s, (_, w) in zip(seqs, rings)]
         f["sliding.block_table"][:n, 0] = [s.slot for s in seqs]
-        f["sliding.starts"][:n] = [max(0, r.length - cfg.sliding_window) for r, _ in rings]
-        f["sliding.lens"][:n] = [r.length for r, _ in rings]
-        f["sliding.origins"][:n] = [r.physical_origin for r, _ in rings]
+        # NOTE: in logical positions (the ring's physical origin shifted to match), so kernels
+        # can anchor key tiles at positions (muser/ops/triton/softmax.py)
+        f["sliding.starts"][:n] = [max(r.logical_origin, r.logical_end - cfg.sliding_window)
+                                   for r, _ in rings]
+        f["sliding.lens"][:n] = [r.logical_end for r, _ in rings]
+        f["sliding.origins"][:n] = [(r.physical_origin - r.logical_origin) % cap
+                                    for r, _ in rings]
         f["global.write_dst"][:n] = [s.page_ids[s.start // ps] * ps + s.start % ps for s in seqs]
         table = f["global.block_table"]
         for b, s in enumerate(seqs):

@@ -110,7 +110,9 @@ class Decoder:
         cos, sin = rope[kind]
         k_rows, v_rows = self.pool.rows(layer_id)
         decode = plan.decode[kind] if plan.decode else None
-        decode_alone = decode is not None and not plan.kinds[kind]
+        # decode rows alone: decode attention normalizes and rotates them itself, where the
+        # backend gives the same bits as ops.qk_norm_rope_pair that way
+        decode_alone = decode is not None and not plan.kinds[kind] and ops.decode_norm_rope()
         if owner != layer_id:  # KV sharing: the owner's rows, stored already
             q = ops.qk_norm_rope(q, w.q_norm, cos, sin, cfg.rms_norm_eps)
             k, v = new_rows.get(owner, (None, None))

@@ -242,6 +242,12 @@ def decode_attention(
     return out
 
 
+def decode_norm_rope() -> bool:
+    """Whether decode attention may take the projection's raw rows and apply QK-norm + RoPE
+    itself (`norm_rope`): here the same function as qk_norm_rope_pair, so yes."""
+    return True
+
+
 def with_norm_rope(
     q: torch.Tensor, new: tuple, norm_rope: tuple, k_dtype: torch.dtype, pair
 ) -> tuple[torch.Tensor, tuple]:

@@ -6,8 +6,17 @@ import torch
 from muser.ops import ref
 from muser.ops.dense_ref import attention_dense
 from muser.ops.triton import decode_attention
+from muser.ops.triton.switches import switched
 
 from opcheck import ATTN_DTYPES, DEVICE, check, rand
+
+
+@pytest.fixture(autouse=True, params=["exact", "fast"])
+def route(request):
+    """Every test on both routes: the exact one (muser/ops/triton/softmax.py, the default) and
+    the fastest launch's (the `exact` switch off)."""
+    with switched(exact=request.param == "exact"):
+        yield request.param
 
 
 def _reference(q, k_rows, v_rows, table, starts, lens, origins, block_size, scale):
@@ -128,10 +137,12 @@ def test_new_row_at_tile_and_split_edges(gen, dtype, length):
 
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_decode_gives_raw_rows_qk_norm_and_rope(gen, dtype, head_dim):
+def test_decode_gives_raw_rows_qk_norm_and_rope(gen, dtype, head_dim, route):
     """norm_rope: q and the new keys straight from the QKV projection (a strided view of it),
     normalized and rotated inside the kernel: the stored keys and the output as the float64
-    qk_norm_rope_pair followed by the attention; a padding row stores nothing."""
+    qk_norm_rope_pair followed by the attention; a padding row stores nothing. The fast route
+    only: the exact one refuses raw rows (decode_norm_rope() is False there, so the decoder
+    normalizes them with qk_norm_rope_pair first)."""
     cap, kv_heads, heads = 40, 2, 4
     k_rows, v_rows = (rand(gen, 3 * cap, kv_heads, head_dim, dtype=dtype) for _ in range(2))
     qkv = rand(gen, 3, (heads + 2 * kv_heads) * head_dim, dtype=dtype, scale=3.0)
@@ -147,6 +158,11 @@ def test_decode_gives_raw_rows_qk_norm_and_rope(gen, dtype, head_dim):
     k_rows_want, v_rows_want = k_rows.double(), v_rows.double()
     ref.store_kv(k_rows_want, v_rows_want, k_want, v_new.double(), src, dst)
     meta = (table, starts, lens, origins, cap, head_dim**-0.5)
+    if route == "exact":
+        with pytest.raises(AssertionError, match="normalizes q and k before attention"):
+            decode_attention(q, k_rows, v_rows, *meta, new=(k_new, v_new, src, dst),
+                             norm_rope=(wq, wk, cos, sin, 1e-6))
+        return
     out = decode_attention(q, k_rows, v_rows, *meta, new=(k_new, v_new, src, dst), splits=4,
                            norm_rope=(wq, wk, cos, sin, 1e-6))
     check(k_rows, k_rows_want, dtype, scale=4.0)

@@ -8,8 +8,17 @@ from muser.ops.dense_ref import attention_dense
 from muser.ops.tiles import classify_tiles
 from muser.ops.triton import prefill_attention
 from muser.ops.triton.prefill_attention import SHARED, FlashConfig, launch_config, shared_bytes
+from muser.ops.triton.switches import switched
 
 from opcheck import ATTN_DTYPES, DEVICE, check, rand
+
+
+@pytest.fixture(autouse=True, params=["exact", "fast"])
+def route(request):
+    """Every test on both routes: the exact one (muser/ops/triton/softmax.py, the default) and
+    the fastest launch's (the `exact` switch off)."""
+    with switched(exact=request.param == "exact"):
+        yield request.param
 
 
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)

@@ -5,6 +5,8 @@ kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sm90 import GDC, compile_ptx
@@ -15,6 +17,7 @@ gemv = importlib.import_module("muser.ops.triton.gemv")
 decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
 gemm = importlib.import_module("muser.ops.triton.gemm")
 prefill = importlib.import_module("muser.ops.triton.prefill_attention")
+softmax = importlib.import_module("muser.ops.triton.softmax")
 
 gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
               "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32", "next_ptr": "*fp32",
@@ -29,7 +32,28 @@ for name, block_n, block_m, block_k, stages in [("fma", 1, 8, 512, 3), ("dot", 1
 for epilogue in ("geglu", "norm"):
     out[f"gemm {epilogue} pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
         GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_ROWS=4, NORM_BLOCK=1024,
-        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, PDL=True), num_warps=8, num_stages=3)
+        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, CUTS=False, SWAP=False, PDL=True), num_warps=8,
+        num_stages=3)
+out["gemm exact pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
+    GEGLU=True, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=128, BLOCK_M=128, BLOCK_K=64,
+    CUTS=True, SWAP=True, PDL=True), num_warps=8, num_stages=3)
+exact_attn = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*bf16",
+              "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
+              "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
+              "mid_o": "*fp32", "mid_ml": "*fp32", "scale_log2": "fp32", "rows_ptr": "*i64",
+              "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "out_ptr": "*bf16"}
+for dim, group, kv_heads in ((256, 4, 1), (128, 2, 16)):  # gemma3-1b's heads, gemma3-27b's
+    warps = softmax.exact_warps(dim)
+    out[f"attention exact {dim} pdl=True"] = ptx(
+        decode_attention._decode_span_kernel, exact_attn, dict(
+            KVH=kv_heads, G=group, BLOCK_G=softmax.EXACT_ROWS, D=dim, BLOCK_N=softmax.KEY_TILE,
+            SPAN=softmax.SPAN, SPLITS=8, NEW=True, ONE_BLOCK=False, PDL=True),
+        num_warps=warps, num_stages=2)
+    for split in (False, True):
+        out[f"exact prefill attention {dim} split={split}"] = ptx(
+            prefill._flash_exact_kernel, exact_attn, dict(
+                G=group, D=dim, BLOCK=softmax.KEY_TILE, SPAN=softmax.SPAN, HAS_WINDOW=split,
+                INDEXED=not split, PACK=1, SPLIT=split), num_warps=warps, num_stages=2)
 attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*fp32",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
@@ -58,7 +82,7 @@ out["float32 gemv dot"] = ptx(gemv._gemv_dot_kernel, gemv_types | f32, dict(
     PDL=False), num_stages=2)
 out["float32 gemm"] = ptx(gemm._gemm_kernel, gemv_types | f32, dict(
     GEGLU=False, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=64, BLOCK_M=64, BLOCK_K=32,
-    PDL=False), num_warps=4, num_stages=2)
+    CUTS=False, SWAP=False, PDL=False), num_warps=4, num_stages=2)
 out["float32 attention"] = ptx(decode_attention._decode_split_kernel, attn_types | f32,
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
          PDL=False))
@@ -104,7 +128,22 @@ def test_float32_prefill_attention_fits_shared_memory():
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 14
+    assert len(ptx) == 21
+
+
+def _tensor_core_instructions(code: str) -> set[str]:
+    return set(re.findall(r"wgmma\.mma_async[\w.]*|mma\.sync[\w.]*", code))
+
+
+@pytest.mark.parametrize("dim", [256, 128])
+def test_exact_decode_and_prefill_attention_run_the_same_instructions(ptx, dim):
+    """The exact route's decode and prefill programs hold one tile shape (softmax.py): the
+    same Hopper tensor-core instructions, in-register or split over span programs."""
+    decode = _tensor_core_instructions(ptx[f"attention exact {dim} pdl=True"])
+    assert decode and all(i.startswith("wgmma") for i in decode)
+    for split in (False, True):
+        assert _tensor_core_instructions(
+            ptx[f"exact prefill attention {dim} split={split}"]) == decode
 
 
 def test_float32_operands_multiply_in_float32(ptx):

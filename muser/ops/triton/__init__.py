@@ -10,7 +10,7 @@ from muser.ops.triton import (
     tuning,  # the warm-up's view of this backend
 )
 from muser.ops.triton.block_weights import embed, prepare_weights
-from muser.ops.triton.decode_attention import decode_attention
+from muser.ops.triton.decode_attention import decode_attention, decode_norm_rope
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.linear import linear, linear_add_rms_norm, linear_geglu
 from muser.ops.triton.norm import add_rms_norm, rms_norm
@@ -21,7 +21,7 @@ from muser.ops.triton.stage_gather import stage_gather
 from muser.ops.triton.store_kv import store_kv
 
 __all__ = [
-    "add_rms_norm", "decode_attention", "embed", "geglu", "linear", "linear_add_rms_norm",
+    "add_rms_norm", "decode_attention", "decode_norm_rope", "embed", "geglu", "linear", "linear_add_rms_norm",
     "linear_geglu", "prefill_attention", "prepare_weights", "qk_norm_rope", "qk_norm_rope_pair",
     "rms_norm", "rope_cos_sin", "stage_gather", "store_kv", "tuning",
 ]

@@ -32,6 +32,8 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_angles, whole_weight
+from muser.ops.triton.softmax import EXACT_ROWS, KEY_TILE, SPAN, exact_warps, fold, merge_weights
+from muser.ops.triton.switches import current as switches_in_force
 
 
 @triton.jit
@@ -204,6 +206,102 @@ def _decode_merge_kernel(mid_o, mid_ml, out_ptr, D: tl.constexpr, SPLITS: tl.con
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _decode_span_kernel(
+    q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, src_ptr, dst_ptr, table_ptr, starts_ptr, lens_ptr,
+    origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn, stride_t,
+    num_blocks, block_size, scale_log2, KVH: tl.constexpr, G: tl.constexpr,
+    BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPAN: tl.constexpr,
+    SPLITS: tl.constexpr, NEW: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    """The exact route (softmax.py): program (b, kv head, s) folds the keys of sequence b's
+    s-th span, from the span holding its first key, in key tiles anchored at logical
+    positions, into a partial of its own. With NEW the step's new row is stored by s = 0 and
+    enters the tile holding it from the input (the same values the store writes), so no
+    program reads that cache row."""
+    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(starts_ptr + b)
+    length = tl.load(lens_ptr + b)
+    origin = tl.load(origins_ptr + b)
+    span = start // SPAN + split
+    lo = tl.maximum(start, span * SPAN)
+    hi = tl.minimum(length, span * SPAN + SPAN)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    heads = kvh * G + g
+    g_mask = g < G
+    wrap = block_size * num_blocks
+    last = length - 1
+    if NEW:
+        src = tl.load(src_ptr + b).to(tl.int64)
+        dst = tl.load(dst_ptr + b).to(tl.int64)
+    enter(PDL)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    if NEW:
+        k_new = tl.load(kn_ptr + src * stride_kn + kvh * D + d).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d).to(v_ptr.dtype.element_ty)
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, D), tl.float32)
+    for i0 in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
+        i = i0 + tl.arange(0, BLOCK_N)
+        valid = (i >= lo) & (i < hi)
+        k, v = _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr,
+                        kvh, d, KVH, D, True, ONE_BLOCK)
+        if NEW:
+            newest = (i == last)[:, None]
+            k = tl.where(newest, k_new[None, :], k)
+            v = tl.where(newest, v_new[None, :], v)
+        acc, m, l = fold(q, acc, m, l, k, v, valid[None, :], scale_log2, BLOCK_N)
+    if NEW:
+        at_new = (dst * KVH + kvh) * D + d
+        store = (d < D) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: a padding row
+        tl.store(k_ptr + at_new, k_new, mask=store)
+        tl.store(v_ptr + at_new, v_new, mask=store)
+    part = (b * H + heads) * SPLITS + split
+    tl.store(mid_o + part[:, None] * D + d[None, :], acc, mask=g_mask[:, None])
+    tl.store(mid_ml + part * 2, m, mask=g_mask)
+    tl.store(mid_ml + part * 2 + 1, l, mask=g_mask)
+
+
+@triton.jit
+def _decode_span_merge_kernel(mid_o, mid_ml, out_ptr, starts_ptr, lens_ptr, H,
+                              D: tl.constexpr, SPAN: tl.constexpr, SPLITS: tl.constexpr,
+                              PDL: tl.constexpr):
+    """One (sequence, head): its spans' partials merged in span order (softmax.merge_weights),
+    as a prefill chunk merges them in registers."""
+    enter(PDL)
+    bh = tl.program_id(0)
+    start = tl.load(starts_ptr + bh // H)
+    length = tl.load(lens_ptr + bh // H)
+    spans = tl.where(length > start, (length - 1) // SPAN - start // SPAN + 1, 0)
+    d = tl.arange(0, D)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for s in range(spans):
+        cell = bh * SPLITS + s
+        m, x, y = merge_weights(m, tl.load(mid_ml + cell * 2))
+        l = l * x + tl.load(mid_ml + cell * 2 + 1) * y
+        acc = acc * x + tl.load(mid_o + cell * D + d) * y
+    out = acc / tl.maximum(l, 1e-30)
+    tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_norm_rope() -> bool:
+    """Whether decode attention takes the projection's raw rows and applies QK-norm + RoPE in
+    its programs (`norm_rope`): not on the exact route, whose rows are normalized by
+    qk_norm_rope_pair at every width (a sum over a head held whole is laid out otherwise)."""
+    return not switches_in_force().exact
+
+
+def exact_spans(max_keys: int) -> int:
+    """Span programs a sequence of up to `max_keys` keys may need (its first key anywhere in a
+    span)."""
+    return -(-max_keys // SPAN) + 1
+
+
 LONG_KEYS = 4096  # key ranges at least this long take the long-range launch configuration
 
 
@@ -258,6 +356,10 @@ def decode_attention(
     else:
         q_weight = k_weight = cos = sin = q  # unused
         eps = 0.0
+    if switches_in_force().exact:
+        assert norm_rope is None, "the exact route normalizes q and k before attention"
+        return _exact(q, k_rows, v_rows, block_table, starts, lens, origins, block_size, scale,
+                      new, k_new, v_new, src, dst)
     picked = launch_config(batch, kv_heads, head_dim, block_table.shape[1] * block_size)
     splits, block_n, num_warps = splits or picked[0], block_n or picked[1], num_warps or picked[2]
     num_stages = num_stages or picked[3]
@@ -277,4 +379,29 @@ def decode_attention(
     )
     launch(_decode_merge_kernel, (batch * heads,), mid_o, mid_ml, out, D=head_dim,
            SPLITS=splits, **options(q.device))
+    return out
+
+
+def _exact(q, k_rows, v_rows, block_table, starts, lens, origins, block_size, scale, new, k_new,
+           v_new, src, dst) -> torch.Tensor:
+    """decode_attention on the exact route (softmax.py): a span a program, merged in order; a
+    program's query heads in EXACT_ROWS rows, as a prefill chunk's tile holds its rows."""
+    batch, heads, head_dim = q.shape
+    kv_heads = k_rows.shape[1]
+    group = heads // kv_heads
+    splits = exact_spans(block_table.shape[1] * block_size)
+    mid_o = empty((batch, heads, splits, head_dim), torch.float32, q.device)
+    mid_ml = empty((batch, heads, splits, 2), torch.float32, q.device)
+    out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
+    launch(
+        _decode_span_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src, dst,
+        block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
+        k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
+        block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=EXACT_ROWS,
+        D=head_dim, BLOCK_N=KEY_TILE, SPAN=SPAN, SPLITS=splits, NEW=new is not None,
+        ONE_BLOCK=block_table.shape[1] == 1, num_warps=exact_warps(head_dim), num_stages=2,
+        **options(q.device),
+    )
+    launch(_decode_span_merge_kernel, (batch * heads,), mid_o, mid_ml, out, starts, lens, heads,
+           D=head_dim, SPAN=SPAN, SPLITS=splits, **options(q.device))
     return out

@@ -11,6 +11,12 @@ in its epilogue, so a chunk's projection and that op are one launch:
 The epilogues are the decode GEMV's (`gemv.epilogue`), over a tile of rows instead of all of
 them. At a small model's chunk widths prefill is host-bound, and one launch here replaces a
 cuBLAS call, an allocation and a kernel: `linear` times both per shape and runs the faster.
+
+Given `k_per_split` (the exact route, muser/ops/triton/order.py), K is cut at those fixed
+offsets: each cut's sum is a chain of dots of its own, from zero, and the cuts' sums are added
+in order, in registers: the same float32 arithmetic as the decode GEMV's split-K programs and
+their last arriver's sum, so a row's bits do not depend on the width it runs at. The tensor-core
+operands are then also the GEMV's (weights first: `SWAP`).
 """
 
 from __future__ import annotations
@@ -65,33 +71,72 @@ def _rows_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M, stride_r
                  out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo, k_hi, N, K, stride_xn, w_dtype,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               SWAP: tl.constexpr):
+    """sum over k in [k_lo, k_hi) of x[rn, k] * W[rows, k]: one chain of tensor-core dots from
+    zero, BLOCK_K columns at a time -> float32 [BLOCK_N, BLOCK_M]. SWAP: weights as the first
+    operand (the decode GEMV's tiles)."""
+    if SWAP:
+        acc = tl.trans(_dot_chain(w_ptr, x_ptr, rows, valid, rn, rn < N, k_lo, k_hi, K,
+                                  stride_xn, w_dtype, BLOCK_M, BLOCK_N, BLOCK_K, True))
+    else:
+        acc = _dot_chain(x_ptr, w_ptr, rn, rn < N, rows, valid, k_lo, k_hi, stride_xn, K,
+                         w_dtype, BLOCK_N, BLOCK_M, BLOCK_K, False)
+    return acc
+
+
+@triton.jit
+def _dot_chain(a_ptr, b_ptr, ra, a_valid, rb, b_valid, k_lo, k_hi, stride_a, stride_b, w_dtype,
+               BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+               B_IS_X: tl.constexpr):
+    """sum over k in [k_lo, k_hi) of a[ra, k] * b[rb, k] -> float32 [BLOCK_A, BLOCK_B]; x (the
+    operand that is not the weight) is cast to the weight dtype."""
+    rk = tl.arange(0, BLOCK_K)
+    a_at = a_ptr + ra[:, None].to(tl.int64) * stride_a + (k_lo + rk)[None, :]
+    b_at = b_ptr + rb[:, None].to(tl.int64) * stride_b + (k_lo + rk)[None, :]
+    acc = tl.zeros((BLOCK_A, BLOCK_B), tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_in = rk[None, :] < k_hi - k0
+        a = tl.load(a_at, mask=a_valid[:, None] & k_in, other=0.0)
+        b = tl.load(b_at, mask=b_valid[:, None] & k_in, other=0.0)
+        if B_IS_X:
+            b = b.to(w_dtype)
+        else:
+            a = a.to(w_dtype)
+        # NOTE: "ieee": float32 weights multiply in float32 (Triton's default for them is TF32,
+        # 10-bit mantissas); 16-bit ones are unaffected
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        a_at += BLOCK_K
+        b_at += BLOCK_K
+    return acc
+
+
 # NOTE: row counts vary from one forward to the next; left unspecialized, they need no compile the
 # warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["N"])
 def _gemm_kernel(
     x_ptr, w_ptr, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M, K,
-    stride_xn, stride_on, stride_rn, eps, GEGLU: tl.constexpr, NORM: tl.constexpr,
-    NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    stride_xn, stride_on, stride_rn, eps, k_per_split, GEGLU: tl.constexpr,
+    NORM: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CUTS: tl.constexpr,
+    SWAP: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j."""
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    x_at = x_ptr + rn[:, None].to(tl.int64) * stride_xn + rk[None, :]
-    w_at = w_ptr + rows[:, None].to(tl.int64) * K + rk[None, :]
     w_dtype = w_ptr.dtype.element_ty
     enter(PDL)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_in = rk[None, :] < K - k0
-        x = tl.load(x_at, mask=(rn[:, None] < N) & k_in, other=0.0)
-        w = tl.load(w_at, mask=valid[:, None] & k_in, other=0.0)
-        # NOTE: "ieee": float32 weights multiply in float32 (Triton's default for them is TF32,
-        # 10-bit mantissas); 16-bit ones are unaffected
-        acc = tl.dot(x.to(w_dtype), tl.trans(w), acc, input_precision="ieee")
-        x_at += BLOCK_K
-        w_at += BLOCK_K
+    if CUTS:  # K cut at fixed offsets, the cuts' sums added in order (order.py)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+        for k_lo in range(0, K, k_per_split):
+            acc += _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo,
+                              tl.minimum(k_lo + k_per_split, K), N, K, stride_xn, w_dtype,
+                              BLOCK_N, BLOCK_M, BLOCK_K, SWAP)
+    else:
+        acc = _dot_range(x_ptr, w_ptr, rn, rows, valid, 0, K, N, K, stride_xn, w_dtype,
+                         BLOCK_N, BLOCK_M, BLOCK_K, SWAP)
     if NORM:
         y = acc.to(w_dtype).to(tl.float32)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -122,12 +167,14 @@ SMALL = GemmConfig(16, 32, 32, 4, 2)  # the interpreter's
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
-         geglu: bool = False, norm: NormEpilogue | None = None):
+         geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None):
     """x: [N, K] any float; weight: [M, K] contiguous -> as `gemv.gemv`: plain [N, M] in
-    weight.dtype; geglu [N, M / 2]; norm (new residual f32, its rms_norm in norm.dtype)."""
+    weight.dtype; geglu [N, M / 2]; norm (new residual f32, its rms_norm in norm.dtype).
+    k_per_split: K cut at these offsets, in the GEMV's order (a multiple of config.block_k)."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     assert weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
     assert not (geglu and norm) and (not geglu or m % 2 == 0)
+    assert k_per_split is None or k_per_split % config.block_k == 0
     c, dev = config, x.device
     row_blocks = cdiv(n, c.block_n)
     res = post = nxt = res_out = None
@@ -147,7 +194,9 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
         post if post is not None else out, nxt if nxt is not None else out,
         res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
         res.stride(0) if res is not None else 0, norm.eps if norm is not None else 0.0,
-        GEGLU=geglu, NORM=norm is not None, NORM_ROWS=min(c.block_n, max(1, 4096 // norm_block)),
-        NORM_BLOCK=norm_block, BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
+        k_per_split or k, GEGLU=geglu, NORM=norm is not None,
+        NORM_ROWS=min(c.block_n, max(1, 4096 // norm_block)), NORM_BLOCK=norm_block,
+        BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
+        CUTS=k_per_split is not None and k_per_split < k, SWAP=k_per_split is not None,
         num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return (res_out, out) if norm is not None else out

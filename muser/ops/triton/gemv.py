@@ -266,15 +266,19 @@ def outputs(n: int, m: int, dtype: torch.dtype, splits: int, blocks: int, geglu:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
-         geglu: bool = False, norm: NormEpilogue | None = None):
+         geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None):
     """x: [N, K] any float, N <= 8; weight: [M, K] contiguous ->
     plain: [N, M] in weight.dtype; geglu: gelu_tanh(y[:, :M/2]) * y[:, M/2:] [N, M/2] in
-    weight.dtype; norm: (residual + rms_norm(y, post) f32, its rms_norm by next in norm.dtype)."""
+    weight.dtype; norm: (residual + rms_norm(y, post) f32, its rms_norm by next in norm.dtype).
+    k_per_split: K cut at these offsets (the exact route's order, order.py; a multiple of
+    config.block_k) instead of config.split_k ways."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
     assert not (geglu and norm) and (not geglu or m % 2 == 0)
     c = config
-    k_per_split = cdiv(cdiv(k, c.split_k), c.block_k) * c.block_k
+    if k_per_split is None:
+        k_per_split = cdiv(cdiv(k, c.split_k), c.block_k) * c.block_k
+    assert k_per_split % c.block_k == 0
     splits = cdiv(k, k_per_split)
     blocks = cdiv(m, c.block_m)
     dev = x.device

@@ -9,6 +9,12 @@ where the caller asks:
   (prefill runs eagerly: at a small model's chunk widths the host's launch work decides), per
   power-of-two bucket of rows.
 
+The exact route (the `exact` switch, on by default; docs/exactness.md) sums every output
+element in one order at every width (order.py): the tensor-core GEMV (`dot`) cut over K at the
+weight's fixed offsets for decode rows, the GEMM with the same cuts for wider chunks, the norm
+pair as its own row kernel after either; no cuBLAS, whose order depends on the shape. Its picks
+are keyed apart (epilogue "exact", "exact+geglu", "exact+norm") and choose tiles only.
+
 A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
 warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up
 (`muser/startup/`) sees every shape serving can run before the engine reports ready, so `tune`
@@ -34,10 +40,12 @@ from muser.ops.blocks import Blocks
 from muser.ops.triton.block_weights import project as project_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
+from muser.ops.triton.gemm import SMALL as SMALL_GEMM
 from muser.ops.triton.gemm import GemmConfig, gemm
 from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
-from muser.ops.triton.launch import compile_only, next_power_of_2
+from muser.ops.triton.launch import cdiv, compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
+from muser.ops.triton.order import k_per_split
 from muser.ops.triton.pdl import enabled as pdl_enabled
 from muser.ops.triton.switches import current as switches_in_force
 from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
@@ -93,14 +101,17 @@ def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig | None,
-         geglu_out: bool, norm: NormEpilogue | None):
+         geglu_out: bool, norm: NormEpilogue | None, exact: bool = False):
     if config is None:
         return _cublas(x, weight, geglu_out, norm)
+    cut = k_per_split(*weight.shape) if exact else None
     if isinstance(config, GemmConfig):
+        if exact:  # NOTE: the norm pair as its own row kernel, as after the decode GEMV
+            return _after(gemm(x, weight, config, geglu_out, None, cut), False, norm)
         return gemm(x, weight, config, geglu_out, norm)
-    if config.fused:
-        return gemv(x, weight, config, geglu_out, norm)
-    return _after(gemv(x, weight, config), geglu_out, norm)
+    if config.fused and not (exact and norm is not None):
+        return gemv(x, weight, config, geglu_out, norm, cut)
+    return _after(gemv(x, weight, config, k_per_split=cut), geglu_out, norm)
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
@@ -110,15 +121,19 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     route = ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)
-    if not switches_in_force().gemv:
+    switches = switches_in_force()
+    if not switches.gemv:
         return _cublas(x, weight, geglu_out, norm)
-    key = _key(x, weight, "geglu" if geglu_out else "norm" if norm is not None else "")
+    epilogue = "geglu" if geglu_out else "norm" if norm is not None else ""
+    if switches.exact:
+        epilogue = f"exact+{epilogue}" if epilogue else "exact"
+    key = _key(x, weight, epilogue)
     config = PICKS.pick.get(key, _UNSET)
     if config is _UNSET:
         if compile_only.get():
-            return _compile_candidates(x, weight, geglu_out, norm)
+            return _compile_candidates(x, weight, geglu_out, norm, switches.exact)
         config = tune(key, x, weight, geglu_out, norm)
-    return _run(x, weight, config, geglu_out, norm)
+    return _run(x, weight, config, geglu_out, norm, switches.exact)
 
 
 
@@ -130,19 +145,28 @@ def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     if STATS.serving:
         logging.getLogger("muser.tuning").warning(
             "projection %s tuned after the warm-up, on the request path", key)
+    exact = key[3].startswith("exact")
     if not x.is_cuda:
-        config, timed = (DEFAULT if x.shape[0] <= MAX_ROWS else None), {}
+        if exact:
+            config = _exact_candidates(x.shape[0], *weight.shape, False, False)[-1]
+        else:
+            config = DEFAULT if x.shape[0] <= MAX_ROWS else None
+        timed = {}
     else:
         pick = _pick if x.shape[0] <= MAX_ROWS else _pick_gemm
-        config, timed = pick(x, weight, geglu_out, norm)
+        config, timed = pick(x, weight, geglu_out, norm, exact)
     PICKS.set(key, config, timed)
     return config
 
 
 def _candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-                norm: NormEpilogue | None) -> list[GemvConfig | GemmConfig | None]:
-    """Every config `tune` times for this shape, cuBLAS (None) first."""
+                norm: NormEpilogue | None, exact: bool = False
+                ) -> list[GemvConfig | GemmConfig | None]:
+    """Every config `tune` times for this shape, cuBLAS (None) first (not on the exact
+    route)."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
+    if exact:
+        return _exact_candidates(n, m, k, geglu_out, norm is not None)
     if n > MAX_ROWS:
         return [None, *GEMM_CANDIDATES]
     configs: list[GemvConfig | GemmConfig | None] = [None]
@@ -151,13 +175,34 @@ def _candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     return configs
 
 
+# tensor-core GEMV tiles of the exact route: (weight rows, K step), each K step dividing the cut;
+# the last is the interpreter's, with SMALL_GEMM's K step (the interpreter sums a dot's K step
+# at once, the GPU 16 products a step whatever the tile)
+EXACT_GEMV_TILES = ((64, 256), (128, 128), (64, 128), (32, 32))
+
+
+def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool
+                      ) -> list[GemvConfig | GemmConfig]:
+    """The exact route's configs for a shape: tiles over the weight's one cut (order.py); the
+    last is the interpreter's (small tiles)."""
+    if n > MAX_ROWS:
+        return [*GEMM_CANDIDATES, SMALL_GEMM]
+    cuts = cdiv(k, k_per_split(m, k))
+    configs = []
+    for bm, bk in EXACT_GEMV_TILES:
+        c = GemvConfig("dot", bm, bk, cuts, 4, 4 if bm > 32 else 2, fused=not norm)
+        configs += [c, dataclasses.replace(c, fused=False)] if geglu_out else [c]
+    return configs
+
+
 def _compile_candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-                        norm: NormEpilogue | None):
+                        norm: NormEpilogue | None, exact: bool = False):
     """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
-    for config in _candidates(x, weight, geglu_out, norm)[1:]:
+    configs = _candidates(x, weight, geglu_out, norm, exact)
+    for config in configs[:-1] if exact else configs[1:]:
         with contextlib.suppress(Exception):  # as in tune: a config that fails is skipped
-            _run(x, weight, config, geglu_out, norm)
-    return _run(x, weight, None, geglu_out, norm)
+            _run(x, weight, config, geglu_out, norm, exact)
+    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact)
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
@@ -170,14 +215,15 @@ def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
 
 
 def _pick(
-    x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
+    x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None,
+    exact: bool = False,
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
     copies = rotation(weight, weight.nbytes, torch.Tensor.clone)
     runs: dict[GemvConfig | None, Callable] = {
-        c: lambda w, c=c: _run(x, w, c, geglu_out, norm)
-        for c in _candidates(x, weight, geglu_out, norm)}
+        c: lambda w, c=c: _run(x, w, c, geglu_out, norm, exact)
+        for c in _candidates(x, weight, geglu_out, norm, exact)}
     # NOTE: with programmatic dependent launch a Triton GEMV starts while its predecessor
     # drains; a cuBLAS call waits for its predecessor to finish, and makes its successor wait
     # too. Timed back to back against itself, cuBLAS does not pay for that, so it must win by
@@ -197,16 +243,17 @@ def _pick(
 
 
 def _pick_gemm(
-    x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None
+    x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None,
+    exact: bool = False,
 ) -> tuple[GemmConfig | None, dict[str, float]]:
     """Timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode batches replay
     CUDA graphs), eagerly beyond (prefill and mixed steps launch eagerly)."""
     copies = rotation(weight, weight.nbytes, torch.Tensor.clone)
     best, best_ms, timed = None, math.inf, {}
     timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
-    for config in _candidates(x, weight, geglu_out, norm):
+    for config in _candidates(x, weight, geglu_out, norm, exact):
         try:
-            ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm), copies)
+            ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm, exact), copies)
         except Exception:  # noqa: BLE001, S112  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)

@@ -91,7 +91,7 @@ def parse_key(text: str) -> tuple[str, tuple]:
         rows, m, k, qtype, x_dtype = fields
         return family, (int(rows), int(m), int(k), GGMLQuantizationType[qtype], _DTYPES[x_dtype])
     rows, m, k, epilogue, w_dtype, x_dtype = fields
-    if epilogue not in ("", "geglu", "norm"):
+    if epilogue not in ("", "geglu", "norm", "exact", "exact+geglu", "exact+norm"):
         raise ValueError(f"unknown epilogue {epilogue!r}")
     return family, (int(rows), int(m), int(k), epilogue, _DTYPES[w_dtype], _DTYPES[x_dtype])
 
@@ -110,7 +110,7 @@ def parse_config(obj: Any, rows: int, family: str = "linear") -> Pick:
     above)."""
     decode = rows <= MAX_ROWS
     if family == "linear" and obj == "cublas":
-        return None
+        return None  # NOTE: parse_entries refuses it for an exact key
     if family == "fp8" and (obj == "scaled_mm" or (obj == "dequant" and not decode)):
         return obj
     kind, fields = next(iter(obj.items())) if isinstance(obj, dict) and len(obj) == 1 else (
@@ -140,6 +140,9 @@ def parse_entries(entries: dict[str, Any], origin: Path) -> dict[str, Family]:
         try:
             family, key = parse_key(text)
             pick = parse_config(entry["config"], key[0], family)
+            if family == "linear" and key[3].startswith("exact") and not (
+                    isinstance(pick, GemmConfig) or getattr(pick, "kind", None) == "dot"):
+                raise ValueError("the exact route runs tensor-core GEMVs and GEMMs only")
             if family == "fp8" and key[0] > MAX_ROWS and pick != chunk_route(key[4], *key[1:3]):
                 raise ValueError("an FP8 chunk runs the route fp8.chunk_route names")
             out[family][key] = (pick, dict(entry.get("timed_ms", {})))

@@ -33,6 +33,8 @@ from muser.ops.routes import Route
 from muser.ops.tiles import EMPTY, FULL, classify_tiles
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import cdiv, launch
+from muser.ops.triton.softmax import EXACT_ROWS, KEY_TILE, SPAN, exact_warps, fold, merge_weights
+from muser.ops.triton.switches import current as switches_in_force
 
 
 @triton.jit
@@ -172,6 +174,133 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, stride_ot, stride_oh, splits,
     tl.store(o_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _exact_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, S, k_first, shift, window,
+                scale_log2, kvh, d, stride_kt, stride_kh, stride_vt, stride_vh,
+                BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr):
+    """Key tile kt of the exact route: logical keys k_first + kt * BLOCK .., of which the given
+    ones are indices i - shift (i < shift and i >= S + shift: none), folded by softmax.fold."""
+    r = tl.arange(0, BLOCK)
+    i = kt * BLOCK + r - shift  # index into the given keys
+    given = (i >= 0) & (i < S)
+    if INDEXED:  # a tile's rows are consecutive store rows
+        at = kt * BLOCK - shift
+        first = tl.load(rows_ptr + tl.maximum(at, 0)).to(tl.int64) + tl.minimum(at, 0)
+        rk64 = (first + r)[:, None]
+    else:
+        rk64 = i[:, None].to(tl.int64)
+    k = tl.load(k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :], mask=given[:, None],
+                other=0.0)
+    v = tl.load(v_ptr + rk64 * stride_vt + kvh * stride_vh + d[None, :], mask=given[:, None],
+                other=0.0)
+    k_pos = k_first + kt * BLOCK + r
+    visible = given[None, :] & (k_pos[None, :] <= q_pos[:, None])
+    if HAS_WINDOW:
+        visible &= (q_pos[:, None] - k_pos[None, :]) < window
+    return fold(q, acc, m, l, k, v, visible, scale_log2, BLOCK)
+
+
+@triton.jit(do_not_specialize=["T", "S", "q_start", "k_first", "shift"],
+            do_not_specialize_on_alignment=["rows_ptr"])
+def _flash_exact_kernel(
+    q_ptr, k_ptr, v_ptr, rows_ptr, o_ptr, part_ptr, ml_ptr, T, S, q_start, k_first, shift,
+    window, scale_log2, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ot, stride_oh, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr, PACK: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """The exact route (softmax.py). Keys are the given S at logical k_first + shift ..
+    (k_first a multiple of BLOCK). Program (query tile, head group, z) walks the key tiles its
+    rows see, span by span: in registers, merging each span into the running sums (SPLIT
+    False, z = 0), or only its tile's z-th span, whose partial it stores for
+    `_exact_combine_kernel` (SPLIT)."""
+    qt, group, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    r = tl.arange(0, PACK * BLOCK)
+    h = group * PACK + r // BLOCK
+    kvh = group * PACK // G
+    rq = qt * BLOCK + r % BLOCK
+    d = tl.arange(0, D)
+    q_mask = rq < T
+    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
+                + d[None, :], mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q_pos = q_start + rq
+    # the key tiles this query tile sees: [lo, hi) (logical tiles from k_first)
+    first_pos = q_start + qt * BLOCK
+    last_pos = tl.minimum(q_start + T, first_pos + BLOCK) - 1
+    lo_pos = k_first + shift
+    if HAS_WINDOW:
+        lo_pos = tl.maximum(lo_pos, first_pos - window + 1)
+    hi_pos = tl.minimum(k_first + shift + S, last_pos + 1)
+    lo = (lo_pos - k_first) // BLOCK
+    hi = tl.where(hi_pos > lo_pos, (hi_pos - 1 - k_first) // BLOCK + 1, lo)
+    span_lo = (k_first + lo * BLOCK) // SPAN
+    span_hi = tl.where(hi > lo, (k_first + hi * BLOCK - 1) // SPAN + 1, span_lo)
+    if SPLIT:
+        span_lo += z
+        span_hi = tl.minimum(span_hi, span_lo + 1)
+    M = tl.full((PACK * BLOCK,), float("-inf"), tl.float32)
+    L = tl.zeros((PACK * BLOCK,), tl.float32)
+    A = tl.zeros((PACK * BLOCK, D), tl.float32)
+    for span in range(span_lo, span_hi):
+        t0 = tl.maximum(lo, (span * SPAN - k_first) // BLOCK)
+        t1 = tl.minimum(hi, (span * SPAN + SPAN - k_first) // BLOCK)
+        m = tl.full((PACK * BLOCK,), float("-inf"), tl.float32)
+        l = tl.zeros((PACK * BLOCK,), tl.float32)
+        acc = tl.zeros((PACK * BLOCK, D), tl.float32)
+        for kt in range(t0, t1):
+            acc, m, l = _exact_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, S, k_first,
+                                    shift, window, scale_log2, kvh, d, stride_kt, stride_kh,
+                                    stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED)
+        if SPLIT:
+            M, L, A = m, l, acc
+        else:
+            M, x, y = merge_weights(M, m)
+            L = L * x + l * y
+            A = A * x[:, None] + acc * y[:, None]
+    if SPLIT:  # partials [spans, T, H, D] and (max, sum) [spans, T, H, 2], float32
+        H = tl.num_programs(1) * PACK
+        cell = (z * T + rq).to(tl.int64) * H + h
+        keep = q_mask & (span_lo < span_hi)
+        tl.store(part_ptr + cell[:, None] * D + d[None, :], A, mask=keep[:, None])
+        tl.store(ml_ptr + cell * 2, M, mask=keep)
+        tl.store(ml_ptr + cell * 2 + 1, L, mask=keep)
+    else:
+        out = A / tl.maximum(L, 1e-30)[:, None]
+        tl.store(o_ptr + rq[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh
+                 + d[None, :], out.to(o_ptr.dtype.element_ty), mask=q_mask[:, None])
+
+
+@triton.jit(do_not_specialize=["T", "q_start", "k_first", "shift"])
+def _exact_combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, q_start, k_first, shift, S, window,
+                          stride_ot, stride_oh, D: tl.constexpr, BLOCK: tl.constexpr,
+                          SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """One (row, head): the spans its query tile stored, merged in span order (as decode's
+    `_decode_span_merge_kernel` and the in-register path merge them)."""
+    t, h = tl.program_id(0), tl.program_id(1)
+    d = tl.arange(0, D)
+    first_pos = q_start + t // BLOCK * BLOCK
+    last_pos = tl.minimum(q_start + T, first_pos + BLOCK) - 1
+    lo_pos = k_first + shift
+    if HAS_WINDOW:
+        lo_pos = tl.maximum(lo_pos, first_pos - window + 1)
+    hi_pos = tl.minimum(k_first + shift + S, last_pos + 1)
+    lo = (lo_pos - k_first) // BLOCK
+    hi = tl.where(hi_pos > lo_pos, (hi_pos - 1 - k_first) // BLOCK + 1, lo)
+    span_lo = (k_first + lo * BLOCK) // SPAN
+    spans = tl.where(hi > lo, (k_first + hi * BLOCK - 1) // SPAN + 1 - span_lo, 0)
+    m = tl.full((), float("-inf"), tl.float32)
+    l = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for z in range(spans):
+        cell = (z * T + t).to(tl.int64) * H + h
+        m, x, y = merge_weights(m, tl.load(ml_ptr + cell * 2))
+        l = l * x + tl.load(ml_ptr + cell * 2 + 1) * y
+        acc = acc * x + tl.load(part_ptr + cell * D + d) * y
+    out = acc / tl.maximum(l, 1e-30)
+    tl.store(o_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d,
+             out.to(o_ptr.dtype.element_ty))
+
+
 _LOG2E = math.log2(math.e)
 
 
@@ -271,6 +400,10 @@ def prefill_attention(
     (qs0, qs1, qs2), (ks0, ks1, ks2), (vs0, vs1, vs2) = q.stride(), keys.stride(), values.stride()
     assert qs2 == 1 and ks2 == 1 and vs2 == 1
     dev = q.device
+    if switches_in_force().exact:
+        if read_rows is not None and tile % KEY_TILE:  # rows consecutive in smaller tiles only
+            keys, values, read_rows = keys[read_rows], values[read_rows], None
+        return _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config)
     if tiles is None:
         tiles = classify_tiles(q_start, num_q, k_start, num_k, window, tile, tile)
     if tiles.device != dev:
@@ -300,4 +433,48 @@ def prefill_attention(
     if cfg.splits > 1:
         launch(_combine_kernel, (num_q, heads), part, ml, out, num_q, heads, heads * head_dim,
                head_dim, cfg.splits, D=head_dim, num_warps=1)
+    return out
+
+
+def exact_config(q_tiles: int, heads: int, spans: int, head_dim: int) -> FlashConfig:
+    """The exact route's launch: one head's EXACT_ROWS query rows a program on exact_warps
+    warps (decode's tile shape); its spans merged in registers unless the grid leaves most SMs
+    idle and there are spans to spread, then a span a program (`splits` > 1)."""
+    splits = spans if q_tiles * heads * 2 <= SMS and spans > 1 else 1
+    return FlashConfig(splits, exact_warps(head_dim), 2, 1, 1)
+
+
+def _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config):
+    """prefill_attention on the exact route (softmax.py)."""
+    num_q, heads, head_dim = q.shape
+    num_k = keys.shape[0] if read_rows is None else read_rows.shape[0]
+    kv_heads, dev, tile = keys.shape[1], q.device, KEY_TILE
+    assert EXACT_ROWS == KEY_TILE, "the kernel's BLOCK is both"
+    shift = k_start % tile
+    k_first = k_start - shift
+    q_tiles = cdiv(num_q, tile)
+    spans = cdiv(k_first + shift + num_k, SPAN) - k_first // SPAN
+    cfg = config or exact_config(q_tiles, heads, spans, head_dim)
+    # NOTE: a config's splits > 1 asks for span programs (one a span, however many it names);
+    # its pack, wide and warps do not apply (one tile shape: exact_config)
+    cfg = FlashConfig(spans if cfg.splits > 1 and spans > 1 else 1, exact_warps(head_dim), 2)
+    out = empty((num_q, heads, head_dim), keys.dtype, dev)
+    part = ml = out  # NOTE: unused without span programs (a placeholder pointer)
+    if cfg.splits > 1:
+        part = empty((cfg.splits, num_q, heads, head_dim), torch.float32, dev)
+        ml = empty((cfg.splits, num_q, heads, 2), torch.float32, dev)
+    rows = keys if read_rows is None else read_rows
+    launch(
+        _flash_exact_kernel, (q_tiles, heads // cfg.pack, cfg.splits), q, keys, values, rows, out,
+        part, ml, num_q, num_k, q_start, k_first, shift, window or 0, scale * _LOG2E,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
+        values.stride(1), heads * head_dim, head_dim, G=heads // kv_heads, D=head_dim,
+        BLOCK=tile, SPAN=SPAN, HAS_WINDOW=window is not None, INDEXED=read_rows is not None,
+        PACK=cfg.pack, SPLIT=cfg.splits > 1, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if cfg.splits > 1:
+        launch(_exact_combine_kernel, (num_q, heads), part, ml, out, num_q, heads, q_start,
+               k_first, shift, num_k, window or 0, heads * head_dim, head_dim, D=head_dim,
+               BLOCK=tile, SPAN=SPAN, HAS_WINDOW=window is not None, num_warps=1)
     return out

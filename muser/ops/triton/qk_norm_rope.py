@@ -13,6 +13,7 @@ import triton.language as tl
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
+from muser.ops.triton.switches import current as switches_in_force
 
 
 @triton.jit
@@ -132,8 +133,10 @@ MAX_HEADS = 8
 
 def heads_per_program(rows: int, *head_counts: int) -> int:
     """Heads of one row per program: 1 up to 64 rows (decode), else the largest power of two
-    <= MAX_HEADS dividing every count (so a program's heads are all q's or all k's)."""
-    if rows <= 64:
+    <= MAX_HEADS dividing every count (so a program's heads are all q's or all k's). On the
+    exact route the latter at every width: a head's sum of squares is laid out by the heads a
+    program holds."""
+    if rows <= 64 and not switches_in_force().exact:
         return 1
     common = math.gcd(*head_counts)
     return min(MAX_HEADS, common & -common)

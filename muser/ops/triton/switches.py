@@ -8,6 +8,8 @@ environment. Serving runs the defaults.
               off: every one on cuBLAS (a way to switch the shape-specific route off)
     poison .. every launcher's output filled with NaN first (alloc.py), so an element a kernel
               fails to write cannot pass as a plausible value
+    exact ... one reduction order per output at every width (docs/exactness.md); off: the
+              fastest pick per width and cuBLAS among them, for A/B comparisons only
 
 The switches in force live in a context variable: `switched` sets them for the code inside it
 (and for CUDA graphs captured there), then restores what was in force before.
@@ -28,6 +30,7 @@ class Switches:
     direct: bool = True
     gemv: bool = True
     poison: bool = False
+    exact: bool = True
 
 
 _CURRENT: ContextVar[Switches] = ContextVar(
