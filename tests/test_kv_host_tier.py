@@ -18,7 +18,7 @@ SMALL = {"num_pages": 12, "prefix_cache_gb": 0.02, "kv_host_gb": 0.1}  # one dev
 
 
 def _llm(gguf_path: Path, **memory) -> LLM:
-    return LLM(gguf_path, progress=False, device="cpu", max_num_seqs=1, max_model_len=256,
+    return LLM(gguf_path, progress=False, device="cpu", max_num_seqs=2, max_model_len=256,
                page_size=PAGE, **memory)
 
 
@@ -77,6 +77,25 @@ def test_a_hit_from_the_host_tier_gives_the_bits_of_ample_device_memory(
     for (reused, logits, tokens), (ample_reused, ample_logits, ample_tokens) in zip(tiny, ample):
         assert reused == ample_reused and tokens == ample_tokens
         assert torch.equal(logits, ample_logits)
+
+
+def test_a_host_hit_with_no_page_free_is_a_miss(small: LLM) -> None:
+    """The continued turn needs pages for what it copies back: while another sequence holds
+    every page it starts cold (nothing taken off the host); once they are free, it hits."""
+    runner = small.runner
+    first = _turns(small)[0]
+    ids = small.encode("The tide came in over the stones. " * 20)[:90] + first[2][:4]
+    holder = runner.allocate()
+    runner.reserve(holder, runner.pages.num_pages * PAGE)  # every page (the cached ones spill)
+    before = runner.prefix.stats()
+    seq = runner.allocate(ids + [2])
+    assert seq.num_cached == 0 and runner.prefix.stats().hits == before.hits
+    assert runner.prefix.stats().host.nbytes == before.host.nbytes
+    runner.free(seq)
+    runner.free(holder)
+    assert runner.pages.num_free == runner.pages.num_pages
+    assert _run(runner, ids + [2], 0)[0] == 94
+    assert runner.prefix.stats().host_hits == before.host_hits + 1
 
 
 def test_the_host_tier_keeps_its_bound_and_drops_its_oldest(small: LLM) -> None:
