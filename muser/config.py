@@ -258,8 +258,8 @@ class EngineConfig:
         if self.kv_host_gb < 0:
             raise ValueError(f"kv_host_gb must be >= 0, got {self.kv_host_gb}")
         if self.kv_host_gb and not self.prefix_cache:
-            raise ValueError("kv_host_gb holds what the prefix cache evicts: it needs the "
-                             "prefix cache (drop --no-prefix-cache or --kv-host-gb)")
+            raise ValueError("kv_host_gb (--kv-host-gb) holds what the prefix cache evicts, so "
+                             "it needs the prefix cache, which is off here")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
