@@ -82,9 +82,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="memory for the sliding layers' ring checkpoints of cached prefixes "
                    "(default: 1 on the CPU, 8 on a GPU)")
     p.add_argument("--kv-host-gb", type=non_negative(float), default=0.0, metavar="GB",
-                   help="a host-memory tier of the prefix cache, bounded by GB (pinned when the "
-                   "device is a GPU): cached prefix pages and ring checkpoints the device evicts "
-                   "are copied there instead of dropped, and a later prompt that begins with "
+                   help="a host-memory tier of the prefix cache: GB of host memory set aside at "
+                   "startup (pinned with a GPU); cached prefix pages and ring checkpoints the "
+                   "device evicts are copied there instead of dropped, and a later prompt that begins with "
                    "them gets them back by a copy instead of computing them again; its own LRU "
                    "drops the oldest when full (default: %(default)s, none)")
     p.add_argument("--decode-ahead", action=argparse.BooleanOptionalAction,

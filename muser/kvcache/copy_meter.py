@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -23,19 +25,18 @@ class CopyMeter:
         self._seconds = dict.fromkeys(DIRECTIONS, 0.0)
         self._pending: deque[tuple[str, torch.cuda.Event, torch.cuda.Event]] = deque()
 
-    def copy(self, direction: str, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """dst := src (same shape and dtype), counted under `direction`. NOTE: on a GPU the
-        copy is asynchronous (pinned host memory): it runs in stream order, before any kernel
-        queued after it and after every one queued before."""
-        self.bytes[direction] += src.nbytes
+    @contextmanager
+    def timed(self, direction: str, nbytes: int) -> Iterator[None]:
+        """Count the copies made inside as `nbytes` moved in `direction`."""
+        self.bytes[direction] += nbytes
         if not self.is_cuda:
             start = time.perf_counter()
-            dst.copy_(src)
+            yield
             self._seconds[direction] += time.perf_counter() - start
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        dst.copy_(src, non_blocking=True)
+        yield
         end.record()
         self._pending.append((direction, start, end))
 

@@ -26,10 +26,8 @@ backend's exactness construction), so a hit gives the same bits as a cold prefil
 
 from __future__ import annotations
 
-import torch
-
 from muser.kvcache.checkpoints import CheckpointStore, checkpoint_nbytes
-from muser.kvcache.host_tier import HostTier
+from muser.kvcache.host_tier import Held, HostTier
 from muser.kvcache.pages import PageAllocator
 from muser.kvcache.placement import Placement
 from muser.kvcache.pool import KVPool
@@ -52,7 +50,8 @@ class PrefixCache:
         self.page_size = pool.page_size
         fits = max(budget_bytes, 0) // checkpoint_nbytes(pool)
         self.store = CheckpointStore(pool, min(fits, max_checkpoints))
-        self.host = HostTier(host_bytes, pool.rings.device) if host_bytes > 0 else None
+        self.host = HostTier(host_bytes, pool.pages[:, :, 0].shape, pool.dtype,
+                             pool.rings.device) if host_bytes > 0 else None
         self.reset(pages)
 
     def reset(self, pages: PageAllocator) -> None:
@@ -137,12 +136,12 @@ class PrefixCache:
             return
         # NOTE: taken off the host before pages are allocated: a page evicted then spills to
         # the host, whose LRU could drop rows still to be copied back
-        host_rows = [self.host.take_page(key) for key, page in zip(keys, run) if page is None]
+        host_pages = [self.host.take_page(key) for key, page in zip(keys, run) if page is None]
         held = self.host.take_checkpoint(ckpt) if on_host else None
         new = self.pages.allocate(needed)
-        shared, tail = self._pages_back(keys, run, host_rows, new[:num_back]), new[num_back:]
+        shared, tail = self._pages_back(keys, run, host_pages, new[:num_back]), new[num_back:]
         if held is not None:
-            ckpt = self._checkpoint_back(ckpt, *held)
+            ckpt = self._checkpoint_back(held)
         self.store.restore(ckpt.index, seq.slot, tail[0] if ckpt.tail_ids else None)
         n, ring = ckpt.num_tokens, ckpt.ring
         if copy_last:
@@ -157,28 +156,26 @@ class PrefixCache:
         self._host_hits += count and (held is not None or num_back > 0)
         self._reused += n if count else 0
 
-    def _pages_back(self, keys: list[bytes], run: list[int | None], host_rows: list,
+    def _pages_back(self, keys: list[bytes], run: list[int | None], host_pages: list[Held],
                     new: list[int]) -> list[int]:
-        """Copy the run's pages taken off the host (`host_rows`, in order) into pages `new`,
+        """Copy the run's pages taken off the host (`host_pages`, in order) into pages `new`,
         registered under their keys -> the run's pages, all on the device."""
-        rows, new_pages, pages = iter(host_rows), iter(new), []
+        taken, new_pages, pages = iter(host_pages), iter(new), []
         for key, page in zip(keys, run):
             if page is None:
                 page = next(new_pages)
-                self.host.to_device(self.store.pool.pages[:, :, page], next(rows))
+                self.host.page_back(next(taken), self.store.pool.pages[:, :, page])
                 self.pages.register(page, key)
             pages.append(page)
         return pages
 
-    def _checkpoint_back(self, held: Checkpoint, rings: torch.Tensor,
-                         tail: torch.Tensor | None) -> Checkpoint:
-        """Put a checkpoint taken off the host (its rows `rings`, `tail`) into the device store
-        -> its device entry (protected: it was hit)."""
-        ckpt = self.index.add(held.key, held.tail_ids, held.num_tokens, held.ring, protected=True)
+    def _checkpoint_back(self, held: Held) -> Checkpoint:
+        """Put a checkpoint taken off the host into the device store -> its device entry
+        (protected: it was hit)."""
+        h = held.ckpt
+        ckpt = self.index.add(h.key, h.tail_ids, h.num_tokens, h.ring, protected=True)
         assert ckpt is not None, "a checkpoint the device holds is found there first"
-        self.host.to_device(self.store.rings[ckpt.index], rings)
-        if tail is not None:
-            self.host.to_device(self.store.tails[ckpt.index], tail)
+        self.host.checkpoint_back(held, self.store.rings[ckpt.index], self.store.tails[ckpt.index])
         return ckpt
 
     def _spill_page(self, page: int, key: bytes) -> None:

@@ -64,9 +64,9 @@ def warm_up(runner: Runner, log: StartupLog) -> StartupRecord:
     log.note(report.pretty())
     e = runner.engine
     if e.kv_host_gb:
-        log.note(f"prefix cache host tier: up to {e.kv_host_gb:g} GiB of "
-                 f"{'pinned ' if runner.device.type == 'cuda' else ''}host memory, taken as "
-                 f"the device evicts")
+        log.note(f"prefix cache host tier: {e.kv_host_gb:g} GiB of "
+                 f"{'pinned ' if runner.device.type == 'cuda' else ''}host memory for the "
+                 f"pages and checkpoints the device evicts")
     if e.speculative != "none":
         log.note(f"speculative decoding: {e.speculative} (prompt lookup), at most "
                  f"{e.num_speculative_tokens} draft tokens per sequence and step, verified "
