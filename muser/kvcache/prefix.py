@@ -137,8 +137,12 @@ class CheckpointIndex:
         touched and protected."""
         best = longest_tail(self._by_key.get(key, {}), next_ids, max_tail)
         if best is not None and touch:
-            self._touch(best, True)
+            self.hit(best)
         return best
+
+    def hit(self, ckpt: Checkpoint) -> None:
+        """A later prompt found `ckpt`: touched and protected."""
+        self._touch(ckpt, True)
 
     def _touch(self, ckpt: Checkpoint, protect: bool) -> None:
         name = (ckpt.key, ckpt.tail_ids)

@@ -88,11 +88,15 @@ class PrefixCache:
               touch: bool) -> tuple[Checkpoint, bool] | None:
         """The longest checkpoint under `key` (CheckpointIndex.find), on the device or the host
         -> (it, whether it is on the host), or None; the device's when both hold one as long."""
-        ckpt = self.index.find(key, next_ids, max_tail, touch)
+        ckpt = self.index.find(key, next_ids, max_tail, touch=False)
         held = self.host.find(key, next_ids, max_tail) if self.host is not None else None
         if held is not None and (ckpt is None or held.num_tokens > ckpt.num_tokens):
             return held, True
-        return (ckpt, False) if ckpt is not None else None
+        if ckpt is None:
+            return None
+        if touch:
+            self.index.hit(ckpt)
+        return ckpt, False
 
     def _match(self, token_ids: list[int], touch: bool = True):
         """The longest cached prefix of token_ids -> (page keys, its pages (None: on the host),
