@@ -204,6 +204,7 @@ class EngineConfig:
     num_threads: int | None = None
     prefix_cache: bool  # reuse the KV of prompt prefixes
     prefix_cache_gb: float  # ring checkpoints' store
+    kv_host_gb: float = 0.0  # host tier of the prefix cache: what the device evicts (0: none)
     gguf_weights: str = "blocks"  # GPU: "blocks" keeps GGUF blocks the kernels read as the
     # file's bytes, "dequantize" expands every matrix to `dtype`
     speculative: str = "none"  # "ngram": draft tokens by prompt lookup, verified exactly
@@ -254,6 +255,11 @@ class EngineConfig:
                              "(docs/speculative-decoding.md)")
         if self.prefix_cache_gb < 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
+        if self.kv_host_gb < 0:
+            raise ValueError(f"kv_host_gb must be >= 0, got {self.kv_host_gb}")
+        if self.kv_host_gb and not self.prefix_cache:
+            raise ValueError("kv_host_gb (--kv-host-gb) holds what the prefix cache evicts, so "
+                             "it needs the prefix cache, which is off here")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")

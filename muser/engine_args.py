@@ -81,6 +81,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-gb", type=non_negative(float), metavar="GB",
                    help="memory for the sliding layers' ring checkpoints of cached prefixes "
                    "(default: 1 on the CPU, 8 on a GPU)")
+    p.add_argument("--kv-host-gb", type=non_negative(float), default=0.0, metavar="GB",
+                   help="a host-memory tier of the prefix cache: GB of host memory set aside at "
+                   "startup (pinned with a GPU); cached prefix pages and ring checkpoints the "
+                   "device evicts are copied there instead of dropped, and a later prompt that begins with "
+                   "them gets them back by a copy instead of computing them again; its own LRU "
+                   "drops the oldest when full (default: %(default)s, none)")
     p.add_argument("--decode-ahead", action=argparse.BooleanOptionalAction,
                    help="queue each decode step on the GPU before the last step's tokens reach "
                    "the host (fed the tokens sampled on the device), so the host's work per "
@@ -122,7 +128,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {"prefill_chunk": args.prefill_chunk, "max_model_len": args.max_model_len,
               "gpu_memory_utilization": args.gpu_memory_utilization,
               "num_threads": args.threads, "prefix_cache": args.prefix_cache,
-              "prefix_cache_gb": args.prefix_cache_gb, "quantization": args.quantization,
+              "prefix_cache_gb": args.prefix_cache_gb, "kv_host_gb": args.kv_host_gb,
+              "quantization": args.quantization,
               "fp8_head": args.fp8_head, "gguf_weights": args.gguf_weights,
               "decode_ahead": args.decode_ahead}
     if hasattr(args, "speculative"):

@@ -67,7 +67,8 @@ class Runner:
         # checkpoints than the most pages the pool may get
         self.prefix = PrefixCache(
             self.pool, self.pages, int(engine.prefix_cache_gb * 2**30),
-            engine.max_num_seqs * pages_per_seq) if engine.prefix_cache else None
+            engine.max_num_seqs * pages_per_seq,
+            int(engine.kv_host_gb * 2**30)) if engine.prefix_cache else None
         # NOTE: on a GPU the eager decode group's block table is as wide as a graph's, so its
         # kernel shapes depend on the batch size only (each seen by the warm-up)
         self._decode_table_width = pages_per_seq if self.device.type == "cuda" else None

@@ -66,3 +66,7 @@ def test_validation_messages() -> None:
         EngineConfig.for_device("cpu", speculative="ngram", num_speculative_tokens=0)
     with pytest.raises(ValueError, match="speculative decoding runs on the CPU only"):
         EngineConfig.for_device("cuda", speculative="ngram")
+    with pytest.raises(ValueError, match="kv_host_gb must be >= 0"):
+        EngineConfig.for_device("cpu", kv_host_gb=-1.0)
+    with pytest.raises(ValueError, match="kv_host_gb .* needs the prefix cache"):
+        EngineConfig.for_device("cpu", kv_host_gb=1.0, prefix_cache=False)

@@ -11,12 +11,14 @@ A page is in one of three states:
                prefix, in LRU order; evicted (unregistered, handed out) only when the free
                list is empty
 
-`num_free` counts free and cached pages: both can be handed out now.
+`num_free` counts free and cached pages: both can be handed out now. A cached page evicted
+is first given to `spill` when one is set (the prefix cache's host tier copies its rows out).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class OutOfPages(RuntimeError):
@@ -34,6 +36,7 @@ class PageAllocator:
         self._key_of: dict[int, bytes] = {}
         self._cached: OrderedDict[int, None] = OrderedDict()  # reference count 0, LRU first
         self.num_evictions = 0
+        self.spill: Callable[[int, bytes], None] | None = None  # (page, its key) on eviction
 
     @property
     def num_free(self) -> int:
@@ -55,8 +58,11 @@ class PageAllocator:
                 page = self._free.pop()
             else:
                 page = self._cached.popitem(last=False)[0]
-                del self._page_of[self._key_of.pop(page)]
+                key = self._key_of.pop(page)
+                del self._page_of[key]
                 self.num_evictions += 1
+                if self.spill is not None:
+                    self.spill(page, key)
             self._refs[page] = 1
             page_ids.append(page)
         return page_ids
@@ -90,6 +96,10 @@ class PageAllocator:
         if page in self._cached:
             del self._cached[page]
             self._free.append(page)
+
+    def page_of(self, key: bytes) -> int | None:
+        """The page registered under `key`, or None."""
+        return self._page_of.get(key)
 
     def lookup(self, keys: list[bytes]) -> list[int]:
         """The pages of the longest run keys[:n] registered, in order."""

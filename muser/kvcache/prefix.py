@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -56,7 +57,21 @@ class Checkpoint(NamedTuple):
     tail_ids: tuple[int, ...]  # the tokens after that page: num_tokens - k * page_size of them
     num_tokens: int
     ring: RingState  # every sliding layer's ring metadata at num_tokens
-    index: int  # row of the checkpoint store holding the rows
+    index: int  # row of the checkpoint store holding the rows (a host copy's: the row it left)
+
+
+T = TypeVar("T")
+
+
+def longest_tail(filed: dict[tuple[int, ...], T], next_ids: list[int], max_tail: int) -> T | None:
+    """Of checkpoints filed by tail, the one with the longest tail that begins `next_ids` and is
+    at most `max_tail` long, or None."""
+    best, best_len = None, -1
+    for tail, ckpt in filed.items():
+        n = len(tail)
+        if best_len < n <= max_tail and list(tail) == next_ids[:n]:
+            best, best_len = ckpt, n
+    return best
 
 
 class CheckpointIndex:
@@ -64,10 +79,14 @@ class CheckpointIndex:
     chunk boundary) starts on probation; one taken where a prompt or a request ends, or found
     by a later prompt, is protected. A full index evicts the least recently used checkpoint on
     probation, and a protected one only when none is left there: a long prompt's chunk
-    checkpoints never push out the ends of the conversations that will come back."""
+    checkpoints never push out the ends of the conversations that will come back.
 
-    def __init__(self, capacity: int) -> None:
+    spill: called with an evicted checkpoint before its store row is handed to another (the
+    host tier copies the row there)."""
+
+    def __init__(self, capacity: int, spill: Callable[[Checkpoint], None] | None = None) -> None:
         self.capacity = capacity
+        self.spill = spill
         self._by_key: dict[bytes, dict[tuple[int, ...], Checkpoint]] = {}
         self._probation: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
         self._protected: OrderedDict[tuple[bytes, tuple[int, ...]], Checkpoint] = OrderedDict()
@@ -91,6 +110,8 @@ class CheckpointIndex:
             old = next(iter((self._probation or self._protected).values()))
             self.remove(old.key, old.tail_ids)
             self.num_evictions += 1
+            if self.spill is not None:
+                self.spill(old)
         ckpt = Checkpoint(key, tail_ids, num_tokens, ring, self._free_rows.pop())
         self._by_key.setdefault(key, {})[tail_ids] = ckpt
         (self._protected if protected else self._probation)[(key, tail_ids)] = ckpt
@@ -114,15 +135,14 @@ class CheckpointIndex:
         """The longest checkpoint filed under `key` whose tail begins `next_ids` (the prompt's
         tokens after that page) and is at most `max_tail` long; when found and `touch`, it is
         touched and protected."""
-        best = None
-        for tail, ckpt in self._by_key.get(key, {}).items():
-            n = len(tail)
-            if n <= max_tail and (best is None or n > len(best.tail_ids)) and (
-                    list(tail) == next_ids[:n]):
-                best = ckpt
+        best = longest_tail(self._by_key.get(key, {}), next_ids, max_tail)
         if best is not None and touch:
-            self._touch(best, True)
+            self.hit(best)
         return best
+
+    def hit(self, ckpt: Checkpoint) -> None:
+        """A later prompt found `ckpt`: touched and protected."""
+        self._touch(ckpt, True)
 
     def _touch(self, ckpt: Checkpoint, protect: bool) -> None:
         name = (ckpt.key, ckpt.tail_ids)
@@ -133,14 +153,29 @@ class CheckpointIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class HostTierStats:
+    """The host tier's counters since start (or since the last reset), for metrics."""
+
+    capacity_bytes: int  # --kv-host-gb
+    nbytes: int  # held now
+    pages: int  # prefix pages held now
+    checkpoints: int  # ring checkpoints held now
+    evictions: dict[str, int]  # dropped to stay within capacity, per kind (page, checkpoint)
+    copied_bytes: dict[str, int]  # per direction (to_host, to_device)
+    copy_seconds: dict[str, float]  # per direction, as the device ran the copies
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixStats:
     """Counters since start (or since the last reset), for metrics."""
 
     lookups: int  # prompts looked up
-    hits: int  # prompts that started after a cached prefix
+    hits: int  # prompts that started after a cached prefix (host_hits of them from the host)
     tokens_reused: int  # rows those prompts did not compute
     checkpoints: int  # checkpoints held now (at most capacity)
     capacity: int  # checkpoints the store holds (from --prefix-cache-gb)
     cached_pages: int  # pages no sequence holds, kept for their prefix
-    page_evictions: int
+    page_evictions: int  # from the device (to the host tier, when there is one)
     checkpoint_evictions: int
+    host_hits: int = 0  # hits that copied a page or their checkpoint back from the host tier
+    host: HostTierStats | None = None  # None: no --kv-host-gb

@@ -15,7 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from muser.core import SpecStats
-from muser.kvcache.prefix import PrefixStats
+from muser.kvcache.prefix import HostTierStats, PrefixStats
 from muser.server.llama_metrics import LlamaTotals, render_llama
 from muser.server.loop_stats import LoopStats
 
@@ -84,14 +84,22 @@ def _speculation(s: SpecStats) -> Iterator[Metric]:
 def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
     yield CounterMetricFamily("muser_prefix_cache_lookups", "Prompts looked up in the prefix "
                               "cache", p.lookups)
-    yield CounterMetricFamily("muser_prefix_cache_hits", "Prompts that started after a cached "
-                              "prefix", p.hits)
+    hits = CounterMetricFamily("muser_prefix_cache_hits", "Prompts that started after a cached "
+                               "prefix, per tier: host when any of it was copied back from "
+                               "the host tier (--kv-host-gb)", labels=["tier"])
+    hits.add_metric(["device"], p.hits - p.host_hits)
+    hits.add_metric(["host"], p.host_hits)
+    yield hits
     yield CounterMetricFamily("muser_prefix_cache_tokens_reused", "Prompt rows not computed: "
                               "found in the prefix cache", p.tokens_reused)
     evictions = CounterMetricFamily("muser_prefix_cache_evictions", "Cached prefix pages and "
-                                    "ring checkpoints evicted, per kind", labels=["kind"])
-    evictions.add_metric(["page"], p.page_evictions)
-    evictions.add_metric(["checkpoint"], p.checkpoint_evictions)
+                                    "ring checkpoints evicted, per kind and tier (from the "
+                                    "device: to the host tier when there is one; from the "
+                                    "host: dropped)", labels=["kind", "tier"])
+    evictions.add_metric(["page", "device"], p.page_evictions)
+    evictions.add_metric(["checkpoint", "device"], p.checkpoint_evictions)
+    for kind, count in (p.host.evictions.items() if p.host is not None else ()):
+        evictions.add_metric([kind, "host"], count)
     yield evictions
     yield GaugeMetricFamily("muser_prefix_cache_pages", "KV pages no sequence holds, kept for "
                             "their prefix", p.cached_pages)
@@ -99,6 +107,29 @@ def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
                             "muser_prefix_cache_checkpoint_slots)", p.checkpoints)
     yield GaugeMetricFamily("muser_prefix_cache_checkpoint_slots", "Ring checkpoints the "
                             "--prefix-cache-gb store holds", p.capacity)
+    if p.host is not None:
+        yield from _host_tier(p.host)
+
+
+def _host_tier(h: HostTierStats) -> Iterator[Metric]:
+    """The prefix cache's host tier: what it holds, and the copies to and from it."""
+    yield GaugeMetricFamily("muser_prefix_cache_host_bytes", "Bytes the host tier holds (of "
+                            "muser_prefix_cache_host_capacity_bytes)", h.nbytes)
+    yield GaugeMetricFamily("muser_prefix_cache_host_capacity_bytes", "The host tier's bound "
+                            "(--kv-host-gb)", h.capacity_bytes)
+    yield GaugeMetricFamily("muser_prefix_cache_host_pages", "Prefix pages the host tier "
+                            "holds", h.pages)
+    yield GaugeMetricFamily("muser_prefix_cache_host_checkpoints", "Ring checkpoints the host "
+                            "tier holds", h.checkpoints)
+    moved = CounterMetricFamily("muser_prefix_cache_host_copied_bytes", "Bytes copied between "
+                                "the device and the host tier, per direction",
+                                labels=["direction"])
+    seconds = CounterMetricFamily("muser_prefix_cache_host_copy_seconds", "Seconds the device "
+                                  "spent on those copies, per direction", labels=["direction"])
+    for direction, nbytes in h.copied_bytes.items():
+        moved.add_metric([direction], nbytes)
+        seconds.add_metric([direction], h.copy_seconds[direction])
+    yield from (moved, seconds)
 
 
 class Metrics:

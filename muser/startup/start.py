@@ -63,6 +63,10 @@ def warm_up(runner: Runner, log: StartupLog) -> StartupRecord:
     report = memory_report(runner, workspace)
     log.note(report.pretty())
     e = runner.engine
+    if e.kv_host_gb:
+        log.note(f"prefix cache host tier: {e.kv_host_gb:g} GiB of "
+                 f"{'pinned ' if runner.device.type == 'cuda' else ''}host memory for the "
+                 f"pages and checkpoints the device evicts")
     if e.speculative != "none":
         log.note(f"speculative decoding: {e.speculative} (prompt lookup), at most "
                  f"{e.num_speculative_tokens} draft tokens per sequence and step, verified "
