@@ -8,7 +8,11 @@ compared; bitwise_rows: those torch.equal to the reference row):
   token by token, through the decode width) against one chunk;
 - batch_B: a sequence's decode rows (teacher-forced) beside B - 1 others against alone;
 - mixed: its decode rows in steps that also prefill another sequence's chunk;
-- eager: its decode rows without CUDA graphs against graph replay.
+- eager: its decode rows without CUDA graphs against graph replay;
+- prefix_same / prefix_mid: after a prefix-cache hit (the same prompt again, resumed before its
+  last token; a prompt sharing 1,000 tokens, resumed where the cache ends) against cold;
+- sampled_16: seeded sampled tokens (temperature 1) of a request beside 15 others against
+  alone (rows: tokens compared).
 Costs, each a cell {model, weights, metric, before, after, ratio} (before: `exact` off):
 decode step ms at batch 1 and 32, prefill ms of 2,048 tokens.
 
@@ -82,6 +86,51 @@ def decode_rows(runner, prompt: list[int], steps: list[int], others: int = 0,
     for s in [seq, *side] + ([extra] if extra else []):
         runner.free(s)
     return torch.stack(out)
+
+
+def prefix_checks(model: str, runner, prompts: dict[str, list[int]],
+                  cold: dict[str, torch.Tensor]) -> list[dict]:
+    """Logits after a prefix-cache hit (runner's cache filled by the first prompt, computed
+    cold there) against the rows another runner computed cold."""
+    first = next(iter(prompts.values()))
+    seq = runner.allocate()
+    runner.forward([seq], [first])
+    runner.free(seq)  # cached
+    out = []
+    for name, prompt in prompts.items():
+        seq = runner.allocate(prompt)
+        hit = seq.num_cached
+        rows = runner.forward([seq], [prompt[hit:]], all_logits=True).float()
+        runner.free(seq)
+        out.append(cell(model, name, rows, cold[name][hit:]))
+        out[-1]["cached_tokens"] = hit
+    return out
+
+
+def sampled_check(model: str, llm, ids: list[int]) -> dict:
+    """Seeded sampled tokens of one request alone and beside 15 others."""
+    from muser import SamplingParams
+
+    engine = llm.engine
+
+    def run(prompts):
+        uids = [engine.add_request(p, SamplingParams(max_tokens=32, temperature=1.0, seed=11 + i,
+                                                     ignore_eos=True)).uid
+                for i, p in enumerate(prompts)]
+        tokens = {u: [] for u in uids}
+        while engine.has_work:
+            for o in engine.step():
+                tokens[o.uid].append(o.token_id)
+        return [tokens[u] for u in uids]
+
+    prompts = [ids[i * 50:i * 50 + 100 + 20 * i] for i in range(16)]
+    alone = run(prompts[:1])[0]
+    together = run(prompts)[0]
+    same = sum(a == b for a, b in zip(alone, together))
+    out = {"model": model, "weights": "bf16", "check": "sampled_16", "rows": len(alone),
+           "bitwise_rows": same, "max_abs": float(sum(a != b for a, b in zip(alone, together)))}
+    print(out, flush=True)
+    return out
 
 
 def timed_ms(fn, reps: int = 10) -> float:
@@ -173,12 +222,25 @@ def main() -> None:
             save()
         result["checks"].append(cell(model, "mixed", decode_rows(runner, prompt, steps,
                                                                  mixed=ids[400:]), alone))
+        cold = {"prefix_same": whole, "prefix_mid": prefill_rows(
+            runner, ids[:1000] + [t + 7 for t in ids[1000:1300]], 1300)}
         del runner
         torch.cuda.empty_cache()
         eager = runner_for(cfg, weights, 4096, 8, eager=True)
         result["checks"].append(cell(model, "eager", decode_rows(eager, prompt, steps), alone))
         save()
         del eager
+        torch.cuda.empty_cache()
+        from muser import LLM
+
+        llm = LLM(load_format="dummy", model_config=model, progress=False, device=DEV,
+                  max_num_seqs=32, max_model_len=4096, prefix_cache=True)
+        prompts = {"prefix_same": ids,
+                   "prefix_mid": ids[:1000] + [t + 7 for t in ids[1000:1300]]}
+        result["checks"] += prefix_checks(model, llm.runner, prompts, cold)
+        result["checks"].append(sampled_check(model, llm, ids))
+        save()
+        del llm
         torch.cuda.empty_cache()
         result["costs"] += costs(model, cfg, weights, ids + ids)
         save()

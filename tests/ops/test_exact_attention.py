@@ -20,17 +20,18 @@ from muser.ops.triton.prefill_attention import FlashConfig
 
 from opcheck import ATTN_DTYPES, DEVICE, check, rand
 
-H, KVH, D = 4, 2, 32
-SCALE = D**-0.5
 N = 330  # positions: spans of 256 keys, tiles of 64, a ring that wraps
+# (heads, KV heads, head_dim): a small layout, and on a GPU gemma3-1b's and gemma3-27b's
+LAYOUTS = [(4, 2, 32)] + ([(4, 1, 256), (32, 16, 128)] if DEVICE == "cuda" else [])
 
 
-@pytest.fixture(params=ATTN_DTYPES)
+@pytest.fixture(params=[(d, layout) for d in ATTN_DTYPES for layout in LAYOUTS],
+                ids=lambda p: f"{str(p[0]).removeprefix('torch.')}-{p[1][0]}x{p[1][2]}")
 def qkv(gen, request):
-    dtype = request.param
-    q = rand(gen, N, H, D, dtype=dtype)
-    k = rand(gen, N, KVH, D, dtype=dtype)
-    v = rand(gen, N, KVH, D, dtype=dtype)
+    dtype, (heads, kv_heads, head_dim) = request.param
+    q = rand(gen, N, heads, head_dim, dtype=dtype)
+    k = rand(gen, N, kv_heads, head_dim, dtype=dtype)
+    v = rand(gen, N, kv_heads, head_dim, dtype=dtype)
     return q, k, v
 
 
@@ -42,18 +43,19 @@ def _prefill(q, k, v, q0, q1, window, split=False, indexed=False):
     if indexed:  # the store itself (rows = positions), read in place
         keys, values, read = k, v, torch.arange(k_start, q1, device=DEVICE)
     config = FlashConfig(splits=4, num_warps=4, num_stages=1) if split else None
-    return prefill_attention(q[q0:q1], keys, values, q0, k_start, window, SCALE, None, 64,
-                             read_rows=read, config=config)
+    return prefill_attention(q[q0:q1], keys, values, q0, k_start, window, q.shape[2]**-0.5,
+                             None, 64, read_rows=read, config=config)
 
 
 def _decode(q, k, v, p, window, capacity=None, new=False):
     """Row p as a decode row: pages of 64 rows (global) or a ring of `capacity` rows holding
     the newest positions at physical position % capacity (sliding, logical key indices)."""
+    kv_heads, head_dim = k.shape[1:]
     if window is None:
         rows_k, rows_v, block, dst = k.clone(), v.clone(), 64, p
         table = torch.arange(6, dtype=torch.int32, device=DEVICE)
     else:
-        rows_k = torch.zeros(capacity, KVH, D, dtype=k.dtype, device=DEVICE)
+        rows_k = torch.zeros(capacity, kv_heads, head_dim, dtype=k.dtype, device=DEVICE)
         rows_v = torch.zeros_like(rows_k)
         lo = max(0, p + 1 - capacity)
         rows_k[torch.arange(lo, p + 1) % capacity] = k[lo:p + 1]
@@ -67,8 +69,8 @@ def _decode(q, k, v, p, window, capacity=None, new=False):
         rows_k[dst], rows_v[dst] = float("nan"), float("nan")
         stored = (k[p:p + 1], v[p:p + 1], torch.tensor([0], dtype=torch.int32, device=DEVICE),
                   torch.tensor([dst], dtype=torch.int32, device=DEVICE))
-    out = decode_attention(q[p:p + 1], rows_k, rows_v, table[None], *meta, block, SCALE,
-                           new=stored)
+    out = decode_attention(q[p:p + 1], rows_k, rows_v, table[None], *meta, block,
+                           head_dim**-0.5, new=stored)
     if new:
         assert torch.equal(rows_k[dst], k[p]) and torch.equal(rows_v[dst], v[p])
     return out[0]
@@ -78,8 +80,8 @@ def _decode(q, k, v, p, window, capacity=None, new=False):
 def test_decode_rows_and_chunk_rows_agree_bitwise(qkv, window):
     q, k, v = qkv
     whole = _prefill(q, k, v, 0, N, window)
-    want = ref.prefill_attention(q.double(), k.double(), v.double(), 0, 0, window, SCALE, None,
-                                 64, None)
+    want = ref.prefill_attention(q.double(), k.double(), v.double(), 0, 0, window,
+                                 q.shape[2]**-0.5, None, 64, None)
     check(whole, want, q.dtype, scale=2.0)
     for q0, q1 in [(0, 37), (37, 101), (101, 300), (300, 330), (129, 130), (250, 270)]:
         for split in (False, True):
@@ -96,6 +98,6 @@ def test_a_padding_row_attends_nothing(qkv):
     q, k, v = qkv
     meta = [torch.tensor([x], dtype=torch.int32, device=DEVICE) for x in (0, 0, 0)]
     table = torch.arange(6, dtype=torch.int32, device=DEVICE)[None]
-    out = decode_attention(q[:1], k.clone(), v.clone(), table, *meta, 64, SCALE)
+    out = decode_attention(q[:1], k.clone(), v.clone(), table, *meta, 64, 0.125)
     assert torch.equal(out, torch.zeros_like(out))
     assert math.isfinite(float(out.abs().max()))
