@@ -46,6 +46,7 @@ class ServerContext:
     max_model_len: int
     max_num_seqs: int
     max_body_bytes: int = 4 << 20
+    hidden_size: int = 0  # the model's: an embedding's dimensions
     batching: dict[str, Any] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
 

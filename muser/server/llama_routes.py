@@ -114,7 +114,7 @@ async def completion(request: Request) -> Any:
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, LlamaCompletionRequest), ctx)
     ctx.check_model(body.model)
-    prompts = [await _encode(ctx, p) for p in split_prompts(body.prompt)]
+    prompts = [await encode_prompt(ctx, p) for p in split_prompts(body.prompt)]
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
                        "prompt")
@@ -157,7 +157,8 @@ async def completion(request: Request) -> Any:
     return results[0] if len(results) == 1 else results
 
 
-async def _encode(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
+async def encode_prompt(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
+    """One prompt as llama-server reads it (muser/server/protocol.py: split_prompts) -> ids."""
     if isinstance(prompt, PromptObject):
         return await ctx.encode(prompt.prompt_string)
     if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):

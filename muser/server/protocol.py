@@ -287,6 +287,25 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             min_drafts=self.spec_n_min)
 
 
+MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request
+EmbedInput = str | PromptObject | Annotated[list[PromptItem], Field(min_length=1,
+                                                                  max_length=MAX_INPUTS)]
+
+
+class EmbeddingRequest(Body):
+    """/v1/embeddings (OpenAI's body) and /embedding (llama-server's, which also takes the
+    prompts as `content`); the prompts as split_prompts reads a completion's."""
+
+    input: EmbedInput | None = None
+    content: EmbedInput | None = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # llama-server's: -1 none, 0 max-abs to the int16 range, 1 taxicab, 2 euclidean, p > 2 p-norm
+    embd_normalize: Annotated[int, Field(ge=-1)] = 2
+
+
 class ApplyTemplateRequest(Body):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     add_generation_prompt: bool = True
