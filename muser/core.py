@@ -64,6 +64,10 @@ class SamplingParams:
     # its one output carries the pooled final hidden states (StepOutput.embedding); None: a
     # generation
     embed: str | None = None
+    # with EngineConfig.context_shift, llama-server's: the prompt tokens after BOS a shift
+    # keeps (-1: the whole prompt), and how many it drops after them (0: half of the rest)
+    n_keep: int = 0
+    n_discard: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -89,6 +93,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.n >= 1, "n must be >= 1"),
+            (self.n_keep >= -1 and self.n_discard >= 0,
+             "n_keep must be >= -1 (the whole prompt), n_discard >= 0"),
             (self.slot is None or self.slot >= 0, "slot must be >= 0"),
             (not self.post_sampling or self.logprobs is not None,
              "post-sampling probabilities need logprobs"),

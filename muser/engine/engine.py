@@ -12,8 +12,9 @@ decode ahead (ahead.py), speculative decoding (speculation.py: the drafts of the
 about to decode, proposed before the step is scheduled, verified at the width of the decode
 row and its drafts, the accepted ones committed as their tokens are emitted; proposer.py,
 lookup.py), the admission sources that prefill prompts elsewhere (source.py: a prefill
-worker's client registers itself), what a token emits (emit.py: text, stops, finishes), and
-embedding requests' pooled hidden states (embedding.py: their one output, nothing sampled).
+worker's client registers itself), what a token emits (emit.py: text, stops, finishes), the
+context shift of a sequence that fills the context (shift.py), and embedding requests' pooled
+hidden states (embedding.py: their one output, nothing sampled).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from muser.engine.forks import Forks
 from muser.engine.lookup import PromptLookup
 from muser.engine.plan import StepPlan, plan_step
 from muser.engine.sampling import launch_sample
+from muser.engine.shift import shift
 from muser.engine.source import Arrival, Source
 from muser.engine.speculation import Speculation, accepted
 from muser.grammar import GrammarMasks
@@ -204,7 +206,7 @@ class Engine:
         for row, token, lp in zip(rows[:n + 1], tokens, lps):
             self.runner.accept(seq, row)
             outputs.append(self._emit(seq, token, lp))
-            if outputs[-1].finished:
+            if outputs[-1].finished or seq.status != Status.DECODE:  # NOTE: or it shifted
                 break
         if seq.is_placed:
             self.runner.trim(seq)
@@ -221,7 +223,7 @@ class Engine:
         for seq in sorted(admitted, key=lambda seq: seq.sampling.slot is None):
             p = seq.sampling
             fresh = p.prompt_logprobs is not None or p.embed is not None  # every row computed
-            self.runner.allocate(None if fresh else seq.all_ids, seq=seq,
+            self.runner.allocate(None if fresh else seq.context_ids, seq=seq,
                                  slot=seq.sampling.slot if seq.sampling.slot is not None
                                  else self._spare_slot(wanted))
             if not seq.output_ids:
@@ -355,7 +357,11 @@ class Engine:
     def _emit(self, seq: Sequence, token: int, lp: Logprobs | None = None) -> StepOutput:
         seq.first_token_s = seq.first_token_s or time.perf_counter()
         seq.status = Status.DECODE
-        out = emit(seq, token, self.tokenizer.eot_ids, self.max_model_len)
+        out = emit(seq, token, self.tokenizer.eot_ids, self.max_model_len,
+                   self.runner.engine.context_shift)
+        if out.full:
+            self.ahead.settle(seq)
+            shift(self.runner, seq, self.tokenizer.bos_id, self.max_model_len)
         if out.finish_reason is None:
             return self._output(seq, token, out.text, False, None, lp)
         return self._finish(seq, out.token_id, out.text, out.finish_reason,

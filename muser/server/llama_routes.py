@@ -123,6 +123,7 @@ async def completion(request: Request) -> Any:
         raise ApiError(400, "post_sampling_probs: set n_probs (how many probabilities) with it",
                        "invalid_value", "post_sampling_probs")
     slot = ctx.slot(body.id_slot)
+    ctx.check_shift(body.n_keep, body.n_discard)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
     given = bool({"n_predict", "max_tokens", "max_completion_tokens"} & body.model_fields_set)
     samplings = [await with_grammar(body, sampling_or_400(

@@ -231,8 +231,10 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     min_keep: Annotated[int, Field(ge=0, le=1)] = 0  # at least one candidate always survives
     grammar_lazy: Literal[False] = False
     n_indent: Annotated[int, Field(ge=0, le=0)] = 0
-    n_keep: Annotated[int, Field(ge=-1, le=0)] = 0  # no context shift: the KV is never cut
-    n_discard: Annotated[int, Field(ge=0, le=0)] = 0
+    # with --context-shift: the prompt tokens after BOS a shift keeps (-1: all), the tokens it
+    # drops (0: half of the rest); without it only the values that change nothing
+    n_keep: Annotated[int, Field(ge=-1, le=MAX_INT32)] = 0
+    n_discard: Annotated[int, Field(ge=0, le=MAX_INT32)] = 0
     n_cache_reuse: Annotated[int, Field(ge=0, le=0)] = 0
     t_max_predict_ms: Annotated[int, Field(ge=0, le=0)] = 0
     t_max_prompt_ms: Annotated[int, Field(ge=-1, le=0)] = -1
@@ -284,7 +286,7 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             logprobs=self.n_probs or None, post_sampling=self.post_sampling_probs and bool(
                 self.n_probs), slot=slot, progress=self.return_progress,
             speculative=self.spec_n_max if "spec_n_max" in self.model_fields_set else None,
-            min_drafts=self.spec_n_min)
+            min_drafts=self.spec_n_min, n_keep=self.n_keep, n_discard=self.n_discard)
 
 
 MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request

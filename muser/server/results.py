@@ -44,5 +44,6 @@ def stopping_word(text: str, full_text: str, stops: Sequence[str]) -> str:
 
 
 def is_truncated(gen: Generation, max_model_len: int) -> bool:
-    """True when generation stopped because the context was full."""
-    return gen.finish_reason == "length" and gen.num_prompt + gen.num_output >= max_model_len
+    """True when the context filled up: generation stopped there, or (--context-shift) a
+    shift dropped tokens to go on (as llama-server reports either)."""
+    return gen.num_prompt + gen.num_output >= max_model_len
