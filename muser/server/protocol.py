@@ -205,6 +205,10 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     ignore_eos: bool = False
     cache_prompt: bool = True
     id_slot: Annotated[int, Field(ge=-1)] = -1  # -1: any slot (the route checks the range)
+    # samples of each prompt (llama-server's child tasks; "n" read when n_cmpl is not given);
+    # the route checks them against the slots
+    n_cmpl: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     return_tokens: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
     n_probs: NumLogprobs = 0
@@ -272,10 +276,15 @@ class LlamaCompletionRequest(LlamaStructured, Body):
         return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None),
                     self.n_predict)
 
-    def sampling(self, max_tokens: int, context: int, slot: int | None = None
+    @property
+    def num_samples(self) -> int:
+        """n_cmpl, else its alias n, else 1 (llama-server's)."""
+        return next((v for v in (self.n_cmpl, self.n) if v is not None), 1)
+
+    def sampling(self, max_tokens: int, context: int, slot: int | None = None, n: int = 1
                  ) -> SamplingParams:
         """context: the context size, llama.cpp's repeat_last_n = -1; slot: id_slot checked
-        (None: any)."""
+        (None: any); n: the samples, checked."""
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
@@ -286,7 +295,7 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             logprobs=self.n_probs or None, post_sampling=self.post_sampling_probs and bool(
                 self.n_probs), slot=slot, progress=self.return_progress,
             speculative=self.spec_n_max if "spec_n_max" in self.model_fields_set else None,
-            min_drafts=self.spec_n_min, n_keep=self.n_keep, n_discard=self.n_discard)
+            min_drafts=self.spec_n_min, n_keep=self.n_keep, n_discard=self.n_discard, n=n)
 
 
 MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request
