@@ -66,7 +66,7 @@ async def props(request: Request) -> dict[str, Any]:
     params = with_defaults(LlamaCompletionRequest(prompt=""), ctx).model_dump(
         exclude={"prompt", "model", "max_tokens", "max_completion_tokens", "grammar",
                  "json_schema", "logit_bias", "response_fields", "samplers", "lora",
-                 "dry_sequence_breakers", "n"})
+                 "dry_sequence_breakers", "n", "n_cmpl"})
     if ctx.options.defaults.n_predict is not None:
         params["n_predict"] = ctx.options.defaults.n_predict
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},

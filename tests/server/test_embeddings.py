@@ -130,10 +130,12 @@ def test_openai_client(embedder: Server, llm: LLM, reference) -> None:
     client = openai.OpenAI(api_key="any", base_url=embedder.url + "/v1", max_retries=0)
     short, long = llm.encode(SHORT), llm.encode(LONG)
     before = embedder.metric("muser_prompt_tokens_total")
+    ttft = embedder.metric("muser_ttft_seconds_count")
     res = client.embeddings.create(model="any", input=[SHORT, LONG, short])  # base64 on the wire
     assert [d.index for d in res.data] == [0, 1, 2]
     assert res.usage.prompt_tokens == res.usage.total_tokens == 2 * len(short) + len(long)
     assert embedder.metric("muser_prompt_tokens_total") - before == res.usage.prompt_tokens
+    assert embedder.metric("muser_ttft_seconds_count") == ttft  # no token came
     for d, ids in zip(res.data, (short, long, short)):
         rows = reference(ids)
         mean, bound = pooled_reference(rows, row_bound(rows, llm), "mean")
