@@ -15,8 +15,8 @@ from collections.abc import Callable
 from muser.bench_args import add_bench_parser
 from muser.disagg.cli import add_worker_parser
 from muser.engine_args import (
+    add_decode_args,
     add_engine_args,
-    add_speculative_args,
     engine_kwargs,
     non_negative,
     positive_int,
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", metavar="PROMPT")
     gen.add_argument("--prompt-file", metavar="F", help="read the prompt from file F")
     add_engine_args(gen)
-    add_speculative_args(gen)
+    add_decode_args(gen)
     gen.add_argument("--max-tokens", type=positive_int, default=128,
                      help="most new tokens (default: %(default)s)")
     gen.add_argument("--temperature", type=non_negative(float), default=0.0,

@@ -209,6 +209,9 @@ class EngineConfig:
     # file's bytes, "dequantize" expands every matrix to `dtype`
     speculative: str = "none"  # "ngram": draft tokens by prompt lookup, verified exactly
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS  # most drafts per sequence and step
+    # a sequence that fills the context drops the oldest half of its rows after n_keep and
+    # goes on, the rest's KV computed again (muser/engine/shift.py); off: it ends ("length")
+    context_shift: bool = False
 
     @classmethod
     def for_device(cls, device: str, **given) -> EngineConfig:

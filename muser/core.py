@@ -12,6 +12,9 @@ from typing import NamedTuple
 from muser.errors import MuserError
 
 MAX_LOGPROBS = 20  # most alternatives a token's logprobs may list (OpenAI's bound)
+# an embedding request's pooling of its prompt's final hidden states, in llama-server's names:
+# their mean, the last token's, the first token's (cls), or every token's (none)
+POOLINGS = ("mean", "last", "cls", "none")
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,25 @@ class SamplingParams:
     # emit a prompt-progress output (StepOutput.progress) when the prompt is placed and after
     # each step that computes prompt rows of it (llama-server's return_progress)
     progress: bool = False
+    # an embedding request (one of POOLINGS): its prompt is prefilled, nothing is sampled, and
+    # its one output carries the pooled final hidden states (StepOutput.embedding); None: a
+    # generation
+    embed: str | None = None
+    # with EngineConfig.context_shift, llama-server's: the prompt tokens after BOS a shift
+    # keeps (-1: the whole prompt), and how many it drops after them (0: half of the rest)
+    n_keep: int = 0
+    n_discard: int = 0
 
     def __post_init__(self) -> None:
         checks = [
-            (self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs is not None),
-             "max_tokens must be >= 1 (0 only with prompt logprobs)"),
+            (self.max_tokens >= 1 or (self.max_tokens == 0 and (
+                self.prompt_logprobs is not None or self.embed is not None)),
+             "max_tokens must be >= 1 (0 only with prompt logprobs or an embedding)"),
+            (self.embed is None or self.embed in POOLINGS,
+             f"embed: the pooling is one of {', '.join(POOLINGS)}"),
+            (self.embed is None or (self.max_tokens == 0 and self.n == 1
+                                    and self.prompt_logprobs is None),
+             "an embedding request samples nothing: max_tokens 0, n 1, no prompt logprobs"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.top_k >= 0, "top_k must be >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
@@ -76,6 +93,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
              f"prompt logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.n >= 1, "n must be >= 1"),
+            (self.n_keep >= -1 and self.n_discard >= 0,
+             "n_keep must be >= -1 (the whole prompt), n_discard >= 0"),
             (self.slot is None or self.slot >= 0, "slot must be >= 0"),
             (not self.post_sampling or self.logprobs is not None,
              "post-sampling probabilities need logprobs"),
@@ -172,3 +191,6 @@ class StepOutput:
     # a prompt-progress report (SamplingParams.progress; token_id None, not finished): prompt
     # rows in the cache now (num_reused of them found in the prefix cache); None: not one
     progress: int | None = None
+    # an embedding request's one output (SamplingParams.embed): float32 vectors (native byte
+    # order) of the final hidden states pooled, one, or one per prompt token with pooling "none"
+    embedding: tuple[bytes, ...] | None = None

@@ -104,9 +104,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "muse-glimmer (52 layers, 3 sliding : 1 NoPE full) (default: %(default)s)")
 
 
-def add_speculative_args(p: argparse.ArgumentParser) -> None:
-    """Speculative decoding's flags (`generate`, `serve`: the subcommands that decode through
-    the engine's steps)."""
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the subcommands that decode through the engine's steps (`generate`,
+    `serve`): speculative decoding, context shift."""
+    p.add_argument("--context-shift", action="store_true",
+                   help="when a sequence fills the context, drop the oldest half of its tokens "
+                   "after the first n_keep (llama-server's) and go on: the KV of what is kept "
+                   "is computed again as a prefill of it (default: the sequence ends with "
+                   "finish reason length)")
     p.add_argument("--speculative", choices=["none", "ngram"], default="none",
                    help="speculative decoding: ngram drafts each sequence's next tokens by "
                    "prompt lookup (what followed the latest earlier occurrence of its last 2-4 "
@@ -134,7 +139,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               "decode_ahead": args.decode_ahead}
     if hasattr(args, "speculative"):
         kwargs |= {"speculative": args.speculative,
-                   "num_speculative_tokens": args.num_speculative_tokens}
+                   "num_speculative_tokens": args.num_speculative_tokens,
+                   "context_shift": args.context_shift}
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):

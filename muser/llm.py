@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import os
 import sys
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,15 @@ class LLM:
         """Yield StepOutputs as tokens are produced (with n samples, each output's `index`
         says whose)."""
         return self.engine.run(self.engine.add_request(self.encode(prompt), sampling))
+
+    def embed(self, prompt: str | list[int], pooling: str = "mean") -> list[list[float]]:
+        """The prompt's final hidden states (after the final norm, as the LM head reads them),
+        pooled (muser.core.POOLINGS: mean, last, cls, none) -> one vector [hidden_size], or one
+        per prompt token with "none"; not normalized. Prefilled as a prompt, nothing sampled."""
+        req = self.engine.add_request(self.encode(prompt),
+                                      SamplingParams(max_tokens=0, embed=pooling))
+        outs = list(self.engine.run(req))
+        return [array("f", v).tolist() for v in outs[-1].embedding]
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams) -> Completion:
         """One completion; raises GenerationError when the engine ends the request early (its

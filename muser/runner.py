@@ -164,11 +164,19 @@ class Runner:
                                   logit_rows=None if last else [])
         return logits
 
-    @torch.inference_mode()
     def forward(
         self, seqs: list[Placement], token_ids: list[list[int]], all_logits: bool = False,
         logit_rows: list[int] | None = None, hold: list[int] = (),
     ) -> torch.Tensor:
+        """forward_hidden's logits (no hidden rows asked)."""
+        return self.forward_hidden(seqs, token_ids, all_logits, logit_rows, hold)[0]
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self, seqs: list[Placement], token_ids: list[list[int]], all_logits: bool = False,
+        logit_rows: list[int] | None = None, hold: list[int] = (),
+        hidden_rows: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append `token_ids[i]` to `seqs[i]` -> logits of each sequence's last row [B, vocab],
         of every new row [N, vocab] when `all_logits`, or of the given flat rows.
 
@@ -177,14 +185,18 @@ class Runner:
         sequences only replays a CUDA graph when graphs are captured.
 
         hold: indices of sequences whose rows are computed (their K/V stored) but not committed:
-        a verify pass's, whose caller commits the accepted ones (`accept`, then `trim`)."""
+        a verify pass's, whose caller commits the accepted ones (`accept`, then `trim`).
+        hidden_rows: flat rows whose final hidden states (after the final norm) come back too,
+        [len(hidden_rows), hidden] float32 (an embedding's rows; None: none, and the second
+        item is None)."""
         for seq, ids in zip(seqs, token_ids):
             self.reserve(seq, seq.num_cached + len(ids))
-        logits, rings = self._run(seqs, token_ids, None, all_logits, logit_rows)
+        logits, rings, hidden = self._run(seqs, token_ids, None, all_logits, logit_rows,
+                                          hidden_rows)
         for i, (seq, ids, ring) in enumerate(zip(seqs, token_ids, rings)):
             if i not in hold:
                 self.commit(seq, ids, ring)
-        return logits
+        return logits, hidden
 
     def accept(self, seq: Placement, token_id: int) -> None:
         """The next row a held forward computed for `seq` (its K/V stored) joins its cache.
@@ -209,7 +221,7 @@ class Runner:
         new_pages = [self.pages_needed(seq, seq.num_cached + 1) for seq in seqs]
         for seq in seqs:
             self.reserve(seq, seq.num_cached + 1)
-        logits, rings = self._run(seqs, [[-1]] * len(seqs), tokens, False, None)
+        logits, rings, _ = self._run(seqs, [[-1]] * len(seqs), tokens, False, None)
         return Ahead(seqs, logits, rings, new_pages)
 
     def commit_ahead(self, ahead: Ahead, i: int, token: int) -> None:
@@ -217,18 +229,21 @@ class Runner:
         self.commit(ahead.seqs[i], [token], ahead.rings[i])
 
     def _run(self, seqs: list[Placement], token_ids: list[list[int]], feed: torch.Tensor | None,
-             all_logits: bool, logit_rows: list[int] | None) -> tuple[torch.Tensor, list]:
-        """Queue one step (pages reserved) -> (its logits, each sequence's ring after it).
-        feed: one-row sequences' ids [B] on the device (token_ids then placeholders)."""
+             all_logits: bool, logit_rows: list[int] | None,
+             hidden_rows: list[int] | None = None) -> tuple[torch.Tensor, list,
+                                                            torch.Tensor | None]:
+        """Queue one step (pages reserved) -> (its logits, each sequence's ring after it, the
+        final hidden states of `hidden_rows` or None). feed: one-row sequences' ids [B] on the
+        device (token_ids then placeholders)."""
         inputs = [
             SeqInput(s.slot, s.num_cached, len(ids), s.ring, tuple(s.page_ids))
             for s, ids in zip(seqs, token_ids)
         ]
         flat = [t for ids in token_ids for t in ids]
-        if self.graphs is not None and self.graphs.is_captured and all(
+        if self.graphs is not None and self.graphs.is_captured and hidden_rows is None and all(
                 len(ids) == 1 for ids in token_ids):
             logits, rings = self.graphs.replay(inputs, flat, feed)
-            return (logits if logit_rows is None else logits[logit_rows]), rings
+            return (logits if logit_rows is None else logits[logit_rows]), rings, None
         plan = plan_step(self.cfg, inputs, self.engine.page_size, self.tile, batch_decode=True)
         positions = [s.num_cached + i for s, ids in zip(seqs, token_ids) for i in range(len(ids))]
         lengths = torch.tensor([len(ids) for ids in token_ids])
@@ -242,7 +257,11 @@ class Runner:
             [torch.tensor(flat), torch.tensor(positions), rows], self._decode_table_width)
         if feed is not None:
             ids_dev = feed
-        return self.model.forward(ids_dev, positions_dev, plan, rows_dev), plan.next_rings
+        if hidden_rows is None:
+            return self.model.forward(ids_dev, positions_dev, plan, rows_dev), plan.next_rings, None
+        x = self.model.hidden(ids_dev, positions_dev, plan)
+        hidden = x[torch.tensor(hidden_rows, dtype=torch.long, device=self.device)].float()
+        return self.model.head(x, rows_dev), plan.next_rings, hidden
 
     def commit(self, seq: Placement, ids: list[int], ring: RingState) -> None:
         """`ids` are now in `seq`'s cache, its ring `ring` (after a step, or an install)."""

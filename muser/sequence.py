@@ -2,7 +2,9 @@
 
 It owns everything about the request the engine keeps:
 
-    ids ............... prompt_ids, output_ids (all_ids: both)
+    ids ............... prompt_ids, output_ids (all_ids: both); context_ids: the rows the
+                        model sees, all_ids less those a context shift dropped (num_kept rows,
+                        then all_ids[num_kept + num_shifted:]; EngineConfig.context_shift)
     sampling state .... sampling (the parameters), seed, constraint (a grammar's host state)
     cache placement ... slot, ring, num_cached, page_ids, token_ids, keys: it *is* a Placement
                         (muser/kvcache/placement.py), so the scheduler reads the same counts the
@@ -61,6 +63,8 @@ class Sequence(Placement):
     drafting: Any = None  # muser.engine.speculation.Drafting (its draft length's state)
     num_drafted: int = 0  # draft tokens verified for it
     num_accepted: int = 0  # of those, accepted (outputs that came from a draft)
+    num_kept: int = 0  # context shift: the leading rows a shift keeps (n_keep, BOS included)
+    num_shifted: int = 0  # context shift: the rows after them dropped so far, oldest first
 
     @property
     def prompt_end(self) -> int:
@@ -78,17 +82,29 @@ class Sequence(Placement):
     @property
     def num_pending(self) -> int:
         """Rows to compute before the next token: the prompt's uncached rest while prefilling,
-        the last token while decoding, prompt + outputs when recomputed after a preemption."""
-        return self.num_prompt + len(self.output_ids) - self.num_cached
+        the last token while decoding, the context (prompt + outputs, less what a context shift
+        dropped) when recomputed after a preemption or a shift."""
+        return self.num_prompt + len(self.output_ids) - self.num_shifted - self.num_cached
 
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    @property
+    def context_ids(self) -> list[int]:
+        """The ids of the rows the model sees, at positions 0, 1, ...: all_ids until a context
+        shift drops some."""
+        if not self.num_shifted:
+            return self.all_ids
+        ids = self.all_ids
+        return ids[:self.num_kept] + ids[self.num_kept + self.num_shifted:]
+
     def next_rows(self, n: int) -> list[int]:
-        """The ids of the next `n` rows to compute (all_ids[num_cached:][:n], without joining
+        """The ids of the next `n` rows to compute (context_ids[num_cached:][:n], without joining
         prompt and outputs when the rows lie in one of them)."""
         start, prompt = self.num_cached, self.num_prompt
+        if self.num_shifted:
+            return self.context_ids[start:start + n]
         if start + n <= prompt:
             return self.prompt_ids[start:start + n]
         if start >= prompt:

@@ -14,7 +14,10 @@ LLAMA_SERVER_BIN_PATH; `scripts/llama_server_suite.sh` sets that up). The mappin
     --api-key K                  --api-key K --admin-key K  (llama-server has one key for all)
     no --api-key                 --keyless-admin  (a keyless llama-server runs slot actions)
     --port, --host, --seed, --temp, --n-predict, --chat-template, --chat-template-file,
-    --cors-origins, --slot-save-path, --reasoning, --sleep-idle-seconds   the same flags
+    --cors-origins, --slot-save-path, --reasoning, --sleep-idle-seconds, --pooling
+                                 the same flags (--pooling with --embedding only: it acts on
+                                 nothing else)
+    --embedding(s), --context-shift   the same switches
     no --cors-origins            --cors-origins '*' (llama-server reflects any origin by default,
                                  localhost origins only with --tools; muser's own default is
                                  localhost origins only)
@@ -102,9 +105,10 @@ EXCLUDED: dict[str, str] = {
 
 _PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template",
                 "--chat-template-file", "--cors-origins", "--threads", "--slot-save-path",
-                "--reasoning", "--sleep-idle-seconds")
+                "--reasoning", "--sleep-idle-seconds", "--pooling")
+_SWITCHES = ("--embedding", "--embeddings", "--context-shift")  # muser has the same
 _DROPPED_VALUE = ("--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--model-draft",
-                  "--n-gpu-layers", "-ngl", "-ctk", "-ctv", "-fa", "--ubatch-size", "--pooling",
+                  "--n-gpu-layers", "-ngl", "-ctk", "-ctv", "-fa", "--ubatch-size",
                   "--reasoning-format", "--models-dir", "--models-max",
                   "--models-preset", "--media-path", "--mmproj-url", "--cache-ram",
                   "--grp-attn-n", "--grp-attn-w", "--lora",
@@ -112,8 +116,8 @@ _DROPPED_VALUE = ("--model", "-m", "--hf-repo", "--hf-file", "--model-url", "--m
                   "--spec-synth-rates", "--tools", "--tools-runtime", "--mcp-servers-config",
                   "--mcp-servers-json")
 _DROPPED_SWITCH = ("--offline", "--cont-batching", "--kv-unified", "--swa-full", "--jinja",
-                   "--no-jinja", "--no-ui", "--no-mmproj", "--embedding",
-                   "--reranking", "--context-shift", "--no-models-autoload",
+                   "--no-jinja", "--no-ui", "--no-mmproj",
+                   "--reranking", "--no-models-autoload",
                    "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling")
 
 
@@ -122,7 +126,7 @@ def muser_args(argv: list[str]) -> list[str]:
     p = argparse.ArgumentParser(prog="llama-server", allow_abbrev=False)
     for flag in _PASSTHROUGH + _DROPPED_VALUE:
         p.add_argument(flag, dest=flag.lstrip("-").replace("-", "_"))
-    for flag in _DROPPED_SWITCH:
+    for flag in _DROPPED_SWITCH + _SWITCHES:
         p.add_argument(flag, action="store_true", dest=flag.lstrip("-").replace("-", "_"))
     p.add_argument("--ctx-size", "-c", type=int, default=4096)
     p.add_argument("--parallel", "-np", type=int, default=4)
@@ -139,10 +143,13 @@ def muser_args(argv: list[str]) -> list[str]:
            "--max-num-seqs", str(a.parallel), "--log-level", "warning"]
     if a.cors_origins is None:
         a.cors_origins = "localhost" if a.tools else "*"
+    if not (a.embedding or a.embeddings):
+        a.pooling = None  # NOTE: llama-server's pooling acts only on embeddings
     for flag in _PASSTHROUGH:
         value = getattr(a, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             out += [flag, value]
+    out += [flag for flag in _SWITCHES if getattr(a, flag.lstrip("-").replace("-", "_"))]
     if a.batch_size:
         out += ["--max-batched-tokens", str(max(a.batch_size, a.parallel))]
     if a.alias:

@@ -125,3 +125,21 @@ def export_hf(reader: gguf.GGUFReader, directory: Path, num_shards: int = 2) -> 
     write_safetensors(directory, hf_tensors(reader, cfg), num_shards)
     write_tokenizer(directory, reader)
     return directory
+
+
+def hf_model(reader: gguf.GGUFReader) -> torch.nn.Module:
+    """The GGUF model as transformers' float32 Gemma3ForCausalLM (eager attention), in memory:
+    the weights of hf_tensors, nothing written to disk."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers.initialization import no_init_weights
+
+    settings = {k: v for k, v in hf_config(config_from_gguf(reader)).items()
+                if k not in ("architectures", "model_type", "torch_dtype")}
+    settings["query_pre_attn_scalar"] = int(settings["query_pre_attn_scalar"])  # an int field
+    config = Gemma3TextConfig(**settings)
+    config._attn_implementation = "eager"
+    with no_init_weights():
+        model = Gemma3ForCausalLM(config)
+    missing = model.load_state_dict(hf_tensors(reader, config_from_gguf(reader)), strict=False)
+    assert missing.missing_keys == ["lm_head.weight"] and not missing.unexpected_keys  # tied
+    return model.eval()

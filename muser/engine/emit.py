@@ -7,7 +7,9 @@
     the grammar fails ....... (its mask was late, or llguidance hit a limit) ends with "error"
                               and why ("grammar: ..."), the text flushed; a token chosen on
                               the step whose mask failed is not an output
-    max_tokens, context ..... ends with "length", the text flushed
+    max_tokens, context ..... ends with "length", the text flushed; a full context with
+                              `shift` goes on instead, `full` set: the engine shifts it first
+                              (muser/engine/shift.py)
 
 The sequence's detokenizer and stop matcher hold the text not yet safe to emit (an incomplete
 character, a possible stop string's start).
@@ -25,10 +27,11 @@ class Emitted(NamedTuple):
     text: str
     finish_reason: str | None  # None: the sequence goes on
     error: str | None = None  # with "error": why, for the client
+    full: bool = False  # the context is full: shift it before its next row
 
 
 def emit(seq: Sequence, token: int, eot_ids: frozenset[int],
-         max_model_len: int) -> Emitted:
+         max_model_len: int, shift: bool = False) -> Emitted:
     """Append `token` to `seq`'s outputs (unless it ends the turn) -> what it emits."""
     failed = grammar_failure(seq)
     if failed is not None:  # NOTE: this step's mask failed: `token` was only a way out
@@ -44,9 +47,11 @@ def emit(seq: Sequence, token: int, eot_ids: frozenset[int],
         return Emitted(token, text + flush(seq), "error", failed)
     if hit_stop or ended:
         return Emitted(token, text + flush(seq) if ended else text, "stop")
-    if len(seq.output_ids) >= seq.sampling.max_tokens or (
-            seq.num_cached + 1 >= max_model_len):
+    if len(seq.output_ids) >= seq.sampling.max_tokens:
         return Emitted(token, text + flush(seq), "length")
+    if seq.num_cached + 1 >= max_model_len:
+        return Emitted(token, text, None, full=True) if shift else Emitted(
+            token, text + flush(seq), "length")
     return Emitted(token, text, None)
 
 

@@ -12,11 +12,14 @@ decode ahead (ahead.py), speculative decoding (speculation.py: the drafts of the
 about to decode, proposed before the step is scheduled, verified at the width of the decode
 row and its drafts, the accepted ones committed as their tokens are emitted; proposer.py,
 lookup.py), the admission sources that prefill prompts elsewhere (source.py: a prefill
-worker's client registers itself), and what a token emits (emit.py: text, stops, finishes).
+worker's client registers itself), what a token emits (emit.py: text, stops, finishes), the
+context shift of a sequence that fills the context (shift.py), and embedding requests' pooled
+hidden states (embedding.py: their one output, nothing sampled).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,11 +29,13 @@ import torch
 from muser.core import Logprobs, SamplingParams, SlotInfo, Status, StepOutput, check_prompt
 from muser.engine.ahead import DecodeAhead, gather
 from muser.engine.echo import ECHO_ROWS, due_prompt_logprobs
+from muser.engine.embedding import Pooled
 from muser.engine.emit import emit
 from muser.engine.forks import Forks
 from muser.engine.lookup import PromptLookup
 from muser.engine.plan import StepPlan, plan_step
 from muser.engine.sampling import launch_sample
+from muser.engine.shift import shift
 from muser.engine.source import Arrival, Source
 from muser.engine.speculation import Speculation, accepted
 from muser.grammar import GrammarMasks
@@ -55,6 +60,7 @@ class Engine:
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
         self._arrived: list[Arrival] = []  # prefills done elsewhere, not yet installed
         self.forks = Forks(runner, scheduler, self.grammars, self._adopt)
+        self.pooled = Pooled()
         e = runner.engine
         self.speculation = None if e.speculative == "none" else Speculation(
             PromptLookup(), e.num_speculative_tokens, self.max_model_len)
@@ -105,8 +111,10 @@ class Engine:
         seq.num_forks, seq.seed = p.n - 1, request_seed(p)
         if p.prompt_logprobs is not None:
             seq.max_chunk = ECHO_ROWS
-        # NOTE: forks and prompt logprobs need the prompt's logits and KV here
-        if self.sources and p.n == 1 and p.prompt_logprobs is None and p.slot is None:
+        # NOTE: forks, prompt logprobs and embeddings need the prompt's logits, KV or hidden
+        # states here
+        if (self.sources and p.n == 1 and p.prompt_logprobs is None and p.slot is None
+                and p.embed is None):
             uncached = self._uncached(seq.prompt_ids)
             if any(source.offer(seq, uncached) for source in self.sources):
                 seq.status = Status.REMOTE
@@ -166,9 +174,11 @@ class Engine:
         plan = self._schedule()
         if plan is None:
             return outputs
-        logits = self._run(plan)
+        logits, embedded = self._run(plan)
         outputs += [self._progress(seq) for seq in plan.batch.reqs[plan.batch.num_decode:]
                     if seq.sampling.progress and not seq.output_ids]
+        outputs += [dataclasses.replace(self._finish(seq, None, "", "stop"), embedding=vectors)
+                    for seq, vectors in embedded]
         seqs, rows = self._to_sample(plan, outputs)
         if not seqs:
             return outputs
@@ -196,7 +206,7 @@ class Engine:
         for row, token, lp in zip(rows[:n + 1], tokens, lps):
             self.runner.accept(seq, row)
             outputs.append(self._emit(seq, token, lp))
-            if outputs[-1].finished:
+            if outputs[-1].finished or seq.status != Status.DECODE:  # NOTE: or it shifted
                 break
         if seq.is_placed:
             self.runner.trim(seq)
@@ -204,15 +214,16 @@ class Engine:
 
     def _place_admitted(self) -> list[StepOutput]:
         """Sequences the scheduler admits now get a slot, after their longest cached prefix
-        (none for one that wants prompt logprobs) -> the first progress reports of those that
-        ask for them."""
+        (none for one that wants prompt logprobs or an embedding) -> the first progress reports
+        of those that ask for them."""
         admitted = self.scheduler.admit()
         # NOTE: pinned ones first, in their slots; the others in free slots no waiting request
         # is pinned to, while there are such
         wanted = {seq.sampling.slot for seq in self.scheduler.waiting} - {None}
         for seq in sorted(admitted, key=lambda seq: seq.sampling.slot is None):
-            echoes = seq.sampling.prompt_logprobs is not None
-            self.runner.allocate(None if echoes else seq.all_ids, seq=seq,
+            p = seq.sampling
+            fresh = p.prompt_logprobs is not None or p.embed is not None  # every row computed
+            self.runner.allocate(None if fresh else seq.context_ids, seq=seq,
                                  slot=seq.sampling.slot if seq.sampling.slot is not None
                                  else self._spare_slot(wanted))
             if not seq.output_ids:
@@ -240,16 +251,20 @@ class Engine:
             plan.ahead_logits = ahead_logits
         return plan
 
-    def _run(self, plan: StepPlan) -> torch.Tensor | None:
-        """This step's forward (prompt logprobs taken from its echo rows) -> the logits of the
-        due sequences, in plan.due order."""
-        logits = None
+    def _run(self, plan: StepPlan) -> tuple[torch.Tensor | None, list[tuple[Sequence, tuple]]]:
+        """This step's forward (prompt logprobs taken from its echo rows, embeddings' pooled
+        states from their rows) -> (the logits of the due sequences, in plan.due order; the
+        embedding requests whose prompt is in now, with their vectors)."""
+        logits, embedded = None, []
         if plan.run:
-            logits = self.runner.forward(plan.run, plan.run_ids, logit_rows=plan.logit_rows,
-                                         hold=plan.verify)
+            logits, hidden = self.runner.forward_hidden(
+                plan.run, plan.run_ids, logit_rows=plan.logit_rows, hold=plan.verify,
+                hidden_rows=plan.embed.rows if plan.embed.parts else None)
             if plan.echo.rows:
                 plan.echo.record(logits[len(plan.forward_due):])
-        return gather(plan.due, logits, plan.ahead_logits)
+            if plan.embed.parts:
+                embedded = self.pooled.record(plan.embed, hidden)
+        return gather(plan.due, logits, plan.ahead_logits), embedded
 
     def _to_sample(self, plan: StepPlan, outputs: list[StepOutput]
                    ) -> tuple[list[Sequence], list[int]]:
@@ -342,7 +357,11 @@ class Engine:
     def _emit(self, seq: Sequence, token: int, lp: Logprobs | None = None) -> StepOutput:
         seq.first_token_s = seq.first_token_s or time.perf_counter()
         seq.status = Status.DECODE
-        out = emit(seq, token, self.tokenizer.eot_ids, self.max_model_len)
+        out = emit(seq, token, self.tokenizer.eot_ids, self.max_model_len,
+                   self.runner.engine.context_shift)
+        if out.full:
+            self.ahead.settle(seq)
+            shift(self.runner, seq, self.tokenizer.bos_id, self.max_model_len)
         if out.finish_reason is None:
             return self._output(seq, token, out.text, False, None, lp)
         return self._finish(seq, out.token_id, out.text, out.finish_reason,
@@ -372,4 +391,5 @@ class Engine:
             self.slot_ids[seq.slot] = list(seq.token_ids)
             self.runner.free(seq)
         self.live.pop(seq.uid, None)
+        self.pooled.forget(seq.uid)
         self.forks.forget_done(seq.output_uid, self.live)

@@ -13,6 +13,8 @@ when its next token follows this step's rows.
     verify ......... the indices in `run` of the sequences verifying drafts: the forward leaves
                      their rows uncommitted, the engine commits those accepted
     echo ........... the forward's prompt-logprob rows (muser/engine/echo.py)
+    embed .......... the forward's rows an embedding request pools (muser/engine/embedding.py);
+                     such a request is never due: nothing is sampled for it
     ahead_logits ... the logits of the step launched ahead, whose rows `due` names
 """
 
@@ -25,6 +27,7 @@ import torch
 
 from muser.engine.ahead import DecodeAhead
 from muser.engine.echo import EchoRows
+from muser.engine.embedding import EmbedRows
 from muser.scheduler import Batch
 from muser.sequence import Sequence
 
@@ -43,6 +46,7 @@ class StepPlan:
     run_ids: list[list[int]] = field(default_factory=list)
     due: list[Due] = field(default_factory=list)
     echo: EchoRows = field(default_factory=EchoRows)
+    embed: EmbedRows = field(default_factory=EmbedRows)
     verify: list[int] = field(default_factory=list)
     ahead_logits: torch.Tensor | None = None  # [rows, vocab] of the step launched ahead
 
@@ -80,7 +84,9 @@ def plan_step(batch: Batch, ahead: DecodeAhead) -> StepPlan:
             plan.due.append(Due(seq, row, True))
             continue
         plan.echo.add(seq, ids, flat)
-        due = seq.num_pending == len(ids)  # every row computed: the next token is due
+        plan.embed.add(seq, ids, flat)
+        # every row computed: the next token is due (an embedding request wants none)
+        due = seq.num_pending == len(ids) and seq.sampling.embed is None
         flat += len(ids)
         plan.run.append(seq)
         plan.run_ids.append(ids)

@@ -46,6 +46,14 @@ class Decoder:
         """input_ids, positions: [N] -> logits [len(logit_rows), vocab] float32 (every row's
         when logit_rows is None; no LM head at all when it is empty: a chunk in the middle of a
         prompt). feed: the ids of rows whose input_ids are negative, on the device."""
+        return self.head(self.hidden(input_ids, positions, plan, feed), logit_rows)
+
+    def hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, plan: StepPlan,
+        feed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [N] -> the final hidden states [N, hidden] after the final
+        norm, in the projections' dtype: the LM head's input (and an embedding's rows)."""
         cfg, w, ops = self.cfg, self.weights, self.ops
         # the residual stream, float32: Gemma scales the embedding by sqrt(hidden)
         h = ops.embed(w.embed, input_ids, math.sqrt(cfg.hidden_size), feed)
@@ -69,11 +77,17 @@ class Decoder:
             h, x = self.layer(layer_id, layer, h, x, rope, plan, next_norm, new_rows)
             if per_layer is not None or layer.layer_scalar is not None:
                 h, x = self.layer_tail(layer_id, layer, h, x, per_layer, next_norm)
+        return x
+
+    def head(self, x: torch.Tensor, logit_rows: torch.Tensor | None) -> torch.Tensor:
+        """The final hidden states [N, hidden] -> logits [len(logit_rows), vocab] float32
+        (every row's when logit_rows is None; none, and no LM head, when it is empty)."""
+        cfg, ops = self.cfg, self.ops
         if logit_rows is not None:
             if logit_rows.numel() == 0:
-                return h.new_empty((0, cfg.vocab_size))
+                return x.new_empty((0, cfg.vocab_size), dtype=torch.float32)
             x = x[logit_rows]
-        logits = ops.linear(x, w.head).float()
+        logits = ops.linear(x, self.weights.head).float()
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from muser.server import llama_routes, openai_routes, slot_routes
+from muser.server import embedding_routes, llama_routes, openai_routes, slot_routes
 from muser.server.cors import Cors
 from muser.server.errors import ApiError, install_error_handlers
 from muser.server.metrics import Metrics
@@ -21,11 +21,12 @@ from muser.server.sleep import Sleep
 from muser.server.startup import Startup
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
-          "/detokenize", "/health", "/props", "/slots", "/metrics", "/apply-template", "/infill")
+          "/detokenize", "/health", "/props", "/slots", "/metrics", "/apply-template", "/infill",
+          "/v1/embeddings", "/embedding")
 # NOTE: llama-server's other names for the same handlers (declared beside each route); metrics
 # count them under the route
 ALIASES = {"/completions": "/completion", "/chat/completions": "/v1/chat/completions",
-           "/models": "/v1/models", "/v1/health": "/health"}
+           "/models": "/v1/models", "/v1/health": "/health", "/embeddings": "/embedding"}
 
 
 async def _ready(request: Request) -> None:
@@ -115,6 +116,7 @@ def create_app(startup: Startup, metrics: Metrics, sleep_idle_s: float | None = 
     user, admin = [Depends(_ready), Depends(_user)], [Depends(_ready), Depends(_admin)]
     app.include_router(openai_routes.router, dependencies=user)
     app.include_router(llama_routes.router, dependencies=user)
+    app.include_router(embedding_routes.router, dependencies=user)
     app.include_router(slot_routes.router, dependencies=admin)
     app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=user)
     app.add_middleware(_RequestCounter)

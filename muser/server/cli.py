@@ -102,4 +102,5 @@ def _context(args: argparse.Namespace, keys, metrics):
     return ServerContext(loop, ready.tokenizer, metrics, keys,
                          model_names(args) or Path(ready.model_path).stem, ready.model_path,
                          ready.max_model_len, ready.max_num_seqs, args.max_body_bytes,
-                         batching=ready.batching, options=options)
+                         ready.hidden_size, args.context_shift, batching=ready.batching,
+                         options=options)

@@ -31,6 +31,7 @@ from muser.tokenizer import Tokenizer
 log = logging.getLogger("muser.server")
 
 _DISCONNECT_POLL_S = 0.25
+MAX_TOKENS = 2**31 - 1  # n_predict -1 with --context-shift: no limit but the end of the turn
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
@@ -46,6 +47,8 @@ class ServerContext:
     max_model_len: int
     max_num_seqs: int
     max_body_bytes: int = 4 << 20
+    hidden_size: int = 0  # the model's: an embedding's dimensions
+    context_shift: bool = False  # --context-shift: a full context drops its oldest half
     batching: dict[str, Any] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
 
@@ -148,9 +151,9 @@ class ServerContext:
         return id_slot
 
     def max_tokens(self, requested: int | None, default: int, param: str) -> int:
-        """OpenAI's max_tokens: more than the context is refused; unset -> --n-predict or
-        `default`."""
-        if requested is not None and requested > self.max_model_len:
+        """OpenAI's max_tokens: more than the context is refused (unless --context-shift);
+        unset -> --n-predict or `default`."""
+        if requested is not None and requested > self.max_model_len and not self.context_shift:
             raise ApiError(400, f"{param} must be <= {self.max_model_len} (the context length)",
                            "invalid_value", param)
         server = self.options.defaults.n_predict
@@ -158,12 +161,26 @@ class ServerContext:
 
     def n_predict(self, requested: int, num_prompt: int, given: bool = True) -> int:
         """llama-server's n_predict: --n-predict when the request leaves it out (`given`
-        false), then -1 or more than fits is capped at the context's rest."""
+        false), then -1 or more than fits is capped at the context's rest; with
+        --context-shift, which makes room as it goes, nothing is capped (-1: no limit but the
+        end of the turn, as in llama-server)."""
         rest = max(1, self.max_model_len - num_prompt)
         server = self.options.defaults.n_predict
         if not given and server:
             requested = server
+        if self.context_shift:
+            return MAX_TOKENS if requested < 0 else requested
         return rest if requested < 0 else min(requested, rest)
+
+    def check_shift(self, n_keep: int, n_discard: int) -> None:
+        """n_keep and n_discard act through a context shift: without --context-shift only the
+        values that change nothing (n_keep -1 or 0, n_discard 0) pass."""
+        if self.context_shift:
+            return
+        for name, value, neutral in (("n_keep", n_keep, (-1, 0)), ("n_discard", n_discard, (0,))):
+            if value not in neutral:
+                raise ApiError(400, f"{name}: acts when a context shift drops tokens; this "
+                               "server runs without --context-shift", "invalid_value", name)
 
     def start(self, prompt_ids: list[int], sampling: SamplingParams,
               llama: bool = False) -> Generation:

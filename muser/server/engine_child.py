@@ -93,7 +93,7 @@ def _build(spec: EngineSpec, outputs: Connection) -> EngineLoop:
                                       "decode_waiting_chunk": c.decode_waiting_chunk,
                                       "prefill_chunk": c.prefill_chunk}
                   | ({"decode_waiting_chunk_measured": phases["chunk cap"]}
-                     if "chunk cap" in phases else {}))
+                     if "chunk cap" in phases else {}), llm.model_config.hidden_size)
     outputs.send(("ready", ready, loop.stats))
     return loop
 
@@ -118,7 +118,8 @@ class _PipeLoop(EngineLoop):
         self._pending.append((out.uid, out.token_id, out.text_delta, out.finished,
                               out.finish_reason, out.num_reused, out.logprobs,
                               out.prompt_logprobs, out.index, out.ends_request, out.error,
-                              out.num_drafted, out.num_accepted, out.progress))
+                              out.num_drafted, out.num_accepted, out.progress,
+                              out.embedding))
         if out.finished and out.ends_request:
             self._stats_due = True
             self._seen.discard(out.uid)

@@ -10,7 +10,7 @@ the EngineLoop; the server keeps the tokenizer and talks to the child over two p
     child -> server   ("ready", Ready) | ("failed", message) once, then per engine step
                       ("step", [(uid, token_id, text_delta, finished, finish_reason,
                       num_reused, logprobs, prompt_logprobs, index, ends_request,
-                      error, num_drafted, num_accepted, progress)...],
+                      error, num_drafted, num_accepted, progress, embedding)...],
                       LoopStats | (steps per kind, rows per work class, preemptions))
                       and for each slot call ("slot", call_id, ("ok", answer) |
                       ("error", status, message, code))  (muser/slot_actions.py)

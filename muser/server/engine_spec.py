@@ -32,3 +32,4 @@ class Ready:
     max_num_seqs: int
     memory: MemoryReport | None
     batching: dict[str, Any]  # the step limits the engine runs with (GPU: how one was measured)
+    hidden_size: int  # the model's: an embedding's dimensions

@@ -79,6 +79,7 @@ class Generation:
         self.loop, self.metrics = loop, metrics
         self.num_prompt = len(prompt_ids)
         self.n = sampling.n
+        self.is_embedding = sampling.embed is not None  # its output is no token: no TTFT
         self.num_output = 0  # tokens of every sample
         self.num_cached = 0  # prompt tokens found in the prefix cache
         self.finish_reason: str | None = None  # set when the request (every sample) ends
@@ -188,7 +189,8 @@ class Generation:
                                       (out.num_drafted, out.num_accepted))
         if self._first is None and out.finish_reason not in ("cancelled", "error"):
             self._first = now
-            self.metrics.ttft.observe(now - self._start)
+            if not self.is_embedding:
+                self.metrics.ttft.observe(now - self._start)
         if out.token_id is not None:
             self.num_output += 1
             self.metrics.tokens_out.inc()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from muser.core import SamplingParams
+from muser.core import SamplingParams, StepOutput
 from muser.server import logit_bias, logprob_shapes
 from muser.server.context import (
     ServerContext,
@@ -22,7 +23,7 @@ from muser.server.context import (
     with_defaults,
 )
 from muser.server.errors import ApiError, generation_failed
-from muser.server.generation import Generation, GenerationStream
+from muser.server.generation import Generation, GenerationStream, samples
 from muser.server.logprob_shapes import Pieces
 from muser.server.openai_routes import sse
 from muser.server.protocol import (
@@ -35,6 +36,7 @@ from muser.server.protocol import (
     split_prompts,
 )
 from muser.server.results import is_truncated, stop_type, stopping_word, timings
+from muser.server.samples import check_samples
 from muser.server.structured import with_grammar
 
 router = APIRouter()
@@ -64,7 +66,7 @@ async def props(request: Request) -> dict[str, Any]:
     params = with_defaults(LlamaCompletionRequest(prompt=""), ctx).model_dump(
         exclude={"prompt", "model", "max_tokens", "max_completion_tokens", "grammar",
                  "json_schema", "logit_bias", "response_fields", "samplers", "lora",
-                 "dry_sequence_breakers"})
+                 "dry_sequence_breakers", "n", "n_cmpl"})
     if ctx.options.defaults.n_predict is not None:
         params["n_predict"] = ctx.options.defaults.n_predict
     return {"default_generation_settings": {"n_ctx": ctx.max_model_len, "params": params},
@@ -110,11 +112,13 @@ async def detokenize(request: Request) -> dict[str, Any]:
 @router.post("/completion")
 @router.post("/completions")
 async def completion(request: Request) -> Any:
-    """One prompt -> one result object; several prompts -> a list of them, in order."""
+    """One prompt -> one result object; several prompts, or n_cmpl samples of each -> a list
+    of them, in order (result p * n_cmpl + i: prompt p's sample i, as llama-server numbers its
+    child tasks)."""
     ctx = _ctx(request)
     body = with_defaults(await ctx.read_body(request, LlamaCompletionRequest), ctx)
     ctx.check_model(body.model)
-    prompts = [await _encode(ctx, p) for p in split_prompts(body.prompt)]
+    prompts = [await encode_prompt(ctx, p) for p in split_prompts(body.prompt)]
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "prompt: a streamed request takes one prompt", "invalid_value",
                        "prompt")
@@ -123,10 +127,12 @@ async def completion(request: Request) -> Any:
         raise ApiError(400, "post_sampling_probs: set n_probs (how many probabilities) with it",
                        "invalid_value", "post_sampling_probs")
     slot = ctx.slot(body.id_slot)
+    ctx.check_shift(body.n_keep, body.n_discard)
+    n = check_samples(ctx, body.num_samples, None, body.stream, "n_cmpl")
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=False)
     given = bool({"n_predict", "max_tokens", "max_completion_tokens"} & body.model_fields_set)
     samplings = [await with_grammar(body, sampling_or_400(
-        lambda m: body.sampling(m, ctx.max_model_len, slot),
+        lambda m: body.sampling(m, ctx.max_model_len, slot, n),
         ctx.n_predict(body.num_predict, len(ids), given), bias), ctx.grammars)
         for ids in prompts]
     gens: list[Generation] = []
@@ -141,23 +147,28 @@ async def completion(request: Request) -> Any:
         return GenerationStream(gens[0], _events(ctx, body, gens[0], prompts[0], samplings[0]))
     outs = await asyncio.gather(*(collect_outputs(gen, request) for gen in gens))
     results = []
-    for i, (gen, ids, sampling, out) in enumerate(zip(gens, prompts, samplings, outs)):
+    for p, (gen, ids, sampling, out) in enumerate(zip(gens, prompts, samplings, outs)):
         if gen.finish_reason in ("error", "cancelled"):
             raise generation_failed(gen.finish_reason, gen.error)
-        text = "".join(o.text_delta for o in out)
-        tokens = [o.token_id for o in out if o.token_id is not None]
-        probs = {"completion_probabilities": logprob_shapes.llama(
-            Pieces(ctx.tokenizer), [(o.token_id, o.logprobs) for o in out
-                                    if o.token_id is not None], body.post_sampling_probs)
-                 } if body.n_probs else {}
-        result = {"index": i, "content": text, "tokens": tokens if body.return_tokens else [],
-                  **probs, **_final(ctx, body, gen, ids, sampling, text, tokens)}
-        results.append(pick_fields(result, body.response_fields) if body.response_fields
-                       else result)
+        for i, sample in enumerate(samples(out, n)):
+            text = "".join(o.text_delta for o in sample)
+            tokens = [o.token_id for o in sample if o.token_id is not None]
+            probs = {"completion_probabilities": logprob_shapes.llama(
+                Pieces(ctx.tokenizer), [(o.token_id, o.logprobs) for o in sample
+                                        if o.token_id is not None], body.post_sampling_probs)
+                     } if body.n_probs else {}
+            result = {"index": p * n + i, "content": text,
+                      "tokens": tokens if body.return_tokens else [], **probs,
+                      **_final(ctx, body, gen, ids, sampling, text, tokens,
+                               sample[-1] if sample else None)}
+            results.append(pick_fields(result, body.response_fields) if body.response_fields
+                           else result)
+        gen.record_finished()
     return results[0] if len(results) == 1 else results
 
 
-async def _encode(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
+async def encode_prompt(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
+    """One prompt as llama-server reads it (muser/server/protocol.py: split_prompts) -> ids."""
     if isinstance(prompt, PromptObject):
         return await ctx.encode(prompt.prompt_string)
     if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
@@ -175,15 +186,17 @@ async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generat
     """Every token in a `stop: false` chunk (with n_probs, its completion_probabilities;
     with timings_per_token, the timings so far), with return_progress a chunk per prompt
     progress report before them, then one `stop: true` chunk with the final fields and no
-    content (llama-server's framing); a generation that fails ends with an error event
+    content (llama-server's framing); with n_cmpl each chunk's index names its sample, whose
+    `stop: true` chunk comes as it finishes. A generation that fails ends with an error event
     instead."""
-    parts, tokens = [], []
+    parts: dict[int, list[str]] = defaultdict(list)
+    tokens: dict[int, list[int]] = defaultdict(list)
     pieces = Pieces(ctx.tokenizer)
     async for out in gen.outputs():
         if out.finish_reason in ("error", "cancelled"):
             yield sse(generation_failed(out.finish_reason, out.error).body())
             return
-        head = {"index": 0, "stop": False, "id_slot": body.id_slot,
+        head = {"index": out.index, "stop": False, "id_slot": body.id_slot,
                 **({"timings": timings(gen)} if body.timings_per_token else {})}
         if out.progress is not None:
             yield sse({**head, "content": "", "tokens": [], "tokens_predicted": 0,
@@ -191,34 +204,38 @@ async def _events(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generat
                        "prompt_progress": gen.prompt_progress()})
             continue
         ids = [] if out.token_id is None else [out.token_id]
-        parts.append(out.text_delta)
-        tokens += ids
+        parts[out.index].append(out.text_delta)
+        tokens[out.index] += ids
         if ids or out.text_delta:
             probs = {"completion_probabilities": logprob_shapes.llama(
                 pieces, [(i, out.logprobs) for i in ids], body.post_sampling_probs)
                      } if body.n_probs else {}
             yield sse({**head, "content": out.text_delta, "tokens": ids, **probs})
-    text = "".join(parts)
-    yield sse({"index": 0, "content": "", "tokens": [],
-               **_final(ctx, body, gen, prompt_ids, sampling, text, tokens)})
+        if out.finished:
+            text = "".join(parts[out.index])
+            yield sse({"index": out.index, "content": "", "tokens": [],
+                       **_final(ctx, body, gen, prompt_ids, sampling, text, tokens[out.index],
+                                out)})
+    gen.record_finished()
 
 
 def _final(ctx: ServerContext, body: LlamaCompletionRequest, gen: Generation,
            prompt_ids: list[int], sampling: SamplingParams, text: str,
-           tokens: list[int]) -> dict[str, Any]:
-    kind = stop_type(gen.last)
+           tokens: list[int], last: StepOutput | None) -> dict[str, Any]:
+    """One sample's final fields; `last`: its last output. Its timings are the request's (the
+    prompt's, and every sample's tokens)."""
+    kind = stop_type(last)
     word = stopping_word(text, ctx.tokenizer.decode(tokens), sampling.stop) if (
         kind == "word") else ""
     if kind == "word" and not word:
         kind = "eos"  # NOTE: the grammar ended it (llama.cpp's grammar ends with an EOS)
-    gen.record_finished()
     return {"id_slot": body.id_slot, "stop": True, "model": ctx.model_name,
-            "tokens_predicted": gen.num_output, "tokens_evaluated": gen.num_prompt,
+            "tokens_predicted": len(tokens), "tokens_evaluated": gen.num_prompt,
             "generation_settings": generation_settings(ctx, body, sampling),
             "prompt": ctx.tokenizer.decode(prompt_ids), "has_new_line": "\n" in text,
-            "truncated": is_truncated(gen, ctx.max_model_len), "stop_type": kind,
-            "stopping_word": word, "tokens_cached": gen.num_prompt + gen.num_output,
-            "timings": timings(gen)}
+            "truncated": is_truncated(gen.num_prompt, len(tokens), ctx.max_model_len),
+            "stop_type": kind, "stopping_word": word,
+            "tokens_cached": gen.num_prompt + len(tokens), "timings": timings(gen)}
 
 
 def generation_settings(ctx: ServerContext, body: LlamaCompletionRequest,

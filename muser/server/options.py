@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muser.constraint import GrammarLimits
+from muser.core import POOLINGS
 from muser.errors import MuserError
 
 
@@ -37,6 +38,7 @@ class ServerOptions:
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)
     tags: tuple[str, ...] = ()  # listed with the model (llama-server's --tags)
     sleep_idle_s: float | None = None  # stop the engine after this long idle (None: never)
+    pooling: str | None = None  # --embedding's --pooling (None: the embedding routes say 501)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -89,6 +91,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    "and KV, prefix cache included, leave memory; /props shows is_sleeping); "
                    "the next request that needs the engine starts it again first "
                    "(default: never)")
+    p.add_argument("--embedding", "--embeddings", action="store_true",
+                   help="serve /v1/embeddings and /embedding: a prompt's final hidden states "
+                   "(after the final norm), pooled by --pooling, through the same prefill "
+                   "(completions keep working; default: those routes answer 501)")
+    p.add_argument("--pooling", choices=POOLINGS,
+                   help="how --embedding pools a prompt's final hidden states, in "
+                   "llama-server's names: mean, last (token), cls (the first token), none "
+                   "(every token's, on /embedding only) (default: mean)")
     p.add_argument("--n-predict", type=int, metavar="N",
                    help="default n_predict / max_tokens of a request (-1: to the context)")
     p.add_argument("--temp", type=float, metavar="T", help="default temperature of a request")
@@ -111,6 +121,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise MuserError("--n-predict must be -1 or >= 1")
     if args.sleep_idle_seconds is not None and args.sleep_idle_seconds <= 0:
         raise MuserError("--sleep-idle-seconds must be > 0")
+    if args.pooling is not None and not args.embedding:
+        raise MuserError("--pooling is how --embedding pools: give --embedding with it")
     if args.max_n < 1:
         raise MuserError("--max-n must be >= 1")
     if args.grammar_max_size < 1 or args.grammar_compile_s <= 0 or args.grammar_mask_ms <= 0:
@@ -130,6 +142,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         max_n=args.max_n, keyless_admin=args.keyless_admin, grammar_limits=limits,
         tags=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
         sleep_idle_s=args.sleep_idle_seconds,
+        pooling=(args.pooling or "mean") if args.embedding else None,
         strict_model_name=args.strict_model_name,
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,

@@ -205,6 +205,10 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     ignore_eos: bool = False
     cache_prompt: bool = True
     id_slot: Annotated[int, Field(ge=-1)] = -1  # -1: any slot (the route checks the range)
+    # samples of each prompt (llama-server's child tasks; "n" read when n_cmpl is not given);
+    # the route checks them against the slots
+    n_cmpl: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     return_tokens: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
     n_probs: NumLogprobs = 0
@@ -231,8 +235,10 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     min_keep: Annotated[int, Field(ge=0, le=1)] = 0  # at least one candidate always survives
     grammar_lazy: Literal[False] = False
     n_indent: Annotated[int, Field(ge=0, le=0)] = 0
-    n_keep: Annotated[int, Field(ge=-1, le=0)] = 0  # no context shift: the KV is never cut
-    n_discard: Annotated[int, Field(ge=0, le=0)] = 0
+    # with --context-shift: the prompt tokens after BOS a shift keeps (-1: all), the tokens it
+    # drops (0: half of the rest); without it only the values that change nothing
+    n_keep: Annotated[int, Field(ge=-1, le=MAX_INT32)] = 0
+    n_discard: Annotated[int, Field(ge=0, le=MAX_INT32)] = 0
     n_cache_reuse: Annotated[int, Field(ge=0, le=0)] = 0
     t_max_predict_ms: Annotated[int, Field(ge=0, le=0)] = 0
     t_max_prompt_ms: Annotated[int, Field(ge=-1, le=0)] = -1
@@ -270,10 +276,15 @@ class LlamaCompletionRequest(LlamaStructured, Body):
         return next((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None),
                     self.n_predict)
 
-    def sampling(self, max_tokens: int, context: int, slot: int | None = None
+    @property
+    def num_samples(self) -> int:
+        """n_cmpl, else its alias n, else 1 (llama-server's)."""
+        return next((v for v in (self.n_cmpl, self.n) if v is not None), 1)
+
+    def sampling(self, max_tokens: int, context: int, slot: int | None = None, n: int = 1
                  ) -> SamplingParams:
         """context: the context size, llama.cpp's repeat_last_n = -1; slot: id_slot checked
-        (None: any)."""
+        (None: any); n: the samples, checked."""
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
@@ -284,7 +295,26 @@ class LlamaCompletionRequest(LlamaStructured, Body):
             logprobs=self.n_probs or None, post_sampling=self.post_sampling_probs and bool(
                 self.n_probs), slot=slot, progress=self.return_progress,
             speculative=self.spec_n_max if "spec_n_max" in self.model_fields_set else None,
-            min_drafts=self.spec_n_min)
+            min_drafts=self.spec_n_min, n_keep=self.n_keep, n_discard=self.n_discard, n=n)
+
+
+MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request
+EmbedInput = str | PromptObject | Annotated[list[PromptItem], Field(min_length=1,
+                                                                  max_length=MAX_INPUTS)]
+
+
+class EmbeddingRequest(Body):
+    """/v1/embeddings (OpenAI's body) and /embedding (llama-server's, which also takes the
+    prompts as `content`); the prompts as split_prompts reads a completion's."""
+
+    input: EmbedInput | None = None
+    content: EmbedInput | None = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # llama-server's: -1 none, 0 max-abs to the int16 range, 1 taxicab, 2 euclidean, p > 2 p-norm
+    embd_normalize: Annotated[int, Field(ge=-1)] = 2
 
 
 class ApplyTemplateRequest(Body):

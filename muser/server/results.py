@@ -43,6 +43,7 @@ def stopping_word(text: str, full_text: str, stops: Sequence[str]) -> str:
     return next((s for s in stops if s in rest), "")
 
 
-def is_truncated(gen: Generation, max_model_len: int) -> bool:
-    """True when generation stopped because the context was full."""
-    return gen.finish_reason == "length" and gen.num_prompt + gen.num_output >= max_model_len
+def is_truncated(num_prompt: int, num_output: int, max_model_len: int) -> bool:
+    """True when a sample's context filled up: generation stopped there, or (--context-shift)
+    a shift dropped tokens to go on (as llama-server reports either)."""
+    return num_prompt + num_output >= max_model_len

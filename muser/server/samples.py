@@ -16,11 +16,13 @@ from muser.server.errors import ApiError
 from muser.server.logprob_shapes import Entry
 
 
-def check_samples(ctx: ServerContext, n: int, best_of: int | None, stream: bool) -> int:
-    """-> how many samples to draw (best_of, else n); a 400 naming the field unless
-    n <= best_of <= the server's limit (--max-n, and the sequence slots)."""
+def check_samples(ctx: ServerContext, n: int, best_of: int | None, stream: bool,
+                  n_name: str = "n") -> int:
+    """-> how many samples to draw (best_of, else n); a 400 naming the field (n's as the
+    route calls it) unless n <= best_of <= the server's limit (--max-n, and the sequence
+    slots)."""
     limit = min(ctx.options.max_n, ctx.max_num_seqs)
-    for name, value in (("n", n), ("best_of", best_of)):
+    for name, value in ((n_name, n), ("best_of", best_of)):
         if value is not None and value > limit:
             raise ApiError(400, f"{name}: at most {limit} samples per request on this server "
                            f"(--max-n {ctx.options.max_n}, {ctx.max_num_seqs} sequence slots)",

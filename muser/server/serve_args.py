@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from muser.disagg.cli import add_serve_args
-from muser.engine_args import add_engine_args, add_speculative_args, positive_int
+from muser.engine_args import add_decode_args, add_engine_args, positive_int
 from muser.server.options import add_options
 
 
@@ -15,7 +15,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        description="Serve a model: OpenAI-compatible /v1/* routes and "
                        "llama.cpp-compatible ones, with continuous batching.")
     add_engine_args(p)
-    add_speculative_args(p)
+    add_decode_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address, or several separated by "
                    "commas, e.g. 127.0.0.1,::1 (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="default: %(default)s")

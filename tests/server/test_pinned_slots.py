@@ -132,6 +132,37 @@ def test_samples_of_a_pinned_request_take_other_slots(pin_server: Server) -> Non
         assert len(choices) == n and {ch["finish_reason"] for ch in choices} == {"length"}
 
 
+def test_n_cmpl_samples_each_prompt_as_llama_server_does(pin_server: Server) -> None:
+    """/completion's n_cmpl (alias n): results p * n_cmpl + i, prompt p's sample i, drawn from
+    seed + i as llama-server's child tasks are; with id_slot the first runs in its slot; a
+    stream's chunks carry their sample's index, each sample's stop chunk as it finishes; more
+    samples than slots is a 400 naming n_cmpl."""
+    c = pin_server.client(None)
+    body = {"n_predict": 6, "temperature": 1.0, "seed": 5, "ignore_eos": True,
+            "return_tokens": True}
+    prompts = ["Once upon a time", "The capital of France is"]
+    r = c.post("/completion", json={**body, "prompt": prompts, "n_cmpl": 2, "id_slot": 1})
+    assert r.status_code == 200, r.text
+    results = r.json()
+    assert [x["index"] for x in results] == [0, 1, 2, 3]
+    for p, prompt in enumerate(prompts):
+        for i in range(2):
+            alone = c.post("/completion", json={**body, "prompt": prompt, "seed": 5 + i}).json()
+            assert results[p * 2 + i]["tokens"] == alone["tokens"], (p, i)
+            assert results[p * 2 + i]["tokens_predicted"] == 6
+    by_n = c.post("/completion", json={**body, "prompt": prompts[0], "n": 2}).json()
+    assert [x["tokens"] for x in by_n] == [x["tokens"] for x in results[:2]]
+    with c.stream("POST", "/completion", json={**body, "prompt": prompts[0], "n_cmpl": 2,
+                                               "stream": True}) as s:
+        chunks = _events(s)
+    for i in range(2):
+        mine = [ch for ch in chunks if ch["index"] == i]
+        assert [t for ch in mine for t in ch["tokens"]] == results[i]["tokens"]
+        assert [ch["stop"] for ch in mine] == [False] * 6 + [True]
+    too_many = c.post("/completion", json={**body, "prompt": "x", "n_cmpl": NUM_SLOTS + 1})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n_cmpl"
+
+
 def test_post_sampling_probs(pin_server: Server) -> None:
     """The probabilities of the distribution each token is drawn from: at top_k 5 they are the
     softmax of the 5 pre-sampling logprobs; the same tokens as without the field; greedy: the

@@ -125,8 +125,9 @@ LLAMA_NAMED = [
     ("post_sampling_probs", True, "refused", {}), ("post_sampling_probs", False, "accepted", {}),
     # NOTE: the penalties' effect: tests/server/test_logprobs_samples.py
     ("presence_penalty", 0.5, "accepted", {}), ("frequency_penalty", 0.5, "accepted", {}),
-    ("n_probs", 2, "honoured", {}), ("logprobs", 2, "refused", {}), ("n", 2, "refused", {}),
-    ("n_cmpl", 2, "refused", {}), ("echo", True, "refused", {}),
+    ("n_probs", 2, "honoured", {}), ("logprobs", 2, "refused", {}), ("n", 2, "honoured", {}),
+    ("n_cmpl", 2, "honoured", {}), ("n_cmpl", MAX_NUM_SEQS + 1, "refused", {}),
+    ("echo", True, "refused", {}),
     ("logit_bias", [[15, 100]], "honoured", {}), ("samplers", ["top_k"], "refused", {}),
     ("no_such_field", 1, "refused", {}),
 ]
@@ -155,7 +156,9 @@ def _observed(r: httpx.Response) -> object:
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         return ["stream"] + [e if e == "[DONE]" else {k: v for k, v in json.loads(e).items()
                                                       if k not in drop} for e in events]
-    return {k: v for k, v in r.json().items() if k not in drop}
+    body = r.json()
+    return [{k: v for k, v in b.items() if k not in drop} for b in body] if isinstance(
+        body, list) else {k: v for k, v in body.items() if k not in drop}
 
 
 def _probe(server: Server, path: str, base: dict, probe: tuple) -> None:
