@@ -2,6 +2,7 @@
 `muser serve`, each set against the bound of the engine's own ceilings.
 
     python bench/serve_bench.py --out R.json                  # w1, w2, adaptive (served)
+    python bench/serve_bench.py --phases w3,w4 --out R.json   # chat and agent, per variant
     python bench/serve_bench.py --ceilings --out R.json       # ceilings, cap-sweep, hf
     python bench/serve_bench.py --phases none --out R.json --plot R.png
 
@@ -11,17 +12,28 @@ Phases (--phases, comma-separated):
                --w2-prompt and --w2-output spans (seeded)
     adaptive   --adaptive-streams streams decode when an --adaptive-prompt-token prompt
                arrives: their gaps while it prefills, on an adaptive and on a fixed server
+    w3         chat: --w3-conversations of --w3-turns turns, --w3-concurrency at once, each
+               turn the whole history (a --w3-system-token shared system prompt, the earlier
+               turns and answers) + --w3-user new tokens, --w3-output out; idle gaps between
+               a conversation's turns, exponential of mean --w3-gap-s (seeded)
+    w4         agent: the same with --w4-agents sharing a --w4-preamble-token tool preamble,
+               --w4-steps steps of --w4-input tokens in and --w4-output out, --w4-concurrency
+               at once, gaps of mean --w4-gap-s (the tool running) (bench/serve_dialogues.py)
     ceilings   in process: prefill tok/s of one fresh sequence's --prefill-chunk rows, and the
                decode-only step at each batch after --ceiling-context-token prompts
     cap-sweep  in process: W1 through llm.engine at each decode_waiting_chunk cap in --caps
     hf         transformers generate() on the same weights at W1's shapes (batch = concurrency)
 Served phases start `python -m muser serve` on a free 127.0.0.1 port with an API key, wait for
-/health (503 while it loads and warms up), run, and stop it with SIGTERM. In-process phases run
-after any server has stopped (one GPU holds one copy of the weights). Every wait is bounded.
+/health (503 while it loads and warms up), run, and stop it with SIGTERM. W3 and W4 run, in that
+order, on one server per --variants entry: its flags added to the serve flags (off: no prefix
+cache; on; fp8: + FP8 KV; host: + a --kv-host-gb host tier); a variant whose server does not
+start (a flag it refuses) is a cell with `server_error`. In-process phases run after any server
+has stopped (one GPU holds one copy of the weights). Every wait is bounded.
 
 Prompts are seeded random ids in [10, 1000); every request has ignore_eos and a fixed
 max_tokens. A request is an error when it raised or produced another number of tokens than
-max_tokens (the stream's final `usage`; the server sends one chunk per token).
+max_tokens (the stream's final `usage`; the server sends one chunk per token). W3 and W4 stream
+through /completion (its chunks carry the token ids the next turn resends) with httpx.
 
 Bound (bench/serve_receipt.py): requests in waves of `concurrency`; a wave takes its prompt
 tokens / the prefill rate + (output tokens per request) decode-only steps at its batch;
@@ -39,6 +51,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -51,6 +64,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from serve_dialogues import Dialogue, dialogue_fields, run_dialogue
 from serve_receipt import (
     Stream,
     cell_line,
@@ -63,7 +77,10 @@ from serve_receipt import (
 )
 
 KEY = "serve-bench-key"
-SERVED = ("w1", "w2", "adaptive")
+SERVED = ("w1", "w2", "adaptive", "w3", "w4")
+VARIANTS = {"off": "--no-prefix-cache", "on": "--prefix-cache",
+            "fp8": "--prefix-cache --kv-cache-dtype fp8",
+            "host": "--prefix-cache --kv-host-gb {kv_host_gb}"}
 IN_PROCESS = ("ceilings", "cap-sweep", "hf")
 SERVE_FLAGS = (("model", str), ("device", str), ("dtype", str), ("load_format", str),
                ("model_config", str), ("max_model_len", int), ("prefill_chunk", int),
@@ -114,15 +131,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerFailed(SystemExit):
+    """The server exited or did not get ready. NOTE: uncaught, it ends the script with its
+    message; the W3/W4 variants catch it as an error cell."""
+
+
 @contextmanager
-def serve(args: argparse.Namespace, policy: str):
-    """`muser serve` on a free loopback port while the block runs -> its URL."""
+def serve(args: argparse.Namespace, policy: str, variant: str = "", flags: tuple[str, ...] = ()):
+    """`muser serve` (the serve flags, then `flags`) on a free loopback port while the block
+    runs -> its URL."""
     port = free_port()
     args.logs.mkdir(parents=True, exist_ok=True)
-    log = args.logs / f"serve_{model_label(args)}_{policy}_{time.strftime('%H%M%S')}.log"
+    name = "_".join(filter(None, (model_label(args), policy, variant, time.strftime("%H%M%S"))))
+    log = args.logs / f"serve_{name}.log"
     cmd = [sys.executable, "-m", "muser", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--api-key", KEY, "--chunk-policy", policy, "--drain-timeout", "10",
-           "--log-level", args.log_level, *serve_flags(args)]
+           "--log-level", args.log_level, *serve_flags(args), *flags]
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     try:
@@ -153,8 +177,8 @@ def wait_ready(proc: subprocess.Popen, url: str, args: argparse.Namespace, log: 
             pass
         time.sleep(0.25)
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-    raise SystemExit(f"server not ready (exit {proc.poll()}, {time.monotonic() - t0:.0f} s); "
-                     f"its log ends:\n{tail}")
+    raise ServerFailed(f"server not ready (exit {proc.poll()}, {time.monotonic() - t0:.0f} s); "
+                       f"its log ends:\n{tail}")
 
 
 # ---------------------------------------------------------------- the client
@@ -297,9 +321,47 @@ def run_adaptive(url: str, args: argparse.Namespace, policy: str) -> dict:
     return cell | asyncio.run(long_prompt_arrives(url, args))
 
 
+def dialogue(args: argparse.Namespace, name: str) -> Dialogue:
+    """W3 or W4's shape from the flags."""
+    if name == "w3":
+        return Dialogue("W3", args.w3_conversations, args.w3_turns, args.w3_system, args.w3_user,
+                        args.w3_output, args.w3_concurrency, args.w3_gap_s, args.seed + 6)
+    return Dialogue("W4", args.w4_agents, args.w4_steps, args.w4_preamble, args.w4_input,
+                    args.w4_output, args.w4_concurrency, args.w4_gap_s, args.seed + 10)
+
+
+def dialogue_head(args: argparse.Namespace, d: Dialogue, variant: str, flags: tuple[str, ...]
+                  ) -> dict:
+    cell = cell_head(args, d.name, args.chunk_policy, d.conversations * d.turns, d.concurrency,
+                     min(d.concurrency, d.conversations))
+    return cell | {"variant": variant, "variant_flags": list(flags)} | d.fields()
+
+
+def dialogue_phases(args: argparse.Namespace, publish: Callable[[dict], dict]) -> None:
+    """W3 then W4 (those in --phases) on one server per variant."""
+    todo = [dialogue(args, n) for n in ("w3", "w4") if n in args.phases]
+    for variant, flags in args.variants:
+        try:
+            with serve(args, args.chunk_policy, variant, flags) as url:
+                for d in todo:
+                    recs, wall, before, after = asyncio.run(
+                        run_dialogue(url, KEY, d, args.timeout))
+                    cell = dialogue_head(args, d, variant, flags) | dialogue_fields(
+                        recs, wall, before, after)
+                    say(cell_line(publish({"cells": [cell]})["cells"][-1]))
+        except ServerFailed as exc:
+            say(f"variant {variant} ({' '.join(flags)}): {exc}")
+            lines = str(exc).splitlines()  # NOTE: the last is the log's, e.g. argparse's error
+            error = f"{lines[0]} {lines[-1]}"
+            publish({"cells": [dialogue_head(args, d, variant, flags) | {"server_error": error}
+                               for d in todo]})
+
+
 def served_phases(args: argparse.Namespace, publish: Callable[[dict], dict]) -> None:
-    """One server per chunk policy needed: W1 and W2 on --chunk-policy's, adaptive on both."""
-    if importlib.util.find_spec("openai") is None:  # before minutes of server start-up
+    """One server per chunk policy needed: W1 and W2 on --chunk-policy's, adaptive on both;
+    then one per variant for W3 and W4."""
+    openai = {"w1", "w2", "adaptive"} & set(args.phases)
+    if openai and importlib.util.find_spec("openai") is None:  # before minutes of start-up
         raise SystemExit("the served phases stream through the `openai` client, which is not "
                          "installed: pip install -e '.[dev]' (it pins openai)")
     other = "fixed" if args.chunk_policy == "adaptive" else "adaptive"
@@ -317,6 +379,8 @@ def served_phases(args: argparse.Namespace, publish: Callable[[dict], dict]) -> 
                 cell = (run_adaptive(url, args, policy) if name == "adaptive"
                         else run_workload(url, args, name, policy)) | {"batching": batching}
                 say(cell_line(publish({"cells": [cell]})["cells"][-1]))  # merged last
+    if {"w3", "w4"} & set(args.phases):
+        dialogue_phases(args, publish)
 
 
 # ---------------------------------------------------------------- in process
@@ -444,6 +508,20 @@ def ints(text: str) -> list[int]:
     return [int(t) for t in text.split(",") if t]
 
 
+def variants(text: str, kv_host_gb: float) -> list[tuple[str, tuple[str, ...]]]:
+    """'off,on,NAME=FLAGS,...' -> (name, serve flags) per entry: a name of VARIANTS, or a name
+    with its own flags."""
+    out = []
+    for entry in filter(None, text.split(",")):
+        name, _, flags = entry.partition("=")
+        if not flags and name not in VARIANTS:
+            raise argparse.ArgumentTypeError(f"unknown variant {name!r}: one of "
+                                             f"{', '.join(VARIANTS)}, or NAME=FLAGS")
+        flags = flags or VARIANTS[name].format(kv_host_gb=kv_host_gb)
+        out.append((name, tuple(shlex.split(flags))))
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--phases", default="w1,w2,adaptive", help="comma-separated of "
@@ -463,6 +541,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         w.add_argument(f"--{name}", type=int, default=value, help="default: %(default)s")
     w.add_argument("--w2-prompt", type=span, default=(100, 1024), help="MIN:MAX (100:1024)")
     w.add_argument("--w2-output", type=span, default=(100, 512), help="MIN:MAX (100:512)")
+    d = p.add_argument_group("W3 chat and W4 agent")
+    for name, value in (("w3-conversations", 64), ("w3-turns", 6), ("w3-system", 2048),
+                        ("w3-user", 256), ("w3-output", 128), ("w3-concurrency", 32),
+                        ("w4-agents", 16), ("w4-steps", 12), ("w4-preamble", 6000),
+                        ("w4-input", 400), ("w4-output", 64), ("w4-concurrency", 16)):
+        d.add_argument(f"--{name}", type=int, default=value, help="default: %(default)s")
+    d.add_argument("--w3-gap-s", type=float, default=1.0, help="mean idle seconds between a "
+                   "conversation's turns, exponential (default: %(default)s)")
+    d.add_argument("--w4-gap-s", type=float, default=0.25, help="mean idle seconds between an "
+                   "agent's steps (its tool running), exponential (default: %(default)s)")
+    named = "; ".join(f"{k} = {v.format(kv_host_gb='N')}" for k, v in VARIANTS.items())
+    d.add_argument("--variants", default="off,on,fp8,host", help="servers W3 and W4 run on, "
+                   f"comma-separated: {named}; or NAME=FLAGS (default: %(default)s)")
+    d.add_argument("--kv-host-gb", type=float, default=32.0, help="the host variant's host "
+                   "tier (default: %(default)s)")
     c = p.add_argument_group("in-process phases")
     c.add_argument("--decode-batches", type=ints, default=[1, 8, 32, 64], help="decode-only "
                    "batches, with each workload's, up to max_num_seqs (default: 1,8,32,64)")
@@ -493,6 +586,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.phases) - set(SERVED + IN_PROCESS))
     if unknown:
         p.error(f"unknown phases: {', '.join(unknown)}")
+    try:
+        args.variants = variants(args.variants, args.kv_host_gb)
+    except argparse.ArgumentTypeError as exc:
+        p.error(f"--variants: {exc}")
     return args
 
 

@@ -4,7 +4,7 @@ ceilings, merging phases into one receipt file, and its plot. Standard library o
 (matplotlib for the plot).
 
 Receipt: {"machine": {...}, "gpu": {...} | null,
-          "cells": [one per (model, workload, chunk_policy)],
+          "cells": [one per (model, workload, chunk_policy, variant)],
           "ceilings": {model: {"prefill_tok_s", "decode_step_ms": {batch: ms}, ...}},
           "cap_sweep": {model: [one row per cap]}, "hf_generate": {model: {...}}}
 """
@@ -48,6 +48,7 @@ class Stream:
     sent: float = 0.0
     stamps: list[float] = field(default_factory=list)
     usage: int | None = None  # completion_tokens of the final usage chunk, when sent
+    cached: int | None = None  # prompt tokens the server found in its prefix cache, when sent
     error: str | None = None
 
     @property
@@ -168,7 +169,8 @@ def with_bound(cell: dict, ceilings: dict | None) -> dict:
 
 # ---------------------------------------------------------------- the receipt file
 def merge(receipt: dict, part: dict) -> dict:
-    """`part` replaces the receipt's cells of the same (model, workload, chunk_policy) and the
+    """`part` replaces the receipt's cells of the same (model, workload, chunk_policy, variant:
+    W3 and W4's server flags, none for the other workloads) and the
     same models' ceilings, cap_sweep and hf_generate; the rest is kept. Every cell's bound is
     recomputed from its model's ceilings, whichever phase ran last."""
     new_keys = {cell_key(c) for c in part.get("cells", [])}
@@ -184,8 +186,8 @@ def merge(receipt: dict, part: dict) -> dict:
     return out
 
 
-def cell_key(cell: dict) -> tuple[str, str, str]:
-    return cell["model"], cell["workload"], cell["chunk_policy"]
+def cell_key(cell: dict) -> tuple[str, str, str, str | None]:
+    return cell["model"], cell["workload"], cell["chunk_policy"], cell.get("variant")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -194,13 +196,18 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def cell_line(c: dict) -> str:
     """One line per cell for the log."""
-    head = f"{c['model']} {c['workload']} ({c['chunk_policy']}): {c['errors']} errors, "
+    variant = f", {c['variant']}" if c.get("variant") else ""
+    if "server_error" in c:
+        return f"{c['model']} {c['workload']} ({c['chunk_policy']}{variant}): {c['server_error']}"
+    head = f"{c['model']} {c['workload']} ({c['chunk_policy']}{variant}): {c['errors']} errors, "
     if c["workload"] == "adaptive":
         return head + (
             f"long prompt {c['long_prompt_tokens']} tok TTFT {_fmt(c['long_prompt_ttft_s'], '.3f')}"
             f" s; stream gaps during its prefill p50/p99/max {_fmt(c['tpot_p50_ms'], '.1f')}/"
             f"{_fmt(c['tpot_p99_ms'], '.1f')}/{_fmt(c['tpot_max_ms'], '.1f')} ms "
             f"({c['gaps_during_prefill']} gaps)")
+    if "turns_completed" in c:
+        return head + dialogue_line(c)
     return head + (
         f"{c['output_tok_s']:.1f} out tok/s ({c['total_tok_s']:.1f} total), TTFT p50/p99 "
         f"{_fmt(c['ttft_p50_s'], '.3f')}/{_fmt(c['ttft_p99_s'], '.3f')} s, TPOT p50/p99 "
@@ -208,6 +215,17 @@ def cell_line(c: dict) -> str:
         f"{_fmt(c['itl_p99_ms'], '.1f')} ms, {c['wall_s']:.1f} s; decode-only step "
         f"{_fmt(c.get('decode_step_ms'), '.2f')} ms, {_fmt(c.get('fraction_of_bound'), '.3f')} "
         "of the bound")
+
+
+def dialogue_line(c: dict) -> str:
+    hit = (c["prefix"] or {}).get("hit_rate") or {}
+    return (f"{c['turns_completed']}/{c['conversations'] * c['turns']} turns, "
+            f"{c['output_tok_s']:.1f} out tok/s, TTFT p50/p99 {_fmt(c['ttft_p50_s'], '.3f')}/"
+            f"{_fmt(c['ttft_p99_s'], '.3f')} s (p50 from turn 2 "
+            f"{_fmt(c['ttft_p50_from_turn2_s'], '.3f')} s), TPOT p99 "
+            f"{_fmt(c['tpot_p99_ms'], '.1f')} ms, prefix hit rate device/host "
+            f"{_fmt(hit.get('device'), '.2f')}/{_fmt(hit.get('host'), '.2f')}, "
+            f"{c['cached_tokens']} cached prompt tokens, {c['wall_s']:.1f} s")
 
 
 # ---------------------------------------------------------------- the plot
@@ -235,8 +253,9 @@ def plot(receipt: dict, path: Path) -> None:
 
 
 def _bars(ax, model: str, cells: list[dict], hf: dict | None) -> None:
-    bars = [(f"{c['workload']}\n{c['chunk_policy']}", c["output_tok_s"],
-             c.get("bound_output_tok_s")) for c in cells if c["workload"] != "adaptive"]
+    bars = [(f"{c['workload']}\n{c.get('variant') or c['chunk_policy']}", c["output_tok_s"],
+             c.get("bound_output_tok_s")) for c in cells
+            if c["workload"] != "adaptive" and c.get("output_tok_s") is not None]
     if hf and "output_tok_s" in hf:
         bars.append((f"HF generate\nbatch {hf['batch']}", hf["output_tok_s"], None))
     xs = range(len(bars))

@@ -103,3 +103,16 @@ def test_gap_summary_takes_the_gaps_overlapping_the_prefill() -> None:
     assert out["errors"] == 0
     assert out["trace"]["prefill_s"] == pytest.approx(2.0)
     assert out["trace"]["stamps"][0][0] == pytest.approx(-1.0)
+
+
+def test_merge_keeps_one_cell_per_variant() -> None:
+    def cell(variant: str, tok_s: float | None) -> dict:
+        out = {"model": "m", "workload": "W3", "chunk_policy": "adaptive", "variant": variant,
+               "requests": 4, "concurrency": 2, "decode_batch": 2}
+        return out | ({"output_tok_s": tok_s} if tok_s else {"server_error": "exit 2"})
+
+    old = sr.merge({}, {"cells": [cell("off", 1.0), cell("on", 2.0), cell("fp8", None)]})
+    new = sr.merge(old, {"cells": [cell("on", 3.0)]})
+    assert [(c["variant"], c.get("output_tok_s")) for c in new["cells"]] == [
+        ("off", 1.0), ("fp8", None), ("on", 3.0)]
+    assert sr.cell_line(new["cells"][1]) == "m W3 (adaptive, fp8): exit 2"
