@@ -197,10 +197,9 @@ def probe_norm(d: int) -> list[dict]:
 SHAPES = {  # (M, K, epilogue) of the projections of a layer, and the LM head
     "gemma3-1b": [(1536, 1152, ""), (1152, 1024, "norm"), (13824, 1152, "geglu"),
                   (1152, 6912, "norm"), (262144, 1152, "")],
-    "gemma3-27b": [(8192, 5376, ""), (5376, 4096, "norm"), (43008, 5376, "geglu"),
-                   (5376, 21504, "norm")],
+    "gemma3-27b": [(5376, 4096, "norm"), (43008, 5376, "geglu")],
 }
-WIDTHS = (1, 5, 8, 16, 33, 64, 512)
+WIDTHS = (1, 8, 16, 64, 512)
 
 
 def probe_projections(cells: list[dict], save) -> None:
