@@ -28,7 +28,14 @@ def test_pack_writes_each_row_where_its_ring_and_pages_put_it():
         after, writes = s.ring.append(1)
         assert rings[b] == after
         assert layout.view(buf, "sliding.write_dst")[b] == s.slot * cap + writes[0][1]
-        assert layout.view(buf, "sliding.lens")[b] == after.length
+        # ring keys named by logical position: [starts, lens) are the window's positions, and
+        # position i sits at physical (origins + i) mod cap, where the ring put it
+        start, end = (int(layout.view(buf, f"sliding.{f}")[b]) for f in ("starts", "lens"))
+        assert end == after.logical_end == s.start + 1
+        assert start == max(after.logical_origin, end - CFG.sliding_window)
+        origin = int(layout.view(buf, "sliding.origins")[b])
+        assert [(origin + i) % cap for i in range(start, end)] == after.tail(end - start)
+        assert (origin + end - 1) % cap == writes[0][1]  # the newest key: the row stored
         assert layout.view(buf, "global.write_dst")[b] == s.page_ids[s.start // page] * page + (
             s.start % page)
         assert layout.view(buf, "global.lens")[b] == s.start + 1
