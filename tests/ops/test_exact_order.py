@@ -1,10 +1,13 @@
 """The exact route's order property (muser/ops/triton/order.py): a row's projection has the
-same bits at every width — decode rows through the tensor-core GEMV cut over K, chunks through
-the GEMM with the same cuts in registers, the norm pair as its own row kernel after either.
+same bits at every width — decode batches (up to 64 rows) through the tensor-core GEMV cut over
+K, wider chunks through the GEMM with the same cuts in registers, the norm pair as its own row
+kernel after either.
 
-Under the interpreter a dot sums its K step at once, so these tests hold the order of the cuts
-and of their sums, the part of the route that is muser's; that the GPU's tensor cores sum a
-chain the same way whatever the tile is checked on the device (bench/exact_probe.py)."""
+Under the interpreter a dot sums its K step at once, with numpy, whose sum also follows the
+tile's other sizes; so there these tests hold the order of the cuts and of their sums (the part
+of the route that is muser's) at widths whose tiles have one shape: up to 16 rows (the GEMV's
+16-row tile) and beyond 64 (the GEMM's). On a GPU they run at every width; that the tensor cores
+sum a chain alike whatever the tile is measured by bench/exact_probe.py."""
 
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ from muser.ops.triton.gemv import GemvConfig, gemv
 from muser.ops.triton.order import k_per_split
 from muser.ops.triton.switches import switched
 
-from opcheck import rand
+from opcheck import DEVICE, rand
 
-WIDTHS = (1, 5, 16, 64)
+ROWS = 96  # beyond a decode batch: the GEMM
+WIDTHS = (1, 5, 16, 80) + ((33, 64) if DEVICE == "cuda" else ())
 K = 1024  # four cuts of 256 for 64 weight rows
 
 
@@ -34,9 +38,9 @@ def _project(epilogue: str, x, w, norm):
 
 def _inputs(gen, dtype, epilogue):
     m = 64
-    x = rand(gen, 64, K)
+    x = rand(gen, ROWS, K)
     w = rand(gen, m, K, dtype=dtype, scale=0.05)
-    norm = (rand(gen, 64, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1)
+    norm = (rand(gen, ROWS, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1)
     return x, w, norm
 
 
@@ -47,7 +51,7 @@ def test_a_row_has_the_same_bits_at_every_width(gen, dtype, epilogue):
     assert K // k_per_split(*w.shape) == 4
     wide = _project(epilogue, x, w, norm)
     for width in WIDTHS:
-        for start in (0, 64 - width):
+        for start in (0, ROWS - width):
             rows = slice(start, start + width)
             part = _project(epilogue, x[rows], w, tuple(t[rows] if t.dim() == 2 else t
                                                         for t in norm))

@@ -32,11 +32,11 @@ for name, block_n, block_m, block_k, stages in [("fma", 1, 8, 512, 3), ("dot", 1
 for epilogue in ("geglu", "norm"):
     out[f"gemm {epilogue} pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
         GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_ROWS=4, NORM_BLOCK=1024,
-        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, CUTS=False, SWAP=False, PDL=True), num_warps=8,
+        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, CUTS=False, PDL=True), num_warps=8,
         num_stages=3)
 out["gemm exact pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
     GEGLU=True, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=128, BLOCK_M=128, BLOCK_K=64,
-    CUTS=True, SWAP=True, PDL=True), num_warps=8, num_stages=3)
+    CUTS=True, PDL=True), num_warps=8, num_stages=3)
 exact_attn = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*bf16",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
@@ -82,7 +82,7 @@ out["float32 gemv dot"] = ptx(gemv._gemv_dot_kernel, gemv_types | f32, dict(
     PDL=False), num_stages=2)
 out["float32 gemm"] = ptx(gemm._gemm_kernel, gemv_types | f32, dict(
     GEGLU=False, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=64, BLOCK_M=64, BLOCK_K=32,
-    CUTS=False, SWAP=False, PDL=False), num_warps=4, num_stages=2)
+    CUTS=False, PDL=False), num_warps=4, num_stages=2)
 out["float32 attention"] = ptx(decode_attention._decode_split_kernel, attn_types | f32,
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
          PDL=False))

@@ -15,8 +15,8 @@ cuBLAS call, an allocation and a kernel: `linear` times both per shape and runs 
 Given `k_per_split` (the exact route, muser/ops/triton/order.py), K is cut at those fixed
 offsets: each cut's sum is a chain of dots of its own, from zero, and the cuts' sums are added
 in order, in registers: the same float32 arithmetic as the decode GEMV's split-K programs and
-their last arriver's sum, so a row's bits do not depend on the width it runs at. The tensor-core
-operands are then also the GEMV's (weights first: `SWAP`).
+their last arriver's sum, so a row's bits do not depend on the width it runs at (a chain of
+16-bit dots sums alike whatever the tile's shape or operand order: bench/exact_probe.py).
 """
 
 from __future__ import annotations
@@ -73,43 +73,22 @@ def _rows_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M, stride_r
 
 @triton.jit
 def _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo, k_hi, N, K, stride_xn, w_dtype,
-               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-               SWAP: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """sum over k in [k_lo, k_hi) of x[rn, k] * W[rows, k]: one chain of tensor-core dots from
-    zero, BLOCK_K columns at a time -> float32 [BLOCK_N, BLOCK_M]. SWAP: weights as the first
-    operand (the decode GEMV's tiles)."""
-    if SWAP:
-        acc = tl.trans(_dot_chain(w_ptr, x_ptr, rows, valid, rn, rn < N, k_lo, k_hi, K,
-                                  stride_xn, w_dtype, BLOCK_M, BLOCK_N, BLOCK_K, True))
-    else:
-        acc = _dot_chain(x_ptr, w_ptr, rn, rn < N, rows, valid, k_lo, k_hi, stride_xn, K,
-                         w_dtype, BLOCK_N, BLOCK_M, BLOCK_K, False)
-    return acc
-
-
-@triton.jit
-def _dot_chain(a_ptr, b_ptr, ra, a_valid, rb, b_valid, k_lo, k_hi, stride_a, stride_b, w_dtype,
-               BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-               B_IS_X: tl.constexpr):
-    """sum over k in [k_lo, k_hi) of a[ra, k] * b[rb, k] -> float32 [BLOCK_A, BLOCK_B]; x (the
-    operand that is not the weight) is cast to the weight dtype."""
+    zero, BLOCK_K columns at a time -> float32 [BLOCK_N, BLOCK_M]."""
     rk = tl.arange(0, BLOCK_K)
-    a_at = a_ptr + ra[:, None].to(tl.int64) * stride_a + (k_lo + rk)[None, :]
-    b_at = b_ptr + rb[:, None].to(tl.int64) * stride_b + (k_lo + rk)[None, :]
-    acc = tl.zeros((BLOCK_A, BLOCK_B), tl.float32)
+    x_at = x_ptr + rn[:, None].to(tl.int64) * stride_xn + (k_lo + rk)[None, :]
+    w_at = w_ptr + rows[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_in = rk[None, :] < k_hi - k0
-        a = tl.load(a_at, mask=a_valid[:, None] & k_in, other=0.0)
-        b = tl.load(b_at, mask=b_valid[:, None] & k_in, other=0.0)
-        if B_IS_X:
-            b = b.to(w_dtype)
-        else:
-            a = a.to(w_dtype)
+        x = tl.load(x_at, mask=(rn[:, None] < N) & k_in, other=0.0)
+        w = tl.load(w_at, mask=valid[:, None] & k_in, other=0.0)
         # NOTE: "ieee": float32 weights multiply in float32 (Triton's default for them is TF32,
         # 10-bit mantissas); 16-bit ones are unaffected
-        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        a_at += BLOCK_K
-        b_at += BLOCK_K
+        acc = tl.dot(x.to(w_dtype), tl.trans(w), acc, input_precision="ieee")
+        x_at += BLOCK_K
+        w_at += BLOCK_K
     return acc
 
 
@@ -121,7 +100,7 @@ def _gemm_kernel(
     stride_xn, stride_on, stride_rn, eps, k_per_split, GEGLU: tl.constexpr,
     NORM: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CUTS: tl.constexpr,
-    SWAP: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j."""
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
@@ -133,10 +112,10 @@ def _gemm_kernel(
         for k_lo in range(0, K, k_per_split):
             acc += _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo,
                               tl.minimum(k_lo + k_per_split, K), N, K, stride_xn, w_dtype,
-                              BLOCK_N, BLOCK_M, BLOCK_K, SWAP)
+                              BLOCK_N, BLOCK_M, BLOCK_K)
     else:
         acc = _dot_range(x_ptr, w_ptr, rn, rows, valid, 0, K, N, K, stride_xn, w_dtype,
-                         BLOCK_N, BLOCK_M, BLOCK_K, SWAP)
+                         BLOCK_N, BLOCK_M, BLOCK_K)
     if NORM:
         y = acc.to(w_dtype).to(tl.float32)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -161,7 +140,8 @@ class GemmConfig:
     num_stages: int
 
 
-CANDIDATES = [GemmConfig(128, 128, 64, 8, 3), GemmConfig(64, 128, 64, 4, 3),
+CANDIDATES = [GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 3),
+              GemmConfig(64, 128, 64, 4, 3),
               GemmConfig(32, 64, 64, 4, 3)]
 SMALL = GemmConfig(16, 32, 32, 4, 2)  # the interpreter's
 
@@ -197,6 +177,6 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
         k_per_split or k, GEGLU=geglu, NORM=norm is not None,
         NORM_ROWS=min(c.block_n, max(1, 4096 // norm_block)), NORM_BLOCK=norm_block,
         BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
-        CUTS=k_per_split is not None and k_per_split < k, SWAP=k_per_split is not None,
+        CUTS=k_per_split is not None and k_per_split < k,
         num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return (res_out, out) if norm is not None else out

@@ -31,6 +31,7 @@ from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
+DOT_ROWS = 64  # the tensor-core kind's most rows (the exact route's decode batches: linear.py)
 
 
 @triton.jit
@@ -267,13 +268,14 @@ def outputs(n: int, m: int, dtype: torch.dtype, splits: int, blocks: int, geglu:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
          geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None):
-    """x: [N, K] any float, N <= 8; weight: [M, K] contiguous ->
+    """x: [N, K] any float, N <= 8 (the tensor-core kind: DOT_ROWS); weight: [M, K] contiguous ->
     plain: [N, M] in weight.dtype; geglu: gelu_tanh(y[:, :M/2]) * y[:, M/2:] [N, M/2] in
     weight.dtype; norm: (residual + rms_norm(y, post) f32, its rms_norm by next in norm.dtype).
     k_per_split: K cut at these offsets (the exact route's order, order.py; a multiple of
     config.block_k) instead of config.split_k ways."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
-    assert n <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
+    assert n <= (DOT_ROWS if config.kind == "dot" else MAX_ROWS)
+    assert weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
     assert not (geglu and norm) and (not geglu or m % 2 == 0)
     c = config
     if k_per_split is None:
@@ -284,7 +286,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     dev = x.device
     o = outputs(n, m, weight.dtype, splits, blocks, geglu, norm, dev)
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
-    block_n = 16 if c.kind == "dot" else max(1, next_power_of_2(n))
+    block_n = max(16, next_power_of_2(n)) if c.kind == "dot" else max(1, next_power_of_2(n))
     launch(
         kernel, (blocks, splits), x, weight, *o.args, n, m, k, x.stride(0), o.args[0].stride(0),
         o.stride_rn, k_per_split, o.eps, GEGLU=geglu, NORM=norm is not None,

@@ -11,7 +11,8 @@ where the caller asks:
 
 The exact route (the `exact` switch, on by default; docs/exactness.md) sums every output
 element in one order at every width (order.py): the tensor-core GEMV (`dot`) cut over K at the
-weight's fixed offsets for decode rows, the GEMM with the same cuts for wider chunks, the norm
+weight's fixed offsets up to DOT_ROWS rows (a decode batch), the GEMM with the same cuts in
+registers for wider chunks, the norm
 pair as its own row kernel after either; no cuBLAS, whose order depends on the shape. Its picks
 are keyed apart (epilogue "exact", "exact+geglu", "exact+norm") and choose tiles only.
 
@@ -42,7 +43,15 @@ from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import SMALL as SMALL_GEMM
 from muser.ops.triton.gemm import GemmConfig, gemm
-from muser.ops.triton.gemv import DEFAULT, MAX_ROWS, GemvConfig, NormEpilogue, candidates, gemv
+from muser.ops.triton.gemv import (
+    DEFAULT,
+    DOT_ROWS,
+    MAX_ROWS,
+    GemvConfig,
+    NormEpilogue,
+    candidates,
+    gemv,
+)
 from muser.ops.triton.launch import cdiv, compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.order import k_per_split
@@ -153,7 +162,7 @@ def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
             config = DEFAULT if x.shape[0] <= MAX_ROWS else None
         timed = {}
     else:
-        pick = _pick if x.shape[0] <= MAX_ROWS else _pick_gemm
+        pick = _pick if x.shape[0] <= (DOT_ROWS if exact else MAX_ROWS) else _pick_gemm
         config, timed = pick(x, weight, geglu_out, norm, exact)
     PICKS.set(key, config, timed)
     return config
@@ -183,9 +192,10 @@ EXACT_GEMV_TILES = ((64, 256), (128, 128), (64, 128), (32, 32))
 
 def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool
                       ) -> list[GemvConfig | GemmConfig]:
-    """The exact route's configs for a shape: tiles over the weight's one cut (order.py); the
+    """The exact route's configs for a shape: tiles over the weight's one cut (order.py),
+    the tensor-core GEMV (a program per cut) up to a CUDA graph's DOT_ROWS decode rows; the
     last is the interpreter's (small tiles)."""
-    if n > MAX_ROWS:
+    if n > DOT_ROWS:
         return [*GEMM_CANDIDATES, SMALL_GEMM]
     cuts = cdiv(k, k_per_split(m, k))
     configs = []

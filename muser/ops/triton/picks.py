@@ -33,7 +33,7 @@ from gguf import GGMLQuantizationType
 from muser.env import cache_dir, shipped_picks
 from muser.ops.fp8 import chunk_route
 from muser.ops.triton.gemm import GemmConfig
-from muser.ops.triton.gemv import MAX_ROWS, GemvConfig
+from muser.ops.triton.gemv import DOT_ROWS, MAX_ROWS, GemvConfig
 from muser.ops.triton.gemv_blocks import BlockGemvConfig
 from muser.ops.tuning_cache import TuningCache, read_fingerprint, read_picks
 
@@ -105,10 +105,10 @@ def config_json(pick: Pick) -> Any:
     return {kind: dataclasses.asdict(pick)}
 
 
-def parse_config(obj: Any, rows: int, family: str = "linear") -> Pick:
-    """A stored pick of `family` for `rows` rows (GEMVs up to MAX_ROWS, GEMM or a dense route
-    above)."""
-    decode = rows <= MAX_ROWS
+def parse_config(obj: Any, rows: int, family: str = "linear", exact: bool = False) -> Pick:
+    """A stored pick of `family` for `rows` rows (GEMVs up to MAX_ROWS, or DOT_ROWS on the
+    exact route; GEMM or a dense route above)."""
+    decode = rows <= (DOT_ROWS if exact else MAX_ROWS)
     if family == "linear" and obj == "cublas":
         return None  # NOTE: parse_entries refuses it for an exact key
     if family == "fp8" and (obj == "scaled_mm" or (obj == "dequant" and not decode)):
@@ -139,8 +139,9 @@ def parse_entries(entries: dict[str, Any], origin: Path) -> dict[str, Family]:
     for text, entry in entries.items():
         try:
             family, key = parse_key(text)
-            pick = parse_config(entry["config"], key[0], family)
-            if family == "linear" and key[3].startswith("exact") and not (
+            exact = family == "linear" and key[3].startswith("exact")
+            pick = parse_config(entry["config"], key[0], family, exact)
+            if exact and not (
                     isinstance(pick, GemmConfig) or getattr(pick, "kind", None) == "dot"):
                 raise ValueError("the exact route runs tensor-core GEMVs and GEMMs only")
             if family == "fp8" and key[0] > MAX_ROWS and pick != chunk_route(key[4], *key[1:3]):
