@@ -39,8 +39,11 @@ def _dot_kernel(x_ptr, w_ptr, y_ptr, N, M, K, BT: tl.constexpr, BW: tl.constexpr
     else:
         acc = tl.zeros((BT, BW), tl.float32)
     for k0 in range(0, K, BK):
-        x = tl.load(x_ptr + rt[:, None] * K + k0 + rk[None, :], mask=rt[:, None] < N, other=0.0)
-        w = tl.load(w_ptr + rw[:, None] * K + k0 + rk[None, :], mask=rw[:, None] < M, other=0.0)
+        k_in = (k0 + rk[None, :]) < K
+        x = tl.load(x_ptr + rt[:, None] * K + k0 + rk[None, :], mask=(rt[:, None] < N) & k_in,
+                    other=0.0)
+        w = tl.load(w_ptr + rw[:, None] * K + k0 + rk[None, :], mask=(rw[:, None] < M) & k_in,
+                    other=0.0)
         if SWAP:
             acc = tl.dot(w, tl.trans(x), acc)
         else:
