@@ -32,7 +32,7 @@ from muser.ops.triton.alloc import empty
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_angles, whole_weight
-from muser.ops.triton.softmax import EXACT_ROWS, KEY_TILE, SPAN, exact_warps, fold, merge_weights
+from muser.ops.triton.softmax import KEY_TILE, SPAN, fold, merge_weights
 from muser.ops.triton.switches import current as switches_in_force
 
 
@@ -384,8 +384,7 @@ def decode_attention(
 
 def _exact(q, k_rows, v_rows, block_table, starts, lens, origins, block_size, scale, new, k_new,
            v_new, src, dst) -> torch.Tensor:
-    """decode_attention on the exact route (softmax.py): a span a program, merged in order; a
-    program's query heads in EXACT_ROWS rows, as a prefill chunk's tile holds its rows."""
+    """decode_attention on the exact route (softmax.py): a span a program, merged in order."""
     batch, heads, head_dim = q.shape
     kv_heads = k_rows.shape[1]
     group = heads // kv_heads
@@ -397,10 +396,10 @@ def _exact(q, k_rows, v_rows, block_table, starts, lens, origins, block_size, sc
         _decode_span_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src, dst,
         block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
         k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
-        block_size, scale * math.log2(math.e), KVH=kv_heads, G=group, BLOCK_G=EXACT_ROWS,
-        D=head_dim, BLOCK_N=KEY_TILE, SPAN=SPAN, SPLITS=splits, NEW=new is not None,
-        ONE_BLOCK=block_table.shape[1] == 1, num_warps=exact_warps(head_dim), num_stages=2,
-        **options(q.device),
+        block_size, scale * math.log2(math.e), KVH=kv_heads, G=group,
+        BLOCK_G=max(16, next_power_of_2(group)), D=head_dim, BLOCK_N=KEY_TILE, SPAN=SPAN,
+        SPLITS=splits, NEW=new is not None, ONE_BLOCK=block_table.shape[1] == 1,
+        num_warps=4 if head_dim <= 256 else 8, num_stages=2, **options(q.device),
     )
     launch(_decode_span_merge_kernel, (batch * heads,), mid_o, mid_ml, out, starts, lens, heads,
            D=head_dim, SPAN=SPAN, SPLITS=splits, **options(q.device))

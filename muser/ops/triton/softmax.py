@@ -11,9 +11,10 @@ where its keys are held.
   prefill chunk merges in registers, or (a short chunk at depth) a span a program too. The
   partials and their merges are the same either way.
 - Within a tile: scores and weighted values on tensor cores, the row sum of the weights too (a
-  dot with ones: a sum along a row by `tl.sum` follows the register layout). Decode and prefill
-  programs hold EXACT_ROWS query rows on `exact_warps` warps, so their tiles are one shape:
-  the same tensor-core instructions on the same operands.
+  dot with ones: a sum along a row by `tl.sum` follows the register layout). A chain of 16-bit
+  dots sums alike whatever the tile's row count, warps or instruction (mma.sync or wgmma:
+  measured, bench/results/exact_probe_h100.json), so decode programs hold their query heads in
+  16 rows and prefill programs a tile's 64 rows.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import triton.language as tl
 
 KEY_TILE = 64
 SPAN = 256  # keys per partial: a multiple of KEY_TILE
-EXACT_ROWS = 64  # query rows a program: a prefill tile's, and decode's query heads padded to it
+EXACT_ROWS = 64  # query rows of a prefill program (decode: its query heads, at least 16)
 
 
 def exact_warps(head_dim: int) -> int:
-    """Warps of every exact attention program (decode and prefill alike, so their tiles have
-    one shape and one register layout): eight at head_dim 256, where a prefill program's two
-    float32 accumulators of 64 x 256 need them."""
+    """Warps of a prefill program: eight from head_dim 256, where its two float32
+    accumulators of 64 x head_dim need them."""
     return 8 if head_dim >= 256 else 4
 
 
