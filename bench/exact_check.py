@@ -11,8 +11,8 @@ compared; bitwise_rows: those torch.equal to the reference row):
 - eager: its decode rows without CUDA graphs against graph replay;
 - prefix_same / prefix_mid: after a prefix-cache hit (the same prompt again, resumed before its
   last token; a prompt sharing 1,000 tokens, resumed where the cache ends) against cold;
-- sampled_16: seeded sampled tokens (temperature 1) of a request beside 15 others against
-  alone (rows: tokens compared).
+- sampled_16 (--sampled): seeded sampled tokens (temperature 1) of a request beside 15 others
+  against alone (rows: tokens compared).
 Costs, each a cell {model, weights, metric, before, after, ratio} (before: `exact` off):
 decode step ms at batch 1 and 32, prefill ms of 2,048 tokens.
 
@@ -38,9 +38,10 @@ from muser.startup.start import start as start_runner
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def runner_for(cfg, weights, max_len: int, seqs: int, eager: bool = False):
+def runner_for(cfg, weights, max_len: int, seqs: int, eager: bool = False,
+               prefix: bool = False):
     engine = EngineConfig.for_device(device=DEV, max_num_seqs=seqs, max_model_len=max_len,
-                                     prefill_chunk=2048, enforce_eager=eager)
+                                     prefill_chunk=2048, enforce_eager=eager, prefix_cache=prefix)
     return start_runner(cfg, engine, weights)
 
 
@@ -189,6 +190,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="gemma3-1b")
     ap.add_argument("--layers", type=int, default=0, help="keep only this many layers (0: all)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="also the seeded-sampling check (needs the embedded model's tokenizer)")
     args = ap.parse_args()
     result = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "checks": [],
               "costs": []}
@@ -231,17 +234,22 @@ def main() -> None:
         save()
         del eager
         torch.cuda.empty_cache()
-        from muser import LLM
-
-        llm = LLM(load_format="dummy", model_config=model, progress=False, device=DEV,
-                  max_num_seqs=32, max_model_len=4096, prefix_cache=True)
+        cached = runner_for(cfg, weights, 4096, 8, prefix=True)
         prompts = {"prefix_same": ids,
                    "prefix_mid": ids[:1000] + [t + 7 for t in ids[1000:1300]]}
-        result["checks"] += prefix_checks(model, llm.runner, prompts, cold)
-        result["checks"].append(sampled_check(model, llm, ids))
+        result["checks"] += prefix_checks(model, cached, prompts, cold)
         save()
-        del llm
+        del cached
         torch.cuda.empty_cache()
+        if args.sampled:  # NOTE: the engine's tokenizer is the embedded model's
+            from muser import LLM
+
+            llm = LLM(load_format="dummy", model_config=model, progress=False, device=DEV,
+                      max_num_seqs=32, max_model_len=4096)
+            result["checks"].append(sampled_check(model, llm, ids))
+            save()
+            del llm
+            torch.cuda.empty_cache()
         result["costs"] += costs(model, cfg, weights, ids + ids)
         save()
         del weights
