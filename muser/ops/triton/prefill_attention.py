@@ -38,6 +38,43 @@ from muser.ops.triton.switches import current as switches_in_force
 
 
 @triton.jit
+def _query_tile(q_ptr, k_ptr, qt, group, T, stride_qt, stride_qh, G: tl.constexpr,
+                D: tl.constexpr, BLOCK: tl.constexpr, PACK: tl.constexpr):
+    """Query tile qt of head group `group`: PACK query heads of one key/value head share the
+    program, its PACK * BLOCK rows (head, query row) pairs over the same query rows, so each
+    key tile is loaded once for them -> (q in the cache dtype, head, key/value head, query
+    row, row mask, head dims)."""
+    r = tl.arange(0, PACK * BLOCK)
+    h = group * PACK + r // BLOCK
+    kvh = group * PACK // G
+    rq = qt * BLOCK + r % BLOCK
+    d = tl.arange(0, D)
+    q_mask = rq < T
+    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
+                + d[None, :], mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    return q, h, kvh, rq, q_mask, d
+
+
+@triton.jit
+def _tile_spans(qt, T, q_start, k_first, shift, S, window, BLOCK: tl.constexpr,
+                SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """The exact route's key range of query tile qt: its key tiles [lo, hi) (logical tiles
+    from k_first: those holding a key some row of the tile sees) and their spans
+    [span_lo, span_hi)."""
+    first_pos = q_start + qt * BLOCK
+    last_pos = tl.minimum(q_start + T, first_pos + BLOCK) - 1
+    lo_pos = k_first + shift
+    if HAS_WINDOW:
+        lo_pos = tl.maximum(lo_pos, first_pos - window + 1)
+    hi_pos = tl.minimum(k_first + shift + S, last_pos + 1)
+    lo = (lo_pos - k_first) // BLOCK
+    hi = tl.where(hi_pos > lo_pos, (hi_pos - 1 - k_first) // BLOCK + 1, lo)
+    span_lo = (k_first + lo * BLOCK) // SPAN
+    span_hi = tl.where(hi > lo, (k_first + hi * BLOCK - 1) // SPAN + 1, span_lo)
+    return lo, hi, span_lo, span_hi
+
+
+@triton.jit
 def _key_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, tiles_ptr, qt, num_k_tiles, S,
               k_start, window, scale_log2, kvh, d, stride_kt, stride_kh, stride_vt, stride_vh,
               BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
@@ -98,17 +135,9 @@ def _flash_kernel(
     D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
     PACK: tl.constexpr, WIDE: tl.constexpr,
 ):
-    # PACK query heads of one key/value head share the program: its PACK * BLOCK rows are
-    # (head, query row) pairs over the same query tile, so each key tile is loaded once for them
     qt, group, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    r = tl.arange(0, PACK * BLOCK)
-    h = group * PACK + r // BLOCK
-    kvh = group * PACK // G
-    rq = qt * BLOCK + r % BLOCK
-    d = tl.arange(0, D)
-    q_mask = rq < T
-    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
-                + d[None, :], mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q, h, kvh, rq, q_mask, d = _query_tile(q_ptr, k_ptr, qt, group, T, stride_qt, stride_qh, G,
+                                           D, BLOCK, PACK)
     q_pos = q_start + rq
     m = tl.full((PACK * BLOCK,), float("-inf"), tl.float32)
     l = tl.zeros((PACK * BLOCK,), tl.float32)
@@ -215,26 +244,11 @@ def _flash_exact_kernel(
     False, z = 0), or only its tile's z-th span, whose partial it stores for
     `_exact_combine_kernel` (SPLIT)."""
     qt, group, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    r = tl.arange(0, PACK * BLOCK)
-    h = group * PACK + r // BLOCK
-    kvh = group * PACK // G
-    rq = qt * BLOCK + r % BLOCK
-    d = tl.arange(0, D)
-    q_mask = rq < T
-    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
-                + d[None, :], mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q, h, kvh, rq, q_mask, d = _query_tile(q_ptr, k_ptr, qt, group, T, stride_qt, stride_qh, G,
+                                           D, BLOCK, PACK)
     q_pos = q_start + rq
-    # the key tiles this query tile sees: [lo, hi) (logical tiles from k_first)
-    first_pos = q_start + qt * BLOCK
-    last_pos = tl.minimum(q_start + T, first_pos + BLOCK) - 1
-    lo_pos = k_first + shift
-    if HAS_WINDOW:
-        lo_pos = tl.maximum(lo_pos, first_pos - window + 1)
-    hi_pos = tl.minimum(k_first + shift + S, last_pos + 1)
-    lo = (lo_pos - k_first) // BLOCK
-    hi = tl.where(hi_pos > lo_pos, (hi_pos - 1 - k_first) // BLOCK + 1, lo)
-    span_lo = (k_first + lo * BLOCK) // SPAN
-    span_hi = tl.where(hi > lo, (k_first + hi * BLOCK - 1) // SPAN + 1, span_lo)
+    lo, hi, span_lo, span_hi = _tile_spans(qt, T, q_start, k_first, shift, S, window, BLOCK,
+                                           SPAN, HAS_WINDOW)
     if SPLIT:
         span_lo += z
         span_hi = tl.minimum(span_hi, span_lo + 1)
@@ -278,16 +292,9 @@ def _exact_combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, q_start, k_first, shift
     `_decode_span_merge_kernel` and the in-register path merge them)."""
     t, h = tl.program_id(0), tl.program_id(1)
     d = tl.arange(0, D)
-    first_pos = q_start + t // BLOCK * BLOCK
-    last_pos = tl.minimum(q_start + T, first_pos + BLOCK) - 1
-    lo_pos = k_first + shift
-    if HAS_WINDOW:
-        lo_pos = tl.maximum(lo_pos, first_pos - window + 1)
-    hi_pos = tl.minimum(k_first + shift + S, last_pos + 1)
-    lo = (lo_pos - k_first) // BLOCK
-    hi = tl.where(hi_pos > lo_pos, (hi_pos - 1 - k_first) // BLOCK + 1, lo)
-    span_lo = (k_first + lo * BLOCK) // SPAN
-    spans = tl.where(hi > lo, (k_first + hi * BLOCK - 1) // SPAN + 1 - span_lo, 0)
+    _, _, span_lo, span_hi = _tile_spans(t // BLOCK, T, q_start, k_first, shift, S, window,
+                                         BLOCK, SPAN, HAS_WINDOW)
+    spans = span_hi - span_lo
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.zeros((), tl.float32)
     acc = tl.zeros((D,), tl.float32)
