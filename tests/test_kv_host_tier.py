@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from muser import LLM
-from muser.runner import Runner
+from tests.prefix_runs import run_and_decode
 
 PAGE = 16
 SMALL = {"num_pages": 12, "prefix_cache_gb": 0.02, "kv_host_gb": 0.1}  # one device checkpoint
@@ -27,22 +27,6 @@ def small(gguf_path: Path) -> LLM:
     return _llm(gguf_path, **SMALL)
 
 
-def _run(runner: Runner, ids: list[int], steps: int) -> tuple[int, torch.Tensor, list[int]]:
-    """Prefill `ids`, then decode `steps` greedy tokens -> (rows found cached, logits of every
-    row computed, the tokens); the sequence is freed (its end checkpointed)."""
-    seq = runner.allocate(ids)
-    try:
-        reused = seq.num_cached
-        rows = [runner.forward([seq], [ids[reused:]], all_logits=True).clone()]
-        tokens = [int(rows[0][-1].argmax())]
-        for _ in range(steps):
-            rows.append(runner.forward([seq], [tokens[-1:]]).clone())
-            tokens.append(int(rows[-1][-1].argmax()))
-        return reused, torch.cat(rows), tokens
-    finally:
-        runner.free(seq)
-
-
 def _turns(llm: LLM) -> list[tuple[int, torch.Tensor, list[int]]]:
     """A first turn (94 rows: 6 pages), another prompt (10 pages), then the first turn
     continued."""
@@ -50,10 +34,10 @@ def _turns(llm: LLM) -> list[tuple[int, torch.Tensor, list[int]]]:
     runner.prefix.reset(runner.pages)
     first = llm.encode("The tide came in over the stones. " * 20)[:90]
     other = llm.encode("Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. " * 20)[:150]
-    a = _run(runner, first, 4)
-    b = _run(runner, other, 2)
+    a = run_and_decode(runner, first, 4)
+    b = run_and_decode(runner, other, 2)
     follow = first + a[2][:4] + llm.encode(" Then the keeper wrote it down.")[1:]
-    return [a, b, _run(runner, follow, 8)]
+    return [a, b, run_and_decode(runner, follow, 8)]
 
 
 def test_a_hit_from_the_host_tier_gives_the_bits_of_ample_device_memory(
@@ -94,7 +78,7 @@ def test_a_host_hit_with_no_page_free_is_a_miss(small: LLM) -> None:
     runner.free(seq)
     runner.free(holder)
     assert runner.pages.num_free == runner.pages.num_pages
-    assert _run(runner, ids + [2], 0)[0] == 94
+    assert run_and_decode(runner, ids + [2], 0)[0] == 94
     assert runner.prefix.stats().host_hits == before.host_hits + 1
 
 
@@ -108,7 +92,7 @@ def test_the_host_tier_keeps_its_bound_and_drops_its_oldest(small: LLM) -> None:
                for word in ("Anna", "Boris", "Clara", "Dmitri", "Elena", "Femi", "Greta", "Hugo")]
     ends = []
     for ids in prompts:
-        ends.append(ids + _run(runner, ids, 1)[2][:1])
+        ends.append(ids + run_and_decode(runner, ids, 1)[2][:1])
         host = runner.prefix.stats().host
         assert host.nbytes <= host.capacity_bytes
     host = runner.prefix.stats().host
@@ -116,5 +100,5 @@ def test_the_host_tier_keeps_its_bound_and_drops_its_oldest(small: LLM) -> None:
     cached = [runner.prefix.cached_tokens(ids + [2]) for ids in ends]
     assert cached == [0] + [41] * 7  # the last one's checkpoint is on the device
     hits = runner.prefix.stats().host_hits
-    assert _run(runner, ends[-2] + [2], 0)[0] == 41
+    assert run_and_decode(runner, ends[-2] + [2], 0)[0] == 41
     assert runner.prefix.stats().host_hits == hits + 1

@@ -13,7 +13,7 @@ import torch
 from muser import LLM, SamplingParams
 from muser.kvcache.prefix import chain_keys
 from muser.kvcache.reuse import CHECKPOINT_EVERY
-from muser.runner import Runner
+from tests.prefix_runs import run_and_decode
 
 PAGE = 64
 
@@ -22,23 +22,6 @@ PAGE = 64
 def llm(gguf_path: Path) -> LLM:
     return LLM(gguf_path, progress=False, device="cpu", max_num_seqs=4, max_model_len=1024,
                page_size=PAGE)
-
-
-def _run(runner: Runner, ids: list[int], steps: int) -> tuple[int, torch.Tensor, list[int]]:
-    """Prefill `ids` into a sequence allocated for them, then decode `steps` greedy tokens ->
-    (rows it found cached, logits of every row it computed, the tokens); the sequence is freed
-    (its end checkpointed)."""
-    seq = runner.allocate(ids)
-    try:
-        reused = seq.num_cached
-        rows = [runner.forward([seq], [ids[reused:]], all_logits=True).clone()]
-        tokens = [int(rows[0][-1].argmax())]
-        for _ in range(steps):
-            rows.append(runner.forward([seq], [tokens[-1:]]).clone())
-            tokens.append(int(rows[-1][-1].argmax()))
-        return reused, torch.cat(rows), tokens
-    finally:
-        runner.free(seq)
 
 
 def _first_turn(llm: LLM, text: str, num_prompt: int, max_tokens: int) -> list[int]:
@@ -59,12 +42,12 @@ def test_a_prefix_hit_gives_the_bits_of_a_cold_prefill(
     follow = first + llm.encode(" Then the lighthouse keeper wrote it down.")[1:]
     runner = llm.runner
     # NOTE: another prompt in between takes the slot and the page the first turn freed
-    _run(runner, llm.encode("Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. " * 8), 0)
-    reused, hit, hit_tokens = _run(runner, follow, 8)
+    run_and_decode(runner, llm.encode("Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. " * 8), 0)
+    reused, hit, hit_tokens = run_and_decode(runner, follow, 8)
     assert reused == len(first) - 1 and runner.prefix.stats().tokens_reused == reused
     assert (reused % PAGE != 0) == (reused > llm.model_config.sliding_window)
     runner.prefix.reset(runner.pages)
-    cold_reused, cold, cold_tokens = _run(runner, follow, 8)
+    cold_reused, cold, cold_tokens = run_and_decode(runner, follow, 8)
     assert cold_reused == 0 and runner.prefix.stats().hits == 0
     assert torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
 
@@ -95,10 +78,10 @@ def test_the_same_prompt_again_resumes_before_its_last_token(llm: LLM, num_promp
         assert len(seq.page_ids) == -(-num_prompt // PAGE)
     finally:
         runner.free(seq)
-    reused, hit, hit_tokens = _run(runner, ids, 8)
+    reused, hit, hit_tokens = run_and_decode(runner, ids, 8)
     assert reused == num_prompt - 1
     runner.prefix.reset(runner.pages)
-    cold_reused, cold, cold_tokens = _run(runner, ids, 8)
+    cold_reused, cold, cold_tokens = run_and_decode(runner, ids, 8)
     assert cold_reused == 0 and torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
 
 
@@ -168,10 +151,10 @@ def test_a_shared_first_part_resumes_from_a_chunk_boundary(llm: LLM) -> None:
     system = llm.encode("You are the lighthouse keeper's log. " * 80)[:600]
     llm.generate(system + llm.encode(" Who came by today?")[1:], SamplingParams(max_tokens=1))
     question = system + llm.encode(" What was the weather like?")[1:]
-    reused, hit, _ = _run(runner, question, 2)
+    reused, hit, _ = run_and_decode(runner, question, 2)
     assert reused == llm.config.prefill_chunk == CHECKPOINT_EVERY == 512
     runner.prefix.reset(runner.pages)
-    cold_reused, cold, _ = _run(runner, question, 2)
+    cold_reused, cold, _ = run_and_decode(runner, question, 2)
     assert cold_reused == 0 and torch.equal(hit, cold[reused:])
 
 
@@ -197,7 +180,7 @@ def test_checkpoints_fall_where_a_chunk_ends_on_a_multiple(llm: LLM, widths: lis
     finally:
         runner.free(seq)  # its end checkpointed: past the shared part, of no use below
     question = system + llm.encode(" What was the weather like?")[1:]
-    assert _run(runner, question, 0)[0] == reused
+    assert run_and_decode(runner, question, 0)[0] == reused
 
 
 @pytest.mark.gpu
@@ -211,8 +194,8 @@ def test_on_a_gpu_a_hit_gives_the_greedy_tokens_of_a_cold_prefill(gguf_path: Pat
     first = _first_turn(llm, "The tide came in over the stones. ", 601, 8)
     follow = first + llm.encode(" Then the lighthouse keeper wrote it down.")[1:]
     runner = llm.runner
-    reused, hit, hit_tokens = _run(runner, follow, 64)
+    reused, hit, hit_tokens = run_and_decode(runner, follow, 64)
     runner.prefix.reset(runner.pages)
-    _, cold, cold_tokens = _run(runner, follow, 64)
+    _, cold, cold_tokens = run_and_decode(runner, follow, 64)
     assert reused == len(first) - 1 and hit_tokens == cold_tokens
     print(f"max |logit difference| hit vs cold: {float((hit - cold[reused:]).abs().max()):.4f}")
