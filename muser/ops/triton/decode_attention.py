@@ -18,6 +18,11 @@ raw rows with the norms (`norm_rope`: a step of decode rows alone), every progra
 its query heads, and the new key, QK-norm + RoPE first: no launch of their own either, one
 fewer kernel boundary a layer. Splits are a launch constant, so the kernel is safe to capture
 in a CUDA graph.
+
+That is the route with the `exact` switch off. The exact route, the default, runs
+`_decode_span_kernel`: one program per span of keys anchored at logical positions, merged in
+span order by `_decode_span_merge_kernel`, the arithmetic prefill's `_flash_exact_kernel` gives
+the same row (softmax.py).
 """
 
 from __future__ import annotations

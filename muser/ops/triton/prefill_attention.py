@@ -17,6 +17,10 @@ A chunk at depth has few query tiles and many key tiles: `launch_config` splits 
 tile's key range over several programs (flash-decoding's split-KV applied to a chunk) so the
 grid fills the GPU; the splits' partial (max, sum, weighted values) are combined by a second
 kernel, in a fixed order.
+
+That is the route with the `exact` switch off. The exact route, the default, runs
+`_flash_exact_kernel` instead: key tiles and spans anchored at logical positions, spans merged in
+order (softmax.py), the same arithmetic as decode's `_decode_span_kernel` for every row.
 """
 
 from __future__ import annotations
