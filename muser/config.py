@@ -251,11 +251,10 @@ class EngineConfig:
             raise ValueError(f"num_speculative_tokens must be >= 1, got "
                              f"{self.num_speculative_tokens}")
         if self.speculative != "none" and _backend(self.device) != "cpu":
-            # NOTE: a GPU's logits at a verify pass's width are not yet bitwise its decode
-            # width's, so a draft could be accepted where plain decoding chooses otherwise
-            raise ValueError("speculative decoding runs on the CPU only for now: on a GPU the "
-                             "verify pass is not yet bitwise plain decoding "
-                             "(docs/speculative-decoding.md)")
+            # NOTE: the exact route makes a verify pass's rows bitwise decode rows for bf16
+            # weights; the GPU lane itself has not run yet
+            raise ValueError("speculative decoding runs on the CPU only for now: its GPU lane "
+                             "has not run yet (docs/speculative-decoding.md)")
         if self.prefix_cache_gb < 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
         if self.kv_host_gb < 0:
