@@ -19,7 +19,7 @@ from muser.kvcache import slot_file
 from muser.kvcache.snapshot import KVSnapshot, export
 from muser.runner import Runner
 from muser.slot_actions import SlotActions, SlotError
-from tests.test_prefix_reuse import _run
+from tests.prefix_runs import run_and_decode
 
 PAGE = 64
 
@@ -76,10 +76,10 @@ def test_restored_kv_is_the_saved_bits_and_reused(llm: LLM, slots: SlotActions,
     assert torch.equal(after.sliding, before.sliding) and torch.equal(after.full, before.full)
 
     follow = ids + llm.encode(" Then the lighthouse keeper wrote it down.")[1:]
-    reused, hit, hit_tokens = _run(runner, follow, 8)
+    reused, hit, hit_tokens = run_and_decode(runner, follow, 8)
     assert reused == len(ids)
     runner.prefix.reset(runner.pages)
-    cold_reused, cold, cold_tokens = _run(runner, follow, 8)
+    cold_reused, cold, cold_tokens = run_and_decode(runner, follow, 8)
     assert cold_reused == 0
     assert torch.equal(hit, cold[reused:]) and hit_tokens == cold_tokens
 
