@@ -12,9 +12,9 @@ where the caller asks:
 The exact route (the `exact` switch, on by default; docs/exactness.md) sums every output
 element in one order at every width (order.py): the tensor-core GEMV (`dot`) cut over K at the
 weight's fixed offsets up to DOT_ROWS rows (a decode batch), the GEMM with the same cuts in
-registers for wider chunks, the norm
-pair as its own row kernel after either; no cuBLAS, whose order depends on the shape. Its picks
-are keyed apart (epilogue "exact", "exact+geglu", "exact+norm") and choose tiles only.
+registers for wider chunks, the norm pair as its own row kernel after either; no cuBLAS, whose
+order depends on the shape. Its picks are keyed apart (epilogue "exact", "exact+geglu",
+"exact+norm") and choose tiles only.
 
 A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
 warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up

@@ -16,12 +16,15 @@ property of the weight's shape alone: tuning chooses tiles, stages and warps, ne
 
 from __future__ import annotations
 
+import functools
+
 from muser.ops.triton.launch import cdiv
 
 SPLIT_ALIGN = 256  # columns: every K step of the exact configs (64, 128, 256) divides it
 TARGET_PROGRAMS = 160  # decode programs (64-row blocks x cuts) enough to keep an H200's HBM busy
 
 
+@functools.cache  # NOTE: asked on every projection of an eager (prefill) forward
 def k_per_split(m: int, k: int) -> int:
     """Columns per cut of a [m, k] weight: as many cuts (a power of two) as keep a one-row
     GEMV's programs, 64 weight rows a block, within TARGET_PROGRAMS, each cut at least
