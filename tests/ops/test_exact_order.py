@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from muser.ops.fp8 import quantize_fp8
 from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
 from muser.ops.triton.gemm import SMALL, gemm
 from muser.ops.triton.gemv import GemvConfig, gemv
@@ -78,3 +79,39 @@ def test_gemv_cuts_and_gemm_cuts_sum_alike(gen, cut):
     for n in range(1, 9):
         narrow = gemv(x[:n], w, GemvConfig("dot", 32, 32, 1, 4, 2), k_per_split=cut)
         assert torch.equal(narrow, wide[:n]), n
+
+
+def _fp8(gen, m: int, k: int):
+    """An Fp8Matrix of fp16 values (the interpreter's model dtype), rows scaled apart."""
+    w = rand(gen, m, k, scale=0.05) * torch.logspace(-1, 1, m, dtype=torch.float32)[:, None]
+    return quantize_fp8(w.to(DEVICE), torch.float16)
+
+
+@pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
+def test_fp8_weights_have_the_same_bits_at_every_width(gen, epilogue):
+    """FP8 codes take the route too (their values in fp16, the rows' scales after each cut)."""
+    x, _, norm = _inputs(gen, torch.float16, epilogue)
+    w = _fp8(gen, 64, K)
+    wide = _project(epilogue, x, w, norm)
+    assert wide.dtype == (torch.float32 if epilogue == "norm" else torch.float16)
+    for width in WIDTHS:
+        for start in (0, ROWS - width):
+            rows = slice(start, start + width)
+            part = _project(epilogue, x[rows], w, tuple(t[rows] if t.dim() == 2 else t
+                                                        for t in norm))
+            assert torch.equal(part, wide[rows]), (width, start)
+
+
+def test_fp8_weights_on_the_route_are_their_values_times_x(gen):
+    """Against float64 x @ (codes * scales)^T: a code is exact in fp16 and a product of two
+    fp16 values exact in float32, so the error is the float32 sums' (at most K terms, each
+    addition within 2^-24 of the partial sum: K 2^-24 sum |x w|), the scale's multiply and the
+    one rounding to fp16 (2^-11 |y|)."""
+    x = rand(gen, ROWS, K).to(torch.float16)
+    w = _fp8(gen, 64, K)
+    values = w.data.double() * w.scales.double()[:, None]
+    for n in (1, 16, ROWS):
+        got = linear(x[:n], w).double()
+        ref = x[:n].double() @ values.T
+        bound = K * 2.0**-24 * (x[:n].double().abs() @ values.abs().T) + 2.0**-11 * ref.abs()
+        assert ((got - ref).abs() <= bound * 1.01 + 1e-30).all(), n

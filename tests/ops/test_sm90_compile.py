@@ -19,7 +19,7 @@ gemm = importlib.import_module("muser.ops.triton.gemm")
 prefill = importlib.import_module("muser.ops.triton.prefill_attention")
 softmax = importlib.import_module("muser.ops.triton.softmax")
 
-gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
               "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32", "next_ptr": "*fp32",
               "res_out_ptr": "*fp32", "eps": "fp32"}
 out = {}
@@ -28,15 +28,23 @@ for name, block_n, block_m, block_k, stages in [("fma", 1, 8, 512, 3), ("dot", 1
     for pdl in (True, False):
         out[f"gemv {name} pdl={pdl}"] = ptx(kernel, gemv_types, dict(
             GEGLU=False, NORM=True, NORM_BLOCK=2048, BLOCK_N=block_n, BLOCK_M=block_m,
-            BLOCK_K=block_k, SPLIT_K=4, PDL=pdl), num_stages=stages)
+            BLOCK_K=block_k, SPLIT_K=4, SCALED=0, PDL=pdl), num_stages=stages)
 for epilogue in ("geglu", "norm"):
     out[f"gemm {epilogue} pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
         GEGLU=epilogue == "geglu", NORM=epilogue == "norm", NORM_ROWS=4, NORM_BLOCK=1024,
-        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, CUTS=False, PDL=True), num_warps=8,
+        BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, CUTS=False, SCALED=0, PDL=True), num_warps=8,
         num_stages=3)
 out["gemm exact pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
     GEGLU=True, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=128, BLOCK_M=128, BLOCK_K=64,
-    CUTS=True, PDL=True), num_warps=8, num_stages=3)
+    CUTS=True, SCALED=0, PDL=True), num_warps=8, num_stages=3)
+# FP8 codes on the exact route (SCALED_BF16): decode GEMV and prefill GEMM
+fp8 = gemv_types | {"w_ptr": "*fp8e4nv"}
+out["fp8 exact gemv dot pdl=True"] = ptx(gemv._gemv_dot_kernel, fp8, dict(
+    GEGLU=True, NORM=False, NORM_BLOCK=2048, BLOCK_N=16, BLOCK_M=64, BLOCK_K=256, SPLIT_K=4,
+    SCALED=1, PDL=True), num_stages=4)
+out["gemm exact fp8 pdl=True"] = ptx(gemm._gemm_kernel, fp8, dict(
+    GEGLU=False, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=128, BLOCK_M=128,
+    BLOCK_K=64, CUTS=True, SCALED=1, PDL=True), num_warps=8, num_stages=3)
 exact_attn = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*bf16",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
@@ -79,10 +87,10 @@ f32 = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "k_ptr": "*fp32",
        "v_ptr": "*fp32", "kn_ptr": "*fp32", "vn_ptr": "*fp32", "o_ptr": "*fp32"}
 out["float32 gemv dot"] = ptx(gemv._gemv_dot_kernel, gemv_types | f32, dict(
     GEGLU=False, NORM=False, NORM_BLOCK=2048, BLOCK_N=16, BLOCK_M=64, BLOCK_K=64, SPLIT_K=1,
-    PDL=False), num_stages=2)
+    SCALED=0, PDL=False), num_stages=2)
 out["float32 gemm"] = ptx(gemm._gemm_kernel, gemv_types | f32, dict(
     GEGLU=False, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=64, BLOCK_M=64, BLOCK_K=32,
-    CUTS=False, PDL=False), num_warps=4, num_stages=2)
+    CUTS=False, SCALED=0, PDL=False), num_warps=4, num_stages=2)
 out["float32 attention"] = ptx(decode_attention._decode_split_kernel, attn_types | f32,
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
          PDL=False))
@@ -128,7 +136,7 @@ def test_float32_prefill_attention_fits_shared_memory():
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 21
+    assert len(ptx) == 23
 
 
 def _tensor_core_instructions(code: str) -> set[str]:
@@ -146,6 +154,15 @@ def test_exact_attention_sums_on_bf16_tensor_cores_only(ptx, dim):
         found = _tensor_core_instructions(ptx[name])
         assert found and all("f32.bf16.bf16" in i for i in found), (name, found)
     assert any(i.startswith("mma.sync") for i in _tensor_core_instructions(ptx[names[0]]))
+
+
+def test_fp8_weights_on_the_exact_route_multiply_as_bf16(ptx):
+    """FP8 codes on the exact route are bf16 values on bf16 tensor cores (the chain the bf16
+    weights' route sums), never e4m3 instructions, whose sums differ between mma.sync and
+    wgmma (bench/results/exact_probe_h100.json)."""
+    for name in ("fp8 exact gemv dot pdl=True", "gemm exact fp8 pdl=True"):
+        found = _tensor_core_instructions(ptx[name])
+        assert found and all("f32.bf16.bf16" in i for i in found), (name, found)
 
 
 def test_float32_operands_multiply_in_float32(ptx):

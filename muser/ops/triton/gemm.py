@@ -29,7 +29,7 @@ import triton.language as tl
 
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import arrive, counters
-from muser.ops.triton.gemv import NormEpilogue, epilogue, weight_rows
+from muser.ops.triton.gemv import SCALED_KINDS, NormEpilogue, epilogue, weight_rows
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
@@ -86,7 +86,7 @@ def _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo, k_hi, N, K, stride_xn, w_dty
         w = tl.load(w_at, mask=valid[:, None] & k_in, other=0.0)
         # NOTE: "ieee": float32 weights multiply in float32 (Triton's default for them is TF32,
         # 10-bit mantissas); 16-bit ones are unaffected
-        acc = tl.dot(x.to(w_dtype), tl.trans(w), acc, input_precision="ieee")
+        acc = tl.dot(x.to(w_dtype), tl.trans(w.to(w_dtype)), acc, input_precision="ieee")
         x_at += BLOCK_K
         w_at += BLOCK_K
     return acc
@@ -96,26 +96,39 @@ def _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo, k_hi, N, K, stride_xn, w_dty
 # warm-up did not do (muser/startup/warmup.py)
 @triton.jit(do_not_specialize=["N"])
 def _gemm_kernel(
-    x_ptr, w_ptr, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M, K,
-    stride_xn, stride_on, stride_rn, eps, k_per_split, GEGLU: tl.constexpr,
+    x_ptr, w_ptr, scale_ptr, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
+    K, stride_xn, stride_on, stride_rn, eps, k_per_split, GEGLU: tl.constexpr,
     NORM: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CUTS: tl.constexpr,
-    PDL: tl.constexpr,
+    SCALED: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j."""
+    """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j. SCALED: the
+    weight is FP8 codes with a scale per row (gemv.py's SCALED kinds), each cut's sums times
+    its rows' scales before the cuts are added, as in the GEMV."""
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_dtype = w_ptr.dtype.element_ty
+    if SCALED == 1:  # SCALED_BF16
+        w_dtype = tl.bfloat16
+    elif SCALED == 2:  # SCALED_F16
+        w_dtype = tl.float16
     enter(PDL)
+    if SCALED:
+        scale = tl.load(scale_ptr + rows, mask=valid, other=0.0)[None, :]
     if CUTS:  # K cut at fixed offsets, the cuts' sums added in order (order.py)
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         for k_lo in range(0, K, k_per_split):
-            acc += _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo,
+            part = _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo,
                               tl.minimum(k_lo + k_per_split, K), N, K, stride_xn, w_dtype,
                               BLOCK_N, BLOCK_M, BLOCK_K)
+            if SCALED:
+                part = part * scale
+            acc += part
     else:
         acc = _dot_range(x_ptr, w_ptr, rn, rows, valid, 0, K, N, K, stride_xn, w_dtype,
                          BLOCK_N, BLOCK_M, BLOCK_K)
+        if SCALED:
+            acc = acc * scale
     if NORM:
         y = acc.to(w_dtype).to(tl.float32)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -147,11 +160,15 @@ SMALL = GemmConfig(16, 32, 32, 4, 2)  # the interpreter's
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
-         geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None):
+         geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None,
+         scales: torch.Tensor | None = None, dtype: torch.dtype | None = None):
     """x: [N, K] any float; weight: [M, K] contiguous -> as `gemv.gemv`: plain [N, M] in
     weight.dtype; geglu [N, M / 2]; norm (new residual f32, its rms_norm in norm.dtype).
-    k_per_split: K cut at these offsets, in the GEMV's order (a multiple of config.block_k)."""
+    k_per_split: K cut at these offsets, in the GEMV's order (a multiple of config.block_k).
+    scales, dtype: FP8 codes with a scale per row, as `gemv.gemv`."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
+    scaled = 0 if scales is None else SCALED_KINDS[dtype]
+    out_dtype = dtype if scaled else weight.dtype
     assert weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
     assert not (geglu and norm) and (not geglu or m % 2 == 0)
     assert k_per_split is None or k_per_split % config.block_k == 0
@@ -166,10 +183,11 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
         res, post, nxt = norm.residual, norm.post, norm.next
         cnt = counters(dev, row_blocks)
     else:
-        out = empty((n, m // 2 if geglu else m), weight.dtype, dev)
+        out = empty((n, m // 2 if geglu else m), out_dtype, dev)
     norm_block = min(next_power_of_2(m), 1024)
     launch(
-        _gemm_kernel, (cdiv(m, c.block_m), row_blocks), x, weight, out,
+        _gemm_kernel, (cdiv(m, c.block_m), row_blocks), x, weight,
+        weight if scales is None else scales, out,
         cnt if cnt is not None else out, res if res is not None else out,
         post if post is not None else out, nxt if nxt is not None else out,
         res_out if res_out is not None else out, n, m, k, x.stride(0), out.stride(0),
@@ -177,6 +195,6 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
         k_per_split or k, GEGLU=geglu, NORM=norm is not None,
         NORM_ROWS=min(c.block_n, max(1, 4096 // norm_block)), NORM_BLOCK=norm_block,
         BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_K=c.block_k,
-        CUTS=k_per_split is not None and k_per_split < k,
+        CUTS=k_per_split is not None and k_per_split < k, SCALED=scaled,
         num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return (res_out, out) if norm is not None else out

@@ -32,6 +32,10 @@ from muser.ops.triton.pdl import enter, options
 
 MAX_ROWS = 8
 DOT_ROWS = 64  # the tensor-core kind's most rows (the exact route's decode batches: linear.py)
+# SCALED: the weight is FP8 codes with a float32 scale per row (Fp8Matrix), multiplied as
+# 16-bit values of this dtype (the model's); 0: a plain weight, multiplied in its own dtype
+SCALED_BF16, SCALED_F16 = 1, 2
+SCALED_KINDS = {torch.bfloat16: SCALED_BF16, torch.float16: SCALED_F16}
 
 
 @triton.jit
@@ -169,11 +173,13 @@ def finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res
 
 @triton.jit
 def _gemv_fma_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-    K, stride_xn, stride_on, stride_rn, k_per_split, eps, GEGLU: tl.constexpr,
-    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+    res_out_ptr, N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps,
+    GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    tl.static_assert(SCALED == 0)  # FP8 codes: the tensor-core kind only
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -192,10 +198,11 @@ def _gemv_fma_kernel(
 
 @triton.jit
 def _gemv_dot_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-    K, stride_xn, stride_on, stride_rn, k_per_split, eps, GEGLU: tl.constexpr,
-    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+    res_out_ptr, N, M, K, stride_xn, stride_on, stride_rn, k_per_split, eps,
+    GEGLU: tl.constexpr, NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.arange(0, BLOCK_N)
@@ -203,11 +210,18 @@ def _gemv_dot_kernel(
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_dtype = w_ptr.dtype.element_ty
+    if SCALED == 1:  # SCALED_BF16
+        w_dtype = tl.bfloat16
+    elif SCALED == 2:  # SCALED_F16
+        w_dtype = tl.float16
     enter(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         w, x = tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
-        acc = tl.dot(w, tl.trans(x.to(w_dtype)), acc, input_precision="ieee")  # as gemm.py's
+        # as gemm.py's: FP8 codes become 16-bit values exactly, then the same chain of dots
+        acc = tl.dot(w.to(w_dtype), tl.trans(x.to(w_dtype)), acc, input_precision="ieee")
+    if SCALED:  # this cut's sums times the rows' scales, before the cuts are added (gemm.py)
+        acc = acc * tl.load(scale_ptr + rows, mask=valid, other=0.0)[:, None]
     finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
            BLOCK_N, BLOCK_M, SPLIT_K)
@@ -267,13 +281,18 @@ def outputs(n: int, m: int, dtype: torch.dtype, splits: int, blocks: int, geglu:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
-         geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None):
+         geglu: bool = False, norm: NormEpilogue | None = None, k_per_split: int | None = None,
+         scales: torch.Tensor | None = None, dtype: torch.dtype | None = None):
     """x: [N, K] any float, N <= 8 (the tensor-core kind: DOT_ROWS); weight: [M, K] contiguous ->
     plain: [N, M] in weight.dtype; geglu: gelu_tanh(y[:, :M/2]) * y[:, M/2:] [N, M/2] in
     weight.dtype; norm: (residual + rms_norm(y, post) f32, its rms_norm by next in norm.dtype).
     k_per_split: K cut at these offsets (the exact route's order, order.py; a multiple of
-    config.block_k) instead of config.split_k ways."""
+    config.block_k) instead of config.split_k ways. scales ([M] float32) with dtype: weight is
+    FP8 codes, row m's values codes * scales[m], multiplied as `dtype` values (the tensor-core
+    kind), outputs in `dtype`."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
+    scaled = 0 if scales is None else SCALED_KINDS[dtype]
+    assert not scaled or config.kind == "dot"
     assert n <= (DOT_ROWS if config.kind == "dot" else MAX_ROWS)
     assert weight.is_contiguous() and x.stride(-1) == 1 and x.shape[1] == k
     assert not (geglu and norm) and (not geglu or m % 2 == 0)
@@ -284,15 +303,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     splits = cdiv(k, k_per_split)
     blocks = cdiv(m, c.block_m)
     dev = x.device
-    o = outputs(n, m, weight.dtype, splits, blocks, geglu, norm, dev)
+    o = outputs(n, m, dtype if scaled else weight.dtype, splits, blocks, geglu, norm, dev)
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
     block_n = max(16, next_power_of_2(n)) if c.kind == "dot" else max(1, next_power_of_2(n))
     launch(
-        kernel, (blocks, splits), x, weight, *o.args, n, m, k, x.stride(0), o.args[0].stride(0),
-        o.stride_rn, k_per_split, o.eps, GEGLU=geglu, NORM=norm is not None,
-        NORM_BLOCK=min(next_power_of_2(m), 4096), BLOCK_N=block_n, BLOCK_M=c.block_m,
-        BLOCK_K=c.block_k, SPLIT_K=splits, num_warps=c.num_warps, num_stages=c.num_stages,
-        **options(dev))
+        kernel, (blocks, splits), x, weight, weight if scales is None else scales, *o.args, n,
+        m, k, x.stride(0), o.args[0].stride(0), o.stride_rn, k_per_split, o.eps, GEGLU=geglu,
+        NORM=norm is not None, NORM_BLOCK=min(next_power_of_2(m), 4096), BLOCK_N=block_n,
+        BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits, SCALED=scaled,
+        num_warps=c.num_warps, num_stages=c.num_stages, **options(dev))
     return o.result
 
 

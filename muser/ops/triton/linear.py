@@ -14,7 +14,10 @@ element in one order at every width (order.py): the tensor-core GEMV (`dot`) cut
 weight's fixed offsets up to DOT_ROWS rows (a decode batch), the GEMM with the same cuts in
 registers for wider chunks, the norm pair as its own row kernel after either; no cuBLAS, whose
 order depends on the shape. Its picks are keyed apart (epilogue "exact", "exact+geglu",
-"exact+norm") and choose tiles only.
+"exact+norm") and choose tiles only. FP8 weights (Fp8Matrix) take it too: their codes are read
+as they are, made 16-bit values of the model's dtype in registers (exactly) and multiplied by
+the same kernels, each cut's sums scaled by the weight rows' scales (W8A16; linear_fp8.py's
+FP8 tensor-core route, whose sums depend on the width, serves them with the switch off).
 
 A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
 warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up
@@ -38,6 +41,7 @@ from collections.abc import Callable
 import torch
 
 from muser.ops.blocks import Blocks
+from muser.ops.fp8 import Fp8Matrix
 from muser.ops.triton.block_weights import project as project_blocks
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
@@ -110,28 +114,34 @@ def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig | None,
-         geglu_out: bool, norm: NormEpilogue | None, exact: bool = False):
+         geglu_out: bool, norm: NormEpilogue | None, exact: bool = False,
+         fp8: Fp8Matrix | None = None):
+    """fp8: `weight` is its codes (the exact route's FP8 projection: its scales and dtype)."""
     if config is None:
         return _cublas(x, weight, geglu_out, norm)
     cut = k_per_split(*weight.shape) if exact else None
+    scaled = {} if fp8 is None else {"scales": fp8.scales, "dtype": fp8.dtype}
     if isinstance(config, GemmConfig):
         if exact:  # NOTE: the norm pair as its own row kernel, as after the decode GEMV
-            return _after(gemm(x, weight, config, geglu_out, None, cut), False, norm)
+            return _after(gemm(x, weight, config, geglu_out, None, cut, **scaled), False, norm)
         return gemm(x, weight, config, geglu_out, norm)
     if config.fused and not (exact and norm is not None):
-        return gemv(x, weight, config, geglu_out, norm, cut)
-    return _after(gemv(x, weight, config, k_per_split=cut), geglu_out, norm)
+        return gemv(x, weight, config, geglu_out, norm, cut, **scaled)
+    return _after(gemv(x, weight, config, k_per_split=cut, **scaled), geglu_out, norm)
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
              norm: NormEpilogue | None):
     if isinstance(weight, Blocks):
         return project_blocks(x, weight, geglu_out, norm, _project)
-    route = ROUTES.get(type(weight))
+    switches = switches_in_force()
+    fp8 = weight if isinstance(weight, Fp8Matrix) and switches.exact else None
+    route = None if fp8 is not None else ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)
-    switches = switches_in_force()
-    if not switches.gemv:
+    if fp8 is not None:  # the exact route: its codes through the dense kernels, scaled
+        weight = fp8.data
+    elif not switches.gemv:
         return _cublas(x, weight, geglu_out, norm)
     epilogue = "geglu" if geglu_out else "norm" if norm is not None else ""
     if switches.exact:
@@ -140,14 +150,15 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     config = PICKS.pick.get(key, _UNSET)
     if config is _UNSET:
         if compile_only.get():
-            return _compile_candidates(x, weight, geglu_out, norm, switches.exact)
-        config = tune(key, x, weight, geglu_out, norm)
-    return _run(x, weight, config, geglu_out, norm, switches.exact)
+            return _compile_candidates(x, weight, geglu_out, norm, switches.exact, fp8)
+        config = tune(key, x, weight, geglu_out, norm, fp8)
+    return _run(x, weight, config, geglu_out, norm, switches.exact, fp8)
 
 
 
 def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-         norm: NormEpilogue | None) -> GemvConfig | GemmConfig | None:
+         norm: NormEpilogue | None, fp8: Fp8Matrix | None = None
+         ) -> GemvConfig | GemmConfig | None:
     """The tuning entry point: choose the config of a shape without a pick (on CUDA, the
     fastest candidate, timed; under the interpreter, one small config) and remember it."""
     STATS.tuned += 1
@@ -163,7 +174,7 @@ def tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
         timed = {}
     else:
         pick = _pick if x.shape[0] <= (DOT_ROWS if exact else MAX_ROWS) else _pick_gemm
-        config, timed = pick(x, weight, geglu_out, norm, exact)
+        config, timed = pick(x, weight, geglu_out, norm, exact, fp8)
     PICKS.set(key, config, timed)
     return config
 
@@ -206,13 +217,14 @@ def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool
 
 
 def _compile_candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-                        norm: NormEpilogue | None, exact: bool = False):
+                        norm: NormEpilogue | None, exact: bool = False,
+                        fp8: Fp8Matrix | None = None):
     """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
     configs = _candidates(x, weight, geglu_out, norm, exact)
     for config in configs[:-1] if exact else configs[1:]:
         with contextlib.suppress(Exception):  # as in tune: a config that fails is skipped
-            _run(x, weight, config, geglu_out, norm, exact)
-    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact)
+            _run(x, weight, config, geglu_out, norm, exact, fp8)
+    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact, fp8)
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
@@ -226,13 +238,13 @@ def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
 
 def _pick(
     x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None,
-    exact: bool = False,
+    exact: bool = False, fp8: Fp8Matrix | None = None,
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("decode GEMV shape first seen during graph capture: warm up first")
     copies = rotation(weight, weight.nbytes, torch.Tensor.clone)
     runs: dict[GemvConfig | None, Callable] = {
-        c: lambda w, c=c: _run(x, w, c, geglu_out, norm, exact)
+        c: lambda w, c=c: _run(x, w, c, geglu_out, norm, exact, fp8)
         for c in _candidates(x, weight, geglu_out, norm, exact)}
     # NOTE: with programmatic dependent launch a Triton GEMV starts while its predecessor
     # drains; a cuBLAS call waits for its predecessor to finish, and makes its successor wait
@@ -254,7 +266,7 @@ def _pick(
 
 def _pick_gemm(
     x: torch.Tensor, weight: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None,
-    exact: bool = False,
+    exact: bool = False, fp8: Fp8Matrix | None = None,
 ) -> tuple[GemmConfig | None, dict[str, float]]:
     """Timed as the shape runs: in graph replay up to GRAPH_ROWS rows (decode batches replay
     CUDA graphs), eagerly beyond (prefill and mixed steps launch eagerly)."""
@@ -263,7 +275,7 @@ def _pick_gemm(
     timer = graph_ms if x.shape[0] <= GRAPH_ROWS else eager_ms
     for config in _candidates(x, weight, geglu_out, norm, exact):
         try:
-            ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm, exact), copies)
+            ms = timer(lambda w, c=config: _run(x, w, c, geglu_out, norm, exact, fp8), copies)
         except Exception:  # noqa: BLE001, S112  (a config that fails to compile is skipped)
             continue
         timed["cublas" if config is None else str(config)] = round(ms, 5)
