@@ -17,6 +17,7 @@ Costs, each a cell {model, weights, metric, before, after, ratio} (before: `exac
 decode step ms at batch 1 and 32, prefill ms of 2,048 tokens.
 
     PYTHONPATH=. python3 bench/exact_check.py --out $OUT/exact_h200.json
+    PYTHONPATH=. python3 bench/exact_check.py --models gemma3-27b --layers 12 --weights fp8 ...
 """
 
 from __future__ import annotations
@@ -36,18 +37,20 @@ from muser.presets import preset
 from muser.startup.start import start as start_runner
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+WEIGHTS = {"label": "bf16"}  # the cells' weights field (--weights)
 
 
 def runner_for(cfg, weights, max_len: int, seqs: int, eager: bool = False,
                prefix: bool = False):
     engine = EngineConfig.for_device(device=DEV, max_num_seqs=seqs, max_model_len=max_len,
-                                     prefill_chunk=2048, enforce_eager=eager, prefix_cache=prefix)
+                                     prefill_chunk=2048, enforce_eager=eager, prefix_cache=prefix,
+                                     quantization="fp8" if WEIGHTS["label"] == "fp8" else "none")
     return start_runner(cfg, engine, weights)
 
 
 def cell(model, check, got: torch.Tensor, want: torch.Tensor) -> dict:
     same = (got == want).all(1)
-    out = {"model": model, "weights": "bf16", "check": check, "rows": int(got.shape[0]),
+    out = {"model": model, "weights": WEIGHTS["label"], "check": check, "rows": int(got.shape[0]),
            "bitwise_rows": int(same.sum()), "max_abs": float((got - want).abs().max())}
     print(out, flush=True)
     return out
@@ -128,7 +131,7 @@ def sampled_check(model: str, llm, ids: list[int]) -> dict:
     alone = run(prompts[:1])[0]
     together = run(prompts)[0]
     same = sum(a == b for a, b in zip(alone, together))
-    out = {"model": model, "weights": "bf16", "check": "sampled_16", "rows": len(alone),
+    out = {"model": model, "weights": WEIGHTS["label"], "check": "sampled_16", "rows": len(alone),
            "bitwise_rows": same, "max_abs": float(sum(a != b for a, b in zip(alone, together)))}
     print(out, flush=True)
     return out
@@ -178,7 +181,7 @@ def costs(model: str, cfg, weights, prompt: list[int]) -> list[dict]:
     out = []
     for name in metrics:
         before, after = measured[False][name], measured[True][name]
-        out.append({"model": model, "weights": "bf16", "metric": name,
+        out.append({"model": model, "weights": WEIGHTS["label"], "metric": name,
                     "before": round(before, 4), "after": round(after, 4),
                     "ratio": round(after / before, 4)})
         print(out[-1], flush=True)
@@ -190,9 +193,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="gemma3-1b")
     ap.add_argument("--layers", type=int, default=0, help="keep only this many layers (0: all)")
+    ap.add_argument("--weights", choices=["bf16", "fp8"], default="bf16",
+                    help="fp8: the projections quantized to FP8 (random_weights(fp8=True))")
     ap.add_argument("--sampled", action="store_true",
                     help="also the seeded-sampling check (needs the embedded model's tokenizer)")
     args = ap.parse_args()
+    WEIGHTS["label"] = args.weights
     result = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "checks": [],
               "costs": []}
 
@@ -205,7 +211,7 @@ def main() -> None:
         if args.layers:
             cfg = dataclasses.replace(cfg, num_layers=args.layers,
                                       layer_kinds=cfg.layer_kinds[:args.layers])
-        weights = random_weights(cfg, torch.bfloat16, DEV, seed=0)
+        weights = random_weights(cfg, torch.bfloat16, DEV, seed=0, fp8=args.weights == "fp8")
         g = torch.Generator().manual_seed(0)
         length = 3 * cfg.sliding_window + 77
         ids = torch.randint(3, 1000, (length,), generator=g).tolist()
@@ -245,7 +251,8 @@ def main() -> None:
             from muser import LLM
 
             llm = LLM(load_format="dummy", model_config=model, progress=False, device=DEV,
-                      max_num_seqs=32, max_model_len=4096)
+                      max_num_seqs=32, max_model_len=4096,
+                      quantization="fp8" if args.weights == "fp8" else "none")
             result["checks"].append(sampled_check(model, llm, ids))
             save()
             del llm
