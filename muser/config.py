@@ -250,11 +250,6 @@ class EngineConfig:
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got "
                              f"{self.num_speculative_tokens}")
-        if self.speculative != "none" and _backend(self.device) != "cpu":
-            # NOTE: the exact route makes a verify pass's rows bitwise decode rows for bf16
-            # weights; the GPU lane itself has not run yet
-            raise ValueError("speculative decoding runs on the CPU only for now: its GPU lane "
-                             "has not run yet (docs/speculative-decoding.md)")
         if self.prefix_cache_gb < 0:
             raise ValueError(f"prefix_cache_gb must be >= 0, got {self.prefix_cache_gb}")
         if self.kv_host_gb < 0:

@@ -62,8 +62,6 @@ def test_generate_streams_from_prompt_file_and_stdin(gguf_path: Path, tmp_path: 
     (["generate", "--prompt-file", "/nonexistent.txt"], "cannot read --prompt-file"),
     (["generate", "hi", "--device", "cpu", "--quantization", "fp8"],
      "--quantization fp8 runs on a CUDA GPU of compute capability >= 8.9"),
-    (["generate", "hi", "--device", "cuda", "--speculative", "ngram"],
-     "speculative decoding runs on the CPU only for now"),
     (["generate", "hi", "--speculative", "draft"], "invalid choice: 'draft'"),
     (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
 ])

@@ -15,7 +15,15 @@ import torch
 
 import muser.ops.native as c_kernels
 from muser.ops.packed import PackedMatrix
-from muser.ops.ref import Weights, decode_norm_rope, embed, inv_freq, stage_gather, with_norm_rope
+from muser.ops.ref import (
+    Weights,
+    decode_norm_rope,
+    embed,
+    inv_freq,
+    stage_gather,
+    width_inexact,
+    with_norm_rope,
+)
 from muser.ops.ref import store_kv as reference_store_kv
 
 FEW_ROWS = 8  # stores of at most this many rows are copied row by row (index_put is slower)
@@ -184,5 +192,5 @@ def _packed(t: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "add_rms_norm", "decode_attention", "decode_norm_rope", "embed", "geglu", "linear",
     "linear_add_rms_norm", "linear_geglu", "prefill_attention", "prepare_weights", "qk_norm_rope",
-    "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv",
+    "qk_norm_rope_pair", "rms_norm", "rope_cos_sin", "stage_gather", "store_kv", "width_inexact",
 ]

@@ -242,6 +242,12 @@ def decode_attention(
     return out
 
 
+def width_inexact(matrices: list) -> str | None:
+    """Why a row's bits may depend on how many rows its step runs (None: they do not, whatever
+    the weights): here every op computes a row on its own."""
+    return None
+
+
 def decode_norm_rope() -> bool:
     """Whether decode attention may take the projection's raw rows and apply QK-norm + RoPE
     itself (`norm_rope`): here the same function as qk_norm_rope_pair, so yes."""

@@ -20,6 +20,7 @@ from types import MappingProxyType
 import torch
 
 from muser.config import EngineConfig, ModelConfig
+from muser.errors import ConfigError
 from muser.graph.weights import ModelWeights
 from muser.ops import native
 from muser.runner import Runner
@@ -47,8 +48,21 @@ def start(cfg: ModelConfig, engine: EngineConfig, weights: ModelWeights,
         with log.phase("CPU kernels"):  # NOTE: once per machine; its lines keep the wait loud
             native.build_kernels(lambda line: log.note(f"  {line}"))
     runner = Runner(cfg, engine, weights)
+    if engine.speculative != "none":
+        _check_speculation(runner)
     runner.ready(warm_up(runner, log))
     return runner
+
+
+def _check_speculation(runner: Runner) -> None:
+    """Speculative decoding is exact where a verify pass's rows are bitwise decode rows: refuse
+    it, saying why, on weights and routes where a row's bits depend on its step's width."""
+    w = runner.model.weights
+    matrices = [w.head] + [m for layer in w.layers for m in layer.parts().values()]
+    reason = runner.model.ops.width_inexact(matrices)
+    if reason is not None:
+        raise ConfigError(f"speculative decoding needs a row's bits to be the same at every "
+                          f"step width (docs/exactness.md), and here they are not: {reason}")
 
 
 def warm_up(runner: Runner, log: StartupLog) -> StartupRecord:

@@ -115,3 +115,17 @@ def test_fp8_weights_on_the_route_are_their_values_times_x(gen):
         ref = x[:n].double() @ values.T
         bound = K * 2.0**-24 * (x[:n].double().abs() @ values.abs().T) + 2.0**-11 * ref.abs()
         assert ((got - ref).abs() <= bound * 1.01 + 1e-30).all(), n
+
+
+def test_speculation_is_refused_where_a_rows_bits_follow_the_width(gen):
+    """What startup asks before speculating (muser/startup/start.py): the route's weights
+    give a row the same bits at every width, or the reason they do not."""
+    from muser.ops.blocks import BlockMatrix
+    from muser.ops.triton import width_inexact
+
+    plain, fp8 = rand(gen, 64, K), _fp8(gen, 64, K)
+    assert width_inexact([plain, fp8]) is None
+    with switched(exact=False):
+        assert width_inexact([plain]) == "the exact route is switched off"
+    blocks = object.__new__(BlockMatrix)  # NOTE: only its type is asked
+    assert "GGUF block weights" in width_inexact([plain, blocks])

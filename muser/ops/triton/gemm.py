@@ -104,7 +104,8 @@ def _gemm_kernel(
 ):
     """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j. SCALED: the
     weight is FP8 codes with a scale per row (gemv.py's SCALED kinds), each cut's sums times
-    its rows' scales before the cuts are added, as in the GEMV."""
+    its rows' scales in a fused multiply-add into the total, as the GEMV's `finish` adds them
+    (an explicit one: a multiply then an add would be fused here and not there)."""
     rows, valid = weight_rows(M, BLOCK_M, GEGLU)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_dtype = w_ptr.dtype.element_ty
@@ -122,8 +123,9 @@ def _gemm_kernel(
                               tl.minimum(k_lo + k_per_split, K), N, K, stride_xn, w_dtype,
                               BLOCK_N, BLOCK_M, BLOCK_K)
             if SCALED:
-                part = part * scale
-            acc += part
+                acc = tl.fma(part, scale, acc)
+            else:
+                acc += part
     else:
         acc = _dot_range(x_ptr, w_ptr, rn, rows, valid, 0, K, N, K, stride_xn, w_dtype,
                          BLOCK_N, BLOCK_M, BLOCK_K)

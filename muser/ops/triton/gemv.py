@@ -152,9 +152,14 @@ def epilogue(y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, 
 def finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N,
            M, stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
            NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-           SPLIT_K: tl.constexpr):
-    """acc: this program's float32 sums [BLOCK_N, BLOCK_M] over its K range."""
+           SPLIT_K: tl.constexpr, scale=1.0, SCALED: tl.constexpr = False):
+    """acc: this program's float32 sums [BLOCK_N, BLOCK_M] over its K range. SCALED: the
+    block's sums over K (each cut's, in order) times `scale` [BLOCK_M], a fused multiply-add
+    into the total each: gemm.py's order, where the compiler would fuse a multiply and an add
+    anyway."""
     if SPLIT_K == 1:
+        if SCALED:
+            acc = acc * scale[None, :]
         epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
                  stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N, BLOCK_M)
     else:
@@ -165,7 +170,11 @@ def finish(acc, rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res
         if arrive(cnt_ptr + tl.program_id(0), SPLIT_K):
             total = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             for s in tl.static_range(SPLIT_K):
-                total += tl.load(at + s * N * M, mask=mask, other=0.0, cache_modifier=".cg")
+                part = tl.load(at + s * N * M, mask=mask, other=0.0, cache_modifier=".cg")
+                if SCALED:
+                    total = tl.fma(part, scale[None, :], total)
+                else:
+                    total += part
             epilogue(total, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
                      N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK, BLOCK_N,
                      BLOCK_M)
@@ -220,11 +229,12 @@ def _gemv_dot_kernel(
         w, x = tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
         # as gemm.py's: FP8 codes become 16-bit values exactly, then the same chain of dots
         acc = tl.dot(w.to(w_dtype), tl.trans(x.to(w_dtype)), acc, input_precision="ieee")
-    if SCALED:  # this cut's sums times the rows' scales, before the cuts are added (gemm.py)
-        acc = acc * tl.load(scale_ptr + rows, mask=valid, other=0.0)[:, None]
+    scale = 1.0
+    if SCALED:  # each cut's sums times the rows' scales as the cuts are added (finish)
+        scale = tl.load(scale_ptr + rows, mask=valid, other=0.0)
     finish(tl.trans(acc), rn, out_ptr, part_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
            res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
-           BLOCK_N, BLOCK_M, SPLIT_K)
+           BLOCK_N, BLOCK_M, SPLIT_K, scale, SCALED)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,17 @@ def linear_add_rms_norm(
     return _project(x, weight, False, NormEpilogue(residual, post_weight, next_weight, eps, dtype))
 
 
+def width_inexact(matrices: list) -> str | None:
+    """Why a row's bits may depend on how many rows its step runs, for these projections'
+    weights (None: they do not; docs/exactness.md)."""
+    if not switches_in_force().exact:
+        return "the exact route is switched off"
+    if any(isinstance(m, Blocks) for m in matrices):
+        return ("GGUF block weights are not on the exact route yet (--gguf-weights dequantize "
+                "holds them in the model's dtype, which is)")
+    return None
+
+
 def choices() -> dict[str, dict]:
     """Per shape (decode rows or prefill bucket, M, K, epilogue, dtypes): the config it runs
     and the measured ms of every candidate (for benchmark receipts)."""
