@@ -29,7 +29,7 @@ import triton.language as tl
 
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import arrive, counters
-from muser.ops.triton.gemv import SCALED_KINDS, NormEpilogue, epilogue, weight_rows
+from muser.ops.triton.gemv import SCALED_KINDS, NormEpilogue, block_rows, epilogue_at
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
@@ -102,12 +102,15 @@ def _gemm_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CUTS: tl.constexpr,
     SCALED: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (i, j): weight rows of block i (`weight_rows`), x rows of block j. SCALED: the
+    """Program (j, i): x rows of block j, weight rows of block i (`block_rows`): the programs
+    running at once share weight blocks, so each weight tile is read from memory about once and
+    x's tiles come from L2 (x is the small operand of a prefill chunk). SCALED: the
     weight is FP8 codes with a scale per row (gemv.py's SCALED kinds), each cut's sums times
     its rows' scales in a fused multiply-add into the total, as the GEMV's `finish` adds them
     (an explicit one: a multiply then an add would be fused here and not there)."""
-    rows, valid = weight_rows(M, BLOCK_M, GEGLU)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    block, row_block = tl.program_id(1), tl.program_id(0)
+    rows, valid = block_rows(block, M, BLOCK_M, GEGLU)
+    rn = row_block * BLOCK_N + tl.arange(0, BLOCK_N)
     w_dtype = w_ptr.dtype.element_ty
     if SCALED == 1:  # SCALED_BF16
         w_dtype = tl.bfloat16
@@ -133,17 +136,18 @@ def _gemm_kernel(
             acc = acc * scale
     if NORM:
         y = acc.to(w_dtype).to(tl.float32)
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rm = block * BLOCK_M + tl.arange(0, BLOCK_M)
         tl.store(res_out_ptr + rn[:, None].to(tl.int64) * M + rm[None, :], y,
                  mask=(rn[:, None] < N) & (rm[None, :] < M))
-        if arrive(cnt_ptr + tl.program_id(1), tl.num_programs(0)):  # this row block's last
-            end = tl.minimum(N, (tl.program_id(1) + 1) * BLOCK_N)
-            for r0 in range(tl.program_id(1) * BLOCK_N, end, NORM_ROWS):
+        if arrive(cnt_ptr + row_block, tl.num_programs(1)):  # this row block's last
+            end = tl.minimum(N, (row_block + 1) * BLOCK_N)
+            for r0 in range(row_block * BLOCK_N, end, NORM_ROWS):
                 _rows_norm(res_out_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M,
                            stride_rn, stride_on, eps, NORM_ROWS, NORM_BLOCK)
     else:
-        epilogue(acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
-                 stride_on, stride_rn, eps, w_dtype, GEGLU, False, NORM_BLOCK, BLOCK_N, BLOCK_M)
+        epilogue_at(block, acc, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr,
+                    N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, False, NORM_BLOCK, BLOCK_N,
+                    BLOCK_M)
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
         out = empty((n, m // 2 if geglu else m), out_dtype, dev)
     norm_block = min(next_power_of_2(m), 1024)
     launch(
-        _gemm_kernel, (cdiv(m, c.block_m), row_blocks), x, weight,
+        _gemm_kernel, (row_blocks, cdiv(m, c.block_m)), x, weight,
         weight if scales is None else scales, out,
         cnt if cnt is not None else out, res if res is not None else out,
         post if post is not None else out, nxt if nxt is not None else out,

@@ -46,13 +46,19 @@ def gelu_tanh(x):
 
 @triton.jit
 def weight_rows(M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
-    """This program's weight rows and their validity. With GEGLU, row r of the block is gate
-    row j = r // 2 (r even) or up row j (r odd) of output column block * BLOCK_M / 2 + j."""
+    """This program's weight rows (block program_id(0)) and their validity."""
+    return block_rows(tl.program_id(0), M, BLOCK_M, GEGLU)
+
+
+@triton.jit
+def block_rows(block, M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
+    """Weight row block `block`'s rows and their validity. With GEGLU, row r of the block is
+    gate row j = r // 2 (r even) or up row j (r odd) of output column block * BLOCK_M / 2 + j."""
     r = tl.arange(0, BLOCK_M)
     if GEGLU:
-        col = tl.program_id(0) * (BLOCK_M // 2) + r // 2
+        col = block * (BLOCK_M // 2) + r // 2
         return (r % 2) * (M // 2) + col, col < M // 2
-    rm = tl.program_id(0) * BLOCK_M + r
+    rm = block * BLOCK_M + r
     return rm, rm < M
 
 
@@ -127,16 +133,27 @@ def _row_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, N, M, stride_rn, eps,
 def epilogue(y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N, M,
              stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
              NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """y: this block's complete float32 sums [BLOCK_N, BLOCK_M] -> the launch's outputs."""
+    """y: this block's (program_id(0)'s) complete float32 sums [BLOCK_N, BLOCK_M] -> the
+    launch's outputs."""
+    epilogue_at(tl.program_id(0), y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr,
+                res_out_ptr, N, M, stride_on, stride_rn, eps, w_dtype, GEGLU, NORM, NORM_BLOCK,
+                BLOCK_N, BLOCK_M)
+
+
+@triton.jit
+def epilogue_at(block, y, rn, out_ptr, cnt_ptr, res_ptr, post_ptr, next_ptr, res_out_ptr, N,
+                M, stride_on, stride_rn, eps, w_dtype, GEGLU: tl.constexpr, NORM: tl.constexpr,
+                NORM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """`epilogue` of weight row block `block`."""
     y = y.to(w_dtype).to(tl.float32)
     if GEGLU:
         gate, up = tl.split(tl.reshape(y, (BLOCK_N, BLOCK_M // 2, 2)))
-        col = tl.program_id(0) * (BLOCK_M // 2) + tl.arange(0, BLOCK_M // 2)
+        col = block * (BLOCK_M // 2) + tl.arange(0, BLOCK_M // 2)
         mask = (rn[:, None] < N) & (col[None, :] < M // 2)
         tl.store(out_ptr + rn[:, None] * stride_on + col[None, :],
                  (gelu_tanh(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rm = block * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (rn[:, None] < N) & (rm[None, :] < M)
         if NORM:  # y -> res_out (f32); the launch's last program normalizes the full rows
             tl.store(res_out_ptr + rn[:, None] * M + rm[None, :], y, mask=mask)
