@@ -54,8 +54,9 @@ class JsonCallParser(CallParser):
     """States: start (before the first non-blank character) -> text | head -> args -> close ->
     tail -> head (the next call) | text (what follows the calls)."""
 
-    def __init__(self) -> None:
-        self.state, self.buf, self.index = "start", "", -1
+    def __init__(self, calls: bool = True) -> None:
+        """calls: False reads every reply as content."""
+        self.state, self.buf, self.index = "start" if calls else "text", "", -1
         self.depth, self.in_string, self.escaped = 0, False, False
         self.is_complete = True
 
@@ -158,7 +159,7 @@ class JsonFormat(ToolFormat):
     native = False
 
     def parser(self, calls: bool) -> CallParser:
-        return JsonCallParser()
+        return JsonCallParser(calls)
 
     def grammar(self, functions: list[Function], required: bool, parallel: bool) -> str:
         rules = []
