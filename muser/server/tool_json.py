@@ -71,8 +71,9 @@ class JsonCallParser(CallParser):
         out: list[Piece] = []
         if self.state in ("start", "head") and self.buf.strip():
             out.append(Piece("content", -1, self.buf))  # NOTE: no call after all
-        self.is_complete = self.state in ("start", "text", "tail") or (
-            self.state == "head" and self.index < 0)
+        # NOTE: text after calls makes the reply no call: calls come alone in this format
+        self.is_complete = self.state in ("start", "tail") or (
+            self.state in ("head", "text") and self.index < 0)
         self.buf = ""
         return out
 
@@ -116,6 +117,8 @@ class JsonCallParser(CallParser):
 
     def _args(self, out: list[Piece]) -> bool:
         """The arguments value, scanned to its closing bracket."""
+        if self.depth == 0:
+            self.buf = self.buf.lstrip()  # NOTE: blanks before the value are no arguments
         for i, ch in enumerate(self.buf):
             if self.in_string:
                 if self.escaped:
@@ -135,7 +138,8 @@ class JsonCallParser(CallParser):
                     out.append(Piece("args", self.index, self.buf[:i + 1]))
                     self.buf, self.state = self.buf[i + 1:], "close"
                     return True
-        out.append(Piece("args", self.index, self.buf))
+        if self.buf:
+            out.append(Piece("args", self.index, self.buf))
         self.buf = ""
         return False
 
