@@ -246,16 +246,23 @@ def _tool_plan(ctx: ServerContext, body: ChatRequest) -> ToolPlan:
 
 
 async def _with_tool_grammar(ctx: ServerContext, tools: ToolPlan, sampling: Any) -> Any:
-    """sampling held to the calls' grammar, when the plan has one (checked like any grammar:
-    a schema that does not compile or costs too much is a 400 on tools)."""
+    """sampling held to the calls' grammar, when the plan has one. Each function's schema is
+    checked as a response_format schema is (its own first mask: the calls' grammar reaches a
+    schema only once a call opens), then the whole grammar; one that does not compile or
+    costs too much is a 400 on tools."""
     grammar = tools.grammar()
     if grammar is None:
         return sampling
+    what = "the calls' grammar"
     try:
+        for f in tools.functions:
+            what = f"function {f.name!r}'s parameters"
+            await ctx.grammars.check("schema", f.parameters)
+        what = "the calls' grammar"
         text = await ctx.grammars.check("grammar", grammar)
     except GrammarError as exc:
-        raise ApiError(400, f"tools: the functions' parameters do not compile: {exc}",
-                       "invalid_value", "tools") from None
+        raise ApiError(400, f"tools: {what} cannot be compiled: {exc}", "invalid_value",
+                       "tools") from None
     return dataclasses.replace(sampling, grammar=text)
 
 
