@@ -279,8 +279,9 @@ async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool,
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list "
                        "(the last one is continued)", "invalid_value", "messages")
     continued = body.continue_final_message or prefill
+    thinking = body.chat_template_kwargs.enable_thinking if body.chat_template_kwargs else None
     return await ctx.render_chat(messages, body.add_generation_prompt and not continued,
-                                 offered, continue_final_message=continued)
+                                 offered, continue_final_message=continued, thinking=thinking)
 
 
 def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:

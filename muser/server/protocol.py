@@ -136,6 +136,13 @@ class ChatMessage(Body):
                 "content": self.text()}
 
 
+class TemplateKwargs(Body):
+    """chat_template_kwargs (vLLM's and llama-server's): the template variables a request may
+    set; enable_thinking turns a template's thinking channel on or off for this request."""
+
+    enable_thinking: bool | None = None
+
+
 class ChatRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -165,6 +172,7 @@ class ChatRequest(OpenAISampling):
     web_search_options: Unsupported = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
+    chat_template_kwargs: TemplateKwargs | None = None
     verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
     # llama-server's: the slot to run in (-1: any; the route checks the range), timings on
     # every streamed chunk, prompt-progress chunks while the prompt prefills (stream only)
