@@ -67,7 +67,10 @@ CHAT = [p for p in SHARED if p[0] != "logprobs"] + [
     ("return_progress", True, "honoured", {"stream": True}),
     ("return_progress", True, "refused", {}),
     ("parallel_tool_calls", False, "accepted", {}),  # with tools: tests/server/test_tools.py
-    ("parallel_tool_calls", "no", "refused", {}), ("functions", [{"name": "f"}], "refused", {}),
+    ("parallel_tool_calls", "no", "refused", {}),
+    # NOTE: the template's enable_thinking for one request: tests/server/test_templates.py
+    ("chat_template_kwargs", {"enable_thinking": False}, "accepted", {}),
+    ("chat_template_kwargs", {"tools": []}, "refused", {}), ("functions", [{"name": "f"}], "refused", {}),
     ("function_call", "none", "refused", {}), ("store", False, "accepted", {}),
     ("store", True, "refused", {}), ("service_tier", "auto", "accepted", {}),
     ("service_tier", "priority", "refused", {}), ("modalities", ["text"], "accepted", {}),
