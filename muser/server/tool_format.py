@@ -47,7 +47,8 @@ class CallParser(ABC):
 class ToolFormat(ABC):
     name: str
     native: bool  # the template renders `tools`, assistant `tool_calls` and `tool` turns
-    special_text: bool = False  # its markers are control tokens: the parser reads their text
+    # NOTE: markers that are control tokens (hidden from text): the parser reads these ones
+    special_text: frozenset[str] = frozenset()
 
     @abstractmethod
     def parser(self, calls: bool) -> CallParser:

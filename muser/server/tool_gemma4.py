@@ -151,7 +151,7 @@ def _skip(s: str, i: int) -> int:
 class Gemma4Format(ToolFormat):
     name = "gemma4"
     native = True
-    special_text = True
+    special_text = frozenset({CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, QUOTE})
 
     def parser(self, calls: bool) -> CallParser:
         return Gemma4Parser(calls)

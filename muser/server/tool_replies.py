@@ -26,14 +26,17 @@ def call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def sample_text(outputs: list[StepOutput], tokenizer: Tokenizer, special: bool) -> str:
-    """A sample's text; `special`: with its control tokens' text (the format's markers)."""
+def sample_text(outputs: list[StepOutput], tokenizer: Tokenizer, special: frozenset[str]
+                ) -> str:
+    """A sample's text, with the text of the control tokens in `special` (a format's
+    markers; other control tokens stay hidden)."""
     return "".join(_text(o, tokenizer, special) for o in outputs)
 
 
-def _text(out: StepOutput, tokenizer: Tokenizer, special: bool) -> str:
+def _text(out: StepOutput, tokenizer: Tokenizer, special: frozenset[str]) -> str:
     if special and out.token_id is not None and tokenizer.is_special(out.token_id):
-        return out.text_delta + tokenizer.token_to_piece(out.token_id).decode("utf-8", "replace")
+        piece = tokenizer.token_to_piece(out.token_id).decode("utf-8", "replace")
+        return out.text_delta + piece if piece in special else out.text_delta
     return out.text_delta
 
 

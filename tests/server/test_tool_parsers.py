@@ -14,7 +14,7 @@ from muser.server.protocol import ChatRequest
 from muser.server.tool_calls import FORMATS, choose_format, conversation, plan
 from muser.server.tool_format import Function, Piece
 from muser.server.tool_gemma4 import parse_call
-from muser.server.tool_replies import StreamReader, message
+from muser.server.tool_replies import StreamReader, message, sample_text
 from muser.tokenizer import Tokenizer
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -148,8 +148,8 @@ def test_gemma4_refuses_what_it_cannot_guarantee() -> None:
 
 
 class _Out:
-    def __init__(self, text: str) -> None:
-        self.text_delta, self.token_id = text, None
+    def __init__(self, text: str, token_id: int | None = None) -> None:
+        self.text_delta, self.token_id = text, token_id
 
 
 def test_stream_deltas_have_the_openai_shape() -> None:
@@ -212,3 +212,13 @@ def test_json_grammar_holds_calls_to_their_schemas(vocab: Vocab) -> None:
         assert not _walk(vocab, required, bad), bad
     assert _walk(vocab, auto, "Sunny, {probably}.") and _walk(vocab, auto, " " + good)
     assert not _walk(vocab, auto, '{"city":"Paris"}')
+
+
+def test_marker_tokens_are_read_as_text(vocab: Vocab) -> None:
+    """A format's markers that are control tokens reach its parser; other ones stay hidden."""
+    tok = vocab.tokenizer
+    marker = tok.token_id("<start_of_turn>")
+    assert marker is not None and tok.is_special(marker)
+    outs = [_Out("a", 1), _Out("", marker), _Out("b", 2)]
+    assert sample_text(outs, tok, frozenset({"<start_of_turn>"})) == "a<start_of_turn>b"
+    assert sample_text(outs, tok, frozenset({"<|tool_call>"})) == "ab"

@@ -87,14 +87,20 @@ def test_two_turn_tool_loop(client: openai.OpenAI, server: Server) -> None:
     prompt = final.model_extra["__verbose"]["prompt"]
     assert '"response": {"temperature": 21, "sky": "clear"}' in prompt
     assert '{"name":"' + calls[0]["function"]["name"] + '","parameters":' in prompt
-    # NOTE: in auto mode the reply may be text or calls; whichever it is, it is well formed
+    # NOTE: auto: the history's call makes this model open another, held to the grammar
     auto = client.chat.completions.create(model=server.model, messages=history, tools=TOOLS,
-                                          temperature=0, max_tokens=60).choices[0]
-    if auto.message.tool_calls:
-        _valid(auto.message.tool_calls)
-        assert auto.finish_reason == "tool_calls"
-    else:
-        assert isinstance(auto.message.content, str)
+                                          parallel_tool_calls=False, temperature=0,
+                                          max_tokens=60).choices[0]
+    assert auto.finish_reason == "tool_calls"
+    _valid(auto.message.tool_calls)
+
+
+def test_auto_mode_answers_in_text(client: openai.OpenAI, server: Server) -> None:
+    """auto: a reply that does not open with "{" is content, as the model wrote it."""
+    r = client.chat.completions.create(model=server.model, messages=ASK, tools=TOOLS,
+                                       temperature=0, max_tokens=12).choices[0]
+    assert r.message.tool_calls is None and r.message.content
+    assert not r.message.content.lstrip().startswith("{")
 
 
 def test_two_turn_tool_loop_streamed(client: openai.OpenAI, server: Server) -> None:
