@@ -180,9 +180,6 @@ class ChatRequest(OpenAISampling):
     timings_per_token: bool = False
     return_progress: bool = False
 
-    def chat(self) -> list[dict[str, Any]]:
-        return [m.turn() for m in self.messages]
-
 
 class PromptObject(Body):
     """llama-server's {"prompt_string": ...} prompt; multimodal_data is refused by name."""
