@@ -46,7 +46,7 @@ from typing import Any
 FILES = ("test_basic.py", "test_tokenize.py", "test_completion.py", "test_chat_completion.py",
          "test_ctx_shift.py", "test_ignore_eos.py", "test_infill.py", "test_security.py",
          "test_metrics.py", "test_slot_save.py", "test_template.py", "test_stream.py",
-         "test_sleep.py")
+         "test_sleep.py", "test_tool_call.py")
 
 _TEXT = "asserts the tests' own model's (stories260K) text, token counts or vocabulary"
 _ROUTER = "llama-server's router mode (several models behind one server, loaded on demand)"
@@ -101,6 +101,10 @@ EXCLUDED: dict[str, str] = {
         "test_slot_save_restore_image_payload_larger_than_context",
         "test_slot_restore_media_file_without_mmproj")},
     _U + "test_stream.py": _ROUTER,
+    **{_U + "test_tool_call.py::" + name: "fetches a real model from a model hub and asserts "
+       "its tool calls or answers" for name in (
+        "test_completion_with_required_tool_real_model", "test_completion_without_tool_call_slow",
+        "test_weather", "test_calc_result", "test_thoughts", "test_hello_world")},
 }
 
 _PASSTHROUGH = ("--port", "--host", "--seed", "--temp", "--n-predict", "--chat-template",

@@ -103,11 +103,12 @@ class ServerContext:
 
     async def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                           tools: list[dict[str, Any]] | None = None,
-                          continue_final_message: bool = False) -> str:
+                          continue_final_message: bool = False,
+                          thinking: bool | None = None) -> str:
         """The conversation through the chat template; one it refuses is a 400 on messages."""
         try:
             return await run_in_threadpool(self.template.render, messages, add_generation_prompt,
-                                           tools, continue_final_message)
+                                           tools, continue_final_message, thinking)
         except Exception as exc:  # noqa: BLE001 (a template may raise anything)
             raise ApiError(400, f"cannot apply the chat template: {exc}", "invalid_value",
                            "messages") from None

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from muser.constraint import GrammarError
 from muser.core import StepOutput
 from muser.server import logit_bias, logprob_shapes
 from muser.server.context import (
@@ -22,12 +23,14 @@ from muser.server.context import (
     with_defaults,
 )
 from muser.server.errors import ApiError, generation_failed
-from muser.server.generation import Generation, GenerationStream
+from muser.server.generation import Generation, GenerationStream, samples
 from muser.server.logprob_shapes import Entry, Pieces
 from muser.server.protocol import ChatRequest, CompletionRequest
 from muser.server.results import timings
 from muser.server.samples import best, check_samples, prompt_entries, split
 from muser.server.structured import with_grammar
+from muser.server.tool_calls import ToolPlan, choose_format, conversation, plan
+from muser.server.tool_replies import StreamReader, message, sample_text
 
 router = APIRouter()
 
@@ -132,10 +135,10 @@ async def completions(request: Request) -> Any:
                 entries, text = prompt_entries(ids, [out]) + entries, echoed[0] + text
             offset = offsets.get(out.index, 0)
             offsets[out.index] = offset + sum(len(pieces(t)[0]) for t, _ in entries)
-            return choice(out.index, text, entries, None, offset)
+            return [choice(out.index, text, entries, None, offset)]
 
         return _stream(ctx, gens[0], head, body.include_usage, llama, content,
-                       lambda index, reason: choice(index, "", [], reason), None,
+                       lambda index, reason: [choice(index, "", [], reason)], None,
                        always=k is not None or body.echo)
     results = await asyncio.gather(*(gen.collect(request) for gen in gens))
     choices = []
@@ -162,7 +165,8 @@ async def chat_completions(request: Request) -> Any:
     check_progress(body.return_progress, body.stream)
     slot = ctx.slot(body.id_slot)
     llama = is_llama_path(request)
-    prompt = await _chat_prompt(ctx, body, llama)
+    tools = _tool_plan(ctx, body)
+    prompt = await _chat_prompt(ctx, body, llama, tools)
     ids = await ctx.encode(prompt)
     n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
                        "max_tokens")
@@ -171,6 +175,7 @@ async def chat_completions(request: Request) -> Any:
     sampling = await with_grammar(body, sampling_or_400(
         lambda m: dataclasses.replace(body.sampling(m, num_samples, k), slot=slot,
                                       progress=body.return_progress), n, bias), ctx.grammars)
+    sampling = await _with_tool_grammar(ctx, tools, sampling)
     gen = ctx.start(ids, sampling, llama)
     head = _head(ctx, f"chatcmpl-{gen.uid}", "chat.completion.chunk")
     pieces = Pieces(ctx.tokenizer)
@@ -179,28 +184,49 @@ async def chat_completions(request: Request) -> Any:
         return None if k is None else logprob_shapes.chat(pieces, entries)
 
     if body.stream:
-        def content(out: StepOutput, first: bool, offsets: dict[int, int]) -> dict[str, Any]:
+        readers = {i: StreamReader(tools, ctx.tokenizer) for i in range(num_samples)}
+
+        def content(out: StepOutput, first: bool, offsets: dict[int, int]
+                    ) -> list[dict[str, Any]]:
             entries = [(out.token_id, out.logprobs)] if out.token_id is not None else []
-            return {"index": out.index, "delta": {"content": out.text_delta},
-                    "logprobs": lps(entries), "finish_reason": None}
+            deltas = readers[out.index].feed(out) if tools.parses else [
+                {"content": out.text_delta}]
+            if not deltas and entries and k is not None:
+                deltas = [{}]  # NOTE: the token's logprobs, its text held back
+            return [{"index": out.index, "delta": d, "logprobs": lps(entries) if j == 0 else None,
+                     "finish_reason": None} for j, d in enumerate(deltas)]
+
+        def finish(index: int, reason: str) -> list[dict[str, Any]]:
+            reader = readers[index]
+            rest = reader.finish() if tools.parses else []
+            if reader.made_calls and reason == "stop":
+                reason = "tool_calls"
+            return [{"index": index, "delta": d, "logprobs": None, "finish_reason": None}
+                    for d in rest] + [{"index": index, "delta": {}, "logprobs": None,
+                                       "finish_reason": reason}]
 
         # NOTE: the role chunk's content: "" as OpenAI sends it, null as llama-server does
         first = [{"index": i, "delta": {"role": "assistant", "content": None if llama else ""},
                   "logprobs": None, "finish_reason": None} for i in range(num_samples)]
-        return _stream(ctx, gen, head, body.include_usage, llama, content,
-                       lambda index, reason: {"index": index, "delta": {}, "logprobs": None,
-                                              "finish_reason": reason},
-                       first, always=k is not None, per_token=body.timings_per_token)
+        return _stream(ctx, gen, head, body.include_usage, llama, content, finish, first,
+                       always=k is not None or tools.parses, per_token=body.timings_per_token)
     result = await gen.collect(request)
     _raise_if_failed(gen)
     gen.record_finished()
     extra = {"__verbose": {"prompt": prompt}} if body.verbose or ctx.options.verbose else {}
     if body.timings_per_token:
         extra["timings"] = timings(gen)
-    return {**head, "object": "chat.completion", "usage": _usage(gen),
-            "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
-                         "logprobs": lps(s.entries), "finish_reason": s.finish_reason}
-                        for i, s in enumerate(split(result.outputs, num_samples))],
+    outputs = samples(result.outputs, num_samples)
+    choices = []
+    for i, s in enumerate(split(result.outputs, num_samples)):
+        reply, reason = {"role": "assistant", "content": s.text}, s.finish_reason
+        if tools.parses:
+            reply, called = message(tools, sample_text(outputs[i], ctx.tokenizer,
+                                                       tools.format.special_text))
+            reason = "tool_calls" if called and reason == "stop" else reason
+        choices.append({"index": i, "message": reply, "logprobs": lps(s.entries),
+                        "finish_reason": reason})
+    return {**head, "object": "chat.completion", "usage": _usage(gen), "choices": choices,
             **extra}
 
 
@@ -210,24 +236,52 @@ async def chat_input_tokens(request: Request) -> dict[str, int]:
     """How many tokens the conversation's prompt takes (nothing is generated)."""
     ctx = _ctx(request)
     body = await ctx.read_body(request, ChatRequest)
-    ids = await ctx.encode(await _chat_prompt(ctx, body, is_llama_path(request)))
+    ids = await ctx.encode(await _chat_prompt(ctx, body, is_llama_path(request),
+                                              _tool_plan(ctx, body)))
     return {"input_tokens": len(ids)}
 
 
-async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool) -> str:
+def _tool_plan(ctx: ServerContext, body: ChatRequest) -> ToolPlan:
+    return plan(body, choose_format(ctx.template.source, ctx.options.tool_call_parser))
+
+
+async def _with_tool_grammar(ctx: ServerContext, tools: ToolPlan, sampling: Any) -> Any:
+    """sampling held to the calls' grammar, when the plan has one. Each function's schema is
+    checked as a response_format schema is (its own first mask: the calls' grammar reaches a
+    schema only once a call opens), then the whole grammar; one that does not compile or
+    costs too much is a 400 on tools."""
+    grammar = tools.grammar()
+    if grammar is None:
+        return sampling
+    what = "the calls' grammar"
+    try:
+        for f in tools.functions:
+            what = f"function {f.name!r}'s parameters"
+            await ctx.grammars.check("schema", f.parameters)
+        what = "the calls' grammar"
+        text = await ctx.grammars.check("grammar", grammar)
+    except GrammarError as exc:
+        raise ApiError(400, f"tools: {what} cannot be compiled: {exc}", "invalid_value",
+                       "tools") from None
+    return dataclasses.replace(sampling, grammar=text)
+
+
+async def _chat_prompt(ctx: ServerContext, body: ChatRequest, llama: bool,
+                       tools: ToolPlan) -> str:
     """The rendered conversation. Off /v1/* a final assistant message is continued (llama-server's
     prefill); on /v1/* only when continue_final_message asks."""
     if body.continue_final_message and body.add_generation_prompt:
         raise ApiError(400, "continue_final_message: set add_generation_prompt to false with it",
                        "invalid_value", "continue_final_message")
-    messages = body.chat()
+    messages, offered = conversation(body, tools)
     prefill = llama and body.add_generation_prompt and messages[-1]["role"] == "assistant"
     if prefill and len(messages) > 1 and messages[-2]["role"] == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list "
                        "(the last one is continued)", "invalid_value", "messages")
     continued = body.continue_final_message or prefill
+    thinking = body.chat_template_kwargs.enable_thinking if body.chat_template_kwargs else None
     return await ctx.render_chat(messages, body.add_generation_prompt and not continued,
-                                 continue_final_message=continued)
+                                 offered, continue_final_message=continued, thinking=thinking)
 
 
 def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:
@@ -236,13 +290,14 @@ def _head(ctx: ServerContext, uid: str, kind: str) -> dict[str, Any]:
 
 
 def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_usage: bool,
-            llama: bool, content: Callable[[StepOutput, bool, dict[int, int]], dict[str, Any]],
-            finish: Callable[[int, str], dict[str, Any]], first: list[dict[str, Any]] | None,
+            llama: bool,
+            content: Callable[[StepOutput, bool, dict[int, int]], list[dict[str, Any]]],
+            finish: Callable[[int, str], list[dict[str, Any]]], first: list[dict[str, Any]] | None,
             always: bool = False, per_token: bool = False) -> GenerationStream:
     """[first chunks], with prompt progress asked a chunk per report (the first chunks'
-    delta again, with prompt_progress, as llama-server sends it), one chunk per output with a
-    text delta (per token with `always`: logprobs or echo asked), each sample's finish reason in
-    a chunk of its own as it finishes (the choice's index tells the samples apart), [usage
+    delta again, with prompt_progress, as llama-server sends it), the chunks `content` makes of
+    each output with a text delta (of each output with `always`: logprobs, echo or a reply
+    parser), the chunks `finish` makes as each sample finishes, its reason in the last (the choice's index tells the samples apart), [usage
     (with llama-server's timings off /v1/* or with `per_token`)], [DONE]; `per_token`: every
     chunk after the first ones carries the timings so far. A generation that fails ends the
     stream with an error event instead (no [DONE])."""
@@ -265,10 +320,11 @@ def _stream(ctx: ServerContext, gen: Generation, head: dict[str, Any], include_u
             is_first = out.index not in seen
             seen.add(out.index)
             if out.text_delta or (always and (out.token_id is not None or is_first)):
-                yield sse(with_timings({**head, "choices": [content(out, is_first, offsets)]}))
+                for chunk in content(out, is_first, offsets):
+                    yield sse(with_timings({**head, "choices": [chunk]}))
             if out.finished:
-                yield sse(with_timings({**head, "choices": [finish(out.index,
-                                                                   out.finish_reason)]}))
+                for chunk in finish(out.index, out.finish_reason):
+                    yield sse(with_timings({**head, "choices": [chunk]}))
         gen.record_finished()
         if include_usage:
             usage = {**head, "choices": [], "usage": _usage(gen)}

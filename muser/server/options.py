@@ -39,6 +39,7 @@ class ServerOptions:
     tags: tuple[str, ...] = ()  # listed with the model (llama-server's --tags)
     sleep_idle_s: float | None = None  # stop the engine after this long idle (None: never)
     pooling: str | None = None  # --embedding's --pooling (None: the embedding routes say 501)
+    tool_call_parser: str | None = None  # the tool format (None: from the chat template)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -65,6 +66,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning", choices=["on", "off", "auto"], default="auto",
                    help="off: chat templates render with enable_thinking false, and a thinking "
                    "block a template opens anyway is closed (default: %(default)s, as on)")
+    p.add_argument("--tool-call-parser", choices=["json", "gemma4"],
+                   help="the tool-call format of chat replies: json (functions described in "
+                   "the system turn, calls as JSON objects: Gemma 3's convention) or gemma4 "
+                   "(Gemma 4's native <|tool_call> syntax and thinking channel) (default: "
+                   "gemma4 when the chat template has <|tool_call>, else json)")
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="folder for POST /slots/{id}?action=save|restore (slot KV files; "
                    "created if missing; default: save and restore are off)")
@@ -147,5 +153,6 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         metrics=args.metrics, slots=args.slots, chat_template=template, slot_save_path=folder,
         verbose=args.verbose, thinking=args.reasoning != "off",
+        tool_call_parser=args.tool_call_parser,
         defaults=Defaults(args.n_predict, args.temp,
                           None if args.seed is None or args.seed < 0 else args.seed))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from muser.core import MAX_LOGPROBS, SamplingParams
 from muser.server.structured import LlamaStructured, OpenAIStructured
+from muser.server.tool_request import ToolCall, ToolChoice, Tools
 
 Prob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -109,8 +110,19 @@ class TextPart(Body):
 
 
 class ChatMessage(Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None  # assistant's
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # tool's
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries them")
+        if (self.tool_call_id is None) == (self.role == "tool"):
+            raise ValueError("tool_call_id: a tool message needs one, and only a tool message")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -124,15 +136,23 @@ class ChatMessage(Body):
                 "content": self.text()}
 
 
+class TemplateKwargs(Body):
+    """chat_template_kwargs (vLLM's and llama-server's): the template variables a request may
+    set; enable_thinking turns a template's thinking channel on or off for this request."""
+
+    enable_thinking: bool | None = None
+
+
 class ChatRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: NumLogprobs | None = None
-    # NOTE: no tool calling: tools refused by name; tool_choice only "none" (nothing called)
-    tools: Unsupported = None
-    tool_choice: Literal["none"] | None = None
-    parallel_tool_calls: Unsupported = None
+    # NOTE: tools: muser/server/tool_calls.py; the legacy functions / function_call are
+    # refused by name (tools and tool_choice say the same)
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     functions: Unsupported = None
     function_call: Unsupported = None
     # NOTE: OpenAI fields whose other values this server does not have
@@ -152,15 +172,13 @@ class ChatRequest(OpenAISampling):
     web_search_options: Unsupported = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
+    chat_template_kwargs: TemplateKwargs | None = None
     verbose: bool = False  # llama-server's __verbose: the rendered prompt beside the reply
     # llama-server's: the slot to run in (-1: any; the route checks the range), timings on
     # every streamed chunk, prompt-progress chunks while the prompt prefills (stream only)
     id_slot: Annotated[int, Field(ge=-1)] = -1
     timings_per_token: bool = False
     return_progress: bool = False
-
-    def chat(self) -> list[dict[str, Any]]:
-        return [m.turn() for m in self.messages]
 
 
 class PromptObject(Body):

@@ -85,12 +85,13 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None,
-               continue_final_message: bool = False) -> str:
+               continue_final_message: bool = False, thinking: bool | None = None) -> str:
         """The prompt text, without the leading BOS that encoding adds. continue_final_message:
-        the text ends inside the last message (it is continued, not answered). Raises
+        the text ends inside the last message (it is continued, not answered); thinking: the
+        request's enable_thinking (None: the server's). Raises
         TemplateError (or anything the template raises) on a conversation it refuses."""
         if continue_final_message:
-            text = self.render(messages, False, tools)
+            text = self.render(messages, False, tools, thinking=thinking)
             final = messages[-1]["content"].strip()
             cut = text.rfind(final) if final else -1
             if cut < 0:
@@ -99,14 +100,15 @@ class ChatTemplate:
             return text[:cut + len(final)]
         # NOTE: llama-server's template context: enable_thinking, today's date as date_string,
         # and for templates written for FireFunction v2 `datetime` and the tools as `functions`
+        thinking = self.thinking if thinking is None else thinking
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      tools=tools, bos_token=self._bos, eos_token=self._eos,
-                                     enable_thinking=self.thinking,
+                                     enable_thinking=thinking,
                                      date_string=_strftime_now("%d %b %Y"),
                                      datetime=_strftime_now("%b %d %Y %H:%M:%S GMT"),
                                      functions=json.dumps(tools, indent=2) if tools else "")
         if self._drop_bos and text.startswith(self._bos):
             text = text[len(self._bos):]
-        if not self.thinking and add_generation_prompt:
+        if not thinking and add_generation_prompt:
             text = _close_thinking(text, self.source)
         return text

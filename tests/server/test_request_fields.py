@@ -55,14 +55,22 @@ CHAT = [p for p in SHARED if p[0] != "logprobs"] + [
     ("top_logprobs", 2, "honoured", {"logprobs": True}), ("top_logprobs", 2, "refused", {}),
     ("response_format", {"type": "json_schema", "json_schema": {
         "name": "city", "schema": SCHEMA, "strict": True}}, "honoured", {}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}], "refused", {}),
+    # NOTE: tools' calls and their shapes: tests/server/test_tools.py
+    ("tools", [{"type": "function", "function": {"name": "f"}}], "honoured", {}),
+    ("tools", [{"type": "function", "function": {"name": "f", "x": 1}}], "refused", {}),
     ("tool_choice", "none", "accepted", {}), ("tool_choice", "auto", "refused", {}),
+    ("tool_choice", "required", "honoured", {"tools": [{"type": "function", "function": {
+        "name": "f"}}]}),
     # llama-server's (tests/server/test_pinned_slots.py: the slot, the timings' values)
     ("id_slot", 0, "accepted", {}), ("id_slot", MAX_NUM_SEQS, "refused", {}),
     ("timings_per_token", True, "accepted", {}),
     ("return_progress", True, "honoured", {"stream": True}),
     ("return_progress", True, "refused", {}),
-    ("parallel_tool_calls", False, "refused", {}), ("functions", [{"name": "f"}], "refused", {}),
+    ("parallel_tool_calls", False, "accepted", {}),  # with tools: tests/server/test_tools.py
+    ("parallel_tool_calls", "no", "refused", {}),
+    # NOTE: the template's enable_thinking for one request: tests/server/test_templates.py
+    ("chat_template_kwargs", {"enable_thinking": False}, "accepted", {}),
+    ("chat_template_kwargs", {"tools": []}, "refused", {}), ("functions", [{"name": "f"}], "refused", {}),
     ("function_call", "none", "refused", {}), ("store", False, "accepted", {}),
     ("store", True, "refused", {}), ("service_tier", "auto", "accepted", {}),
     ("service_tier", "priority", "refused", {}), ("modalities", ["text"], "accepted", {}),

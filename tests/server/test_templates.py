@@ -80,3 +80,13 @@ def test_firefunction_context(tokenizer: Tokenizer) -> None:
     today = datetime.date.today().strftime("%b %d %Y")
     assert t.render([]).startswith(today) and t.render([]).endswith("|")
     assert t.render([], tools=[tool]).split("|")[1] == json.dumps([tool], indent=2)
+
+
+def test_enable_thinking_per_request(tokenizer: Tokenizer) -> None:
+    """A request's chat_template_kwargs.enable_thinking over the server's --reasoning."""
+    t = ChatTemplate(tokenizer, "{{ enable_thinking }}", thinking=True)
+    messages = [{"role": "user", "content": "x"}]
+    assert t.render(messages) == "True"
+    assert t.render(messages, thinking=False) == "False"
+    assert ChatTemplate(tokenizer, "{{ enable_thinking }}", thinking=False).render(
+        messages, thinking=True) == "True"
