@@ -26,6 +26,9 @@ BLOCK = BlockGemvConfig(32, 4, 2, 4)
     ("linear", (4, 1536, 1152, "norm", torch.bfloat16, torch.float32), GEMV),
     ("linear", (512, 13824, 1152, "geglu", torch.bfloat16, torch.bfloat16), GEMM),
     ("linear", (1, 262144, 1152, "", torch.bfloat16, torch.bfloat16), None),
+    # the exact route's FP8 codes, keyed by their dtype beside bf16 weights' picks
+    ("linear", (5, 1536, 1152, "exact", torch.float8_e4m3fn, torch.bfloat16), GEMV),
+    ("linear", (512, 13824, 1152, "exact+geglu", torch.float8_e4m3fn, torch.bfloat16), GEMM),
     ("fp8", (1, 1536, 1152, "norm", torch.bfloat16, torch.bfloat16), DOT8),
     ("fp8", (1, 1536, 1152, "", torch.bfloat16, torch.bfloat16), "scaled_mm"),
     ("fp8", (1, 1536, 1152, "geglu", torch.bfloat16, torch.bfloat16), ROW),

@@ -197,7 +197,7 @@ def _candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     route)."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     if exact:
-        return _exact_candidates(n, m, k, geglu_out, norm is not None)
+        return _exact_candidates(n, m, k, geglu_out, norm is not None, weight.element_size())
     if n > MAX_ROWS:
         return [None, *GEMM_CANDIDATES]
     configs: list[GemvConfig | GemmConfig | None] = [None]
@@ -210,18 +210,19 @@ def _candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
 # the last is the interpreter's, with SMALL_GEMM's K step (the interpreter sums a dot's K step
 # at once, the GPU 16 products a step whatever the tile)
 EXACT_GEMV_TILES = ((64, 256), (128, 128), (64, 128), (32, 32))
+FP8_GEMV_TILES = ((128, 256),)  # one-byte codes: a tile twice as wide in the same shared memory
 
 
-def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool
+def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool, size: int = 2
                       ) -> list[GemvConfig | GemmConfig]:
     """The exact route's configs for a shape: tiles over the weight's one cut (order.py),
     the tensor-core GEMV (a program per cut) up to a CUDA graph's DOT_ROWS decode rows; the
-    last is the interpreter's (small tiles)."""
+    last is the interpreter's (small tiles). size: bytes per weight value (1: FP8 codes)."""
     if n > DOT_ROWS:
         return [*GEMM_CANDIDATES, SMALL_GEMM]
     cuts = cdiv(k, k_per_split(m, k))
     configs = []
-    for bm, bk in EXACT_GEMV_TILES:
+    for bm, bk in (FP8_GEMV_TILES if size == 1 else ()) + EXACT_GEMV_TILES:
         c = GemvConfig("dot", bm, bk, cuts, 4, 4 if bm > 32 else 2, fused=not norm)
         configs += [c, dataclasses.replace(c, fused=False)] if geglu_out else [c]
     return configs

@@ -43,7 +43,7 @@ FAMILIES = ("linear", "fp8", "blocks")
 _GEMV_KINDS = {"linear": ("fma", "dot"), "fp8": ("fma", "dot", "dot8", "row")}
 SHIPPED = Path(__file__).with_name("picks_h200.json")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16,
-                                                     torch.float32)}
+                                                     torch.float32, torch.float8_e4m3fn)}
 
 
 def fingerprint(device: torch.device) -> dict[str, str]:
