@@ -128,6 +128,24 @@ def test_speculation_gives_plain_decodings_tokens_and_logits(llms: tuple[LLM, LL
         assert all(torch.equal(a, b) for a, b in zip(rows, want_rows))
 
 
+def test_speculation_beside_decode_ahead(gguf_path: Path, llms: tuple[LLM, LLM]) -> None:
+    """Decode ahead (on by default on a GPU) queues a step before the host knows its tokens,
+    so no draft can follow its rows: it holds off while a sequence may draft, and a sequence
+    whose row was computed ahead gets none. Same tokens and logits as plain decoding, and the
+    drafts still come."""
+    plain, _ = llms
+    ahead = LLM(gguf_path, progress=False, device="cpu", max_num_seqs=4, max_model_len=2048,
+                speculative="ngram", num_speculative_tokens=K, decode_ahead=True)
+    assert ahead.engine.decode_ahead
+    prompts, params, arrivals = _workload(plain)
+    want = _serve(plain, prompts, params, arrivals)
+    got = _serve(ahead, prompts, params, arrivals)
+    assert ahead.engine.speculation.stats.accepted > 0
+    for (tokens, rows), (want_tokens, want_rows) in zip(got, want):
+        assert tokens == want_tokens
+        assert all(torch.equal(a, b) for a, b in zip(rows, want_rows))
+
+
 def test_a_request_may_turn_speculation_off(llms: tuple[LLM, LLM]) -> None:
     _, spec = llms
     stats = spec.engine.speculation.stats

@@ -63,6 +63,11 @@ class DecodeAhead:
         self._pending = {seq.uid: (i, token)
                          for i, (seq, token) in enumerate(zip(self._step.seqs, tokens))}
 
+    def pending(self) -> set[int]:
+        """The uids of the sequences whose next row is computed ahead (no draft may follow
+        it: speculation drafts after a row whose token the host knows)."""
+        return set(self._pending)
+
     def held(self) -> int:
         """Pages the pending rows took: the scheduler counts those rows' pages as still to
         take."""

@@ -170,7 +170,7 @@ class Engine:
         outputs = self._install_arrived() if self.sources else []
         outputs += self._place_admitted()
         if self.speculation is not None:
-            self.speculation.draft(self.scheduler.decode_ready)
+            self.speculation.draft(self.scheduler.decode_ready, self.ahead.pending())
         plan = self._schedule()
         if plan is None:
             return outputs
@@ -296,7 +296,8 @@ class Engine:
         pending = launch_sample(self.sampler, self.grammars, logits[:len(index)], seqs)
         going = self.ahead.launch(plan.batch, seqs, pending.tokens, self.scheduler,
                                   bool(self._arrived), self.max_model_len) if (
-            self.decode_ahead and not plan.verify) else []
+            self.decode_ahead and not plan.verify and not (
+                self.speculation is not None and self.speculation.may_draft(seqs))) else []
         tokens, lps = pending.result()
         if going:
             self.ahead.known([tokens[i] for i in going])

@@ -54,13 +54,15 @@ class Speculation:
         self.proposer, self.k, self.max_model_len = proposer, k, max_model_len
         self.stats = SpecStats(k, by_position=[0] * k)
 
-    def draft(self, seqs: list[Sequence]) -> None:
-        """Set seq.drafts for the sequences about to decode (this step's proposals)."""
+    def draft(self, seqs: list[Sequence], ahead: set[int] = frozenset()) -> None:
+        """Set seq.drafts for the sequences about to decode (this step's proposals); those
+        whose decode row was computed ahead (uids in `ahead`, muser/engine/ahead.py) get
+        none."""
         room = STEP_ROWS - len(seqs)
         for seq in seqs:
             seq.drafts = []
             limit = self._limit(seq)
-            if room <= 0 or limit <= 0:
+            if room <= 0 or limit <= 0 or seq.uid in ahead:
                 continue
             d = seq.drafting
             if d is None:
@@ -71,6 +73,13 @@ class Speculation:
             drafts = self.proposer.propose(seq, min(d.k, limit, room))
             seq.drafts = drafts if len(drafts) >= seq.sampling.min_drafts else []
             room -= len(seq.drafts)
+
+    def may_draft(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step may give any of `seqs` (this step's decoding sequences)
+        drafts: if so, its decode rows wait for this step's tokens (no decode ahead)."""
+        return STEP_ROWS > len(seqs) and any(
+            self._limit(seq) > 0 and (seq.drafting is None or seq.drafting.skip == 0)
+            for seq in seqs)
 
     def _limit(self, seq: Sequence) -> int:
         """The most drafts `seq` may carry now."""

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from muser.ops.fp8 import quantize_fp8
 from muser.ops.triton import linear, linear_add_rms_norm, linear_geglu
 from muser.ops.triton.gemm import SMALL, gemm
-from muser.ops.triton.gemv import GemvConfig, gemv
+from muser.ops.triton.gemv import GemvConfig, e4m3_values, gemv
 from muser.ops.triton.order import k_per_split
 from muser.ops.triton.switches import switched
 
@@ -129,3 +131,21 @@ def test_speculation_is_refused_where_a_rows_bits_follow_the_width(gen):
         assert width_inexact([plain]) == "the exact route is switched off"
     blocks = object.__new__(BlockMatrix)  # NOTE: only its type is asked
     assert "GGUF block weights" in width_inexact([plain, blocks])
+
+
+@triton.jit
+def _decode(c_ptr, o_ptr):
+    r = tl.arange(0, 256)
+    tl.store(o_ptr + r, e4m3_values(tl.load(c_ptr + r)))
+
+
+def test_e4m3_codes_decode_to_their_values():
+    """gemv.e4m3_values: every finite e4m3 code (normal, subnormal, both zeros) by bit
+    arithmetic is torch's value of it, bit for bit."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(DEVICE)
+    out = torch.empty(256, dtype=torch.float32, device=DEVICE)
+    _decode[(1,)](codes, out)
+    want = codes.view(torch.float8_e4m3fn).float()
+    finite = ~want.isnan()
+    assert int(finite.sum()) == 254
+    assert torch.equal(out[finite].view(torch.int32), want[finite].view(torch.int32))

@@ -38,7 +38,7 @@ out["gemm exact pdl=True"] = ptx(gemm._gemm_kernel, gemv_types, dict(
     GEGLU=True, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=128, BLOCK_M=128, BLOCK_K=64,
     CUTS=True, SCALED=0, PDL=True), num_warps=8, num_stages=3)
 # FP8 codes on the exact route (SCALED_BF16): decode GEMV and prefill GEMM
-fp8 = gemv_types | {"w_ptr": "*fp8e4nv"}
+fp8 = gemv_types | {"w_ptr": "*u8"}  # e4m3 codes read as bytes
 out["fp8 exact gemv dot pdl=True"] = ptx(gemv._gemv_dot_kernel, fp8, dict(
     GEGLU=True, NORM=False, NORM_BLOCK=2048, BLOCK_N=16, BLOCK_M=64, BLOCK_K=256, SPLIT_K=4,
     SCALED=1, PDL=True), num_stages=4)

@@ -29,7 +29,13 @@ import triton.language as tl
 
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import arrive, counters
-from muser.ops.triton.gemv import SCALED_KINDS, NormEpilogue, block_rows, epilogue_at
+from muser.ops.triton.gemv import (
+    SCALED_KINDS,
+    NormEpilogue,
+    block_rows,
+    e4m3_values,
+    epilogue_at,
+)
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 
@@ -73,7 +79,8 @@ def _rows_norm(y_ptr, res_ptr, post_ptr, next_ptr, out_ptr, r0, end, M, stride_r
 
 @triton.jit
 def _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo, k_hi, N, K, stride_xn, w_dtype,
-               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               SCALED: tl.constexpr):
     """sum over k in [k_lo, k_hi) of x[rn, k] * W[rows, k]: one chain of tensor-core dots from
     zero, BLOCK_K columns at a time -> float32 [BLOCK_N, BLOCK_M]."""
     rk = tl.arange(0, BLOCK_K)
@@ -84,6 +91,8 @@ def _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo, k_hi, N, K, stride_xn, w_dty
         k_in = rk[None, :] < k_hi - k0
         x = tl.load(x_at, mask=(rn[:, None] < N) & k_in, other=0.0)
         w = tl.load(w_at, mask=valid[:, None] & k_in, other=0.0)
+        if SCALED:  # FP8 codes read as bytes (gemv.e4m3_values)
+            w = e4m3_values(w)
         # NOTE: "ieee": float32 weights multiply in float32 (Triton's default for them is TF32,
         # 10-bit mantissas); 16-bit ones are unaffected
         acc = tl.dot(x.to(w_dtype), tl.trans(w.to(w_dtype)), acc, input_precision="ieee")
@@ -124,14 +133,14 @@ def _gemm_kernel(
         for k_lo in range(0, K, k_per_split):
             part = _dot_range(x_ptr, w_ptr, rn, rows, valid, k_lo,
                               tl.minimum(k_lo + k_per_split, K), N, K, stride_xn, w_dtype,
-                              BLOCK_N, BLOCK_M, BLOCK_K)
+                              BLOCK_N, BLOCK_M, BLOCK_K, SCALED)
             if SCALED:
                 acc = tl.fma(part, scale, acc)
             else:
                 acc += part
     else:
         acc = _dot_range(x_ptr, w_ptr, rn, rows, valid, 0, K, N, K, stride_xn, w_dtype,
-                         BLOCK_N, BLOCK_M, BLOCK_K)
+                         BLOCK_N, BLOCK_M, BLOCK_K, SCALED)
         if SCALED:
             acc = acc * scale
     if NORM:
@@ -192,7 +201,8 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = SMALL,
         out = empty((n, m // 2 if geglu else m), out_dtype, dev)
     norm_block = min(next_power_of_2(m), 1024)
     launch(
-        _gemm_kernel, (row_blocks, cdiv(m, c.block_m)), x, weight,
+        _gemm_kernel, (row_blocks, cdiv(m, c.block_m)), x,
+        weight.view(torch.uint8) if scaled else weight,
         weight if scales is None else scales, out,
         cnt if cnt is not None else out, res if res is not None else out,
         post if post is not None else out, nxt if nxt is not None else out,

@@ -45,6 +45,18 @@ def gelu_tanh(x):
 
 
 @triton.jit
+def e4m3_values(codes):
+    """e4m3 codes read as uint8 -> their values in float32, exactly, by bit arithmetic: one
+    conversion in every kernel and tile layout (Triton lowers its own fp8 conversion per
+    layout, and an H100 run found FP8 rows apart between GEMM tiles where bf16's agreed)."""
+    c = codes.to(tl.int32)
+    e, m = (c >> 3) & 15, c & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    value = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal: m 2^-9
+    return (value.to(tl.int32, bitcast=True) | ((c & 128) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def weight_rows(M, BLOCK_M: tl.constexpr, GEGLU: tl.constexpr):
     """This program's weight rows (block program_id(0)) and their validity."""
     return block_rows(tl.program_id(0), M, BLOCK_M, GEGLU)
@@ -244,7 +256,8 @@ def _gemv_dot_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         w, x = tiles(x_ptr, w_ptr, rows, valid, rn, k0 + rk, k_hi, N, K, stride_xn)
-        # as gemm.py's: FP8 codes become 16-bit values exactly, then the same chain of dots
+        if SCALED:  # as gemm.py's: FP8 codes become 16-bit values exactly
+            w = e4m3_values(w)
         acc = tl.dot(w.to(w_dtype), tl.trans(x.to(w_dtype)), acc, input_precision="ieee")
     scale = 1.0
     if SCALED:  # each cut's sums times the rows' scales as the cuts are added (finish)
@@ -315,8 +328,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     weight.dtype; norm: (residual + rms_norm(y, post) f32, its rms_norm by next in norm.dtype).
     k_per_split: K cut at these offsets (the exact route's order, order.py; a multiple of
     config.block_k) instead of config.split_k ways. scales ([M] float32) with dtype: weight is
-    FP8 codes, row m's values codes * scales[m], multiplied as `dtype` values (the tensor-core
-    kind), outputs in `dtype`."""
+    FP8 codes (float8_e4m3fn, read as bytes), row m's values codes * scales[m], multiplied as
+    `dtype` values (the tensor-core kind), outputs in `dtype`."""
     n, m, k = x.shape[0], weight.shape[0], weight.shape[1]
     scaled = 0 if scales is None else SCALED_KINDS[dtype]
     assert not scaled or config.kind == "dot"
@@ -334,7 +347,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig = DEFAULT,
     kernel = _gemv_dot_kernel if c.kind == "dot" else _gemv_fma_kernel
     block_n = max(16, next_power_of_2(n)) if c.kind == "dot" else max(1, next_power_of_2(n))
     launch(
-        kernel, (blocks, splits), x, weight, weight if scales is None else scales, *o.args, n,
+        kernel, (blocks, splits), x, weight.view(torch.uint8) if scaled else weight,
+        weight if scales is None else scales, *o.args, n,
         m, k, x.stride(0), o.args[0].stride(0), o.stride_rn, k_per_split, o.eps, GEGLU=geglu,
         NORM=norm is not None, NORM_BLOCK=min(next_power_of_2(m), 4096), BLOCK_N=block_n,
         BLOCK_M=c.block_m, BLOCK_K=c.block_k, SPLIT_K=splits, SCALED=scaled,
