@@ -200,6 +200,8 @@ def main() -> None:
                     help="also the seeded-sampling check (needs the embedded model's tokenizer)")
     args = ap.parse_args()
     WEIGHTS["label"] = args.weights
+    if args.weights == "fp8":  # NOTE: their exact route is behind its switch until checked here
+        switched(exact_fp8=True).__enter__()
     result = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "checks": [],
               "costs": []}
 

@@ -83,6 +83,14 @@ def test_gemv_cuts_and_gemm_cuts_sum_alike(gen, cut):
         assert torch.equal(narrow, wide[:n]), n
 
 
+@pytest.fixture
+def exact_fp8():
+    """FP8 weights on the exact route (the `exact_fp8` switch: off by default until a GPU run
+    shows it bitwise)."""
+    with switched(exact_fp8=True):
+        yield
+
+
 def _fp8(gen, m: int, k: int):
     """An Fp8Matrix of fp16 values (the interpreter's model dtype), rows scaled apart."""
     w = rand(gen, m, k, scale=0.05) * torch.logspace(-1, 1, m, dtype=torch.float32)[:, None]
@@ -90,7 +98,7 @@ def _fp8(gen, m: int, k: int):
 
 
 @pytest.mark.parametrize("epilogue", ["plain", "geglu", "norm"])
-def test_fp8_weights_have_the_same_bits_at_every_width(gen, epilogue):
+def test_fp8_weights_have_the_same_bits_at_every_width(gen, epilogue, exact_fp8):
     """FP8 codes take the route too (their values in fp16, the rows' scales after each cut)."""
     x, _, norm = _inputs(gen, torch.float16, epilogue)
     w = _fp8(gen, 64, K)
@@ -104,7 +112,7 @@ def test_fp8_weights_have_the_same_bits_at_every_width(gen, epilogue):
             assert torch.equal(part, wide[rows]), (width, start)
 
 
-def test_fp8_weights_on_the_route_are_their_values_times_x(gen):
+def test_fp8_weights_on_the_route_are_their_values_times_x(gen, exact_fp8):
     """Against float64 x @ (codes * scales)^T: a code is exact in fp16 and a product of two
     fp16 values exact in float32, so the error is the float32 sums' (at most K terms, each
     addition within 2^-24 of the partial sum: K 2^-24 sum |x w|), the scale's multiply and the
@@ -126,7 +134,10 @@ def test_speculation_is_refused_where_a_rows_bits_follow_the_width(gen):
     from muser.ops.triton import width_inexact
 
     plain, fp8 = rand(gen, 64, K), _fp8(gen, 64, K)
-    assert width_inexact([plain, fp8]) is None
+    assert width_inexact([plain]) is None
+    assert "FP8 weights keep their FP8 tensor-core route" in width_inexact([plain, fp8])
+    with switched(exact_fp8=True):
+        assert width_inexact([plain, fp8]) is None
     with switched(exact=False):
         assert width_inexact([plain]) == "the exact route is switched off"
     blocks = object.__new__(BlockMatrix)  # NOTE: only its type is asked

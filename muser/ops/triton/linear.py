@@ -14,10 +14,11 @@ element in one order at every width (order.py): the tensor-core GEMV (`dot`) cut
 weight's fixed offsets up to DOT_ROWS rows (a decode batch), the GEMM with the same cuts in
 registers for wider chunks, the norm pair as its own row kernel after either; no cuBLAS, whose
 order depends on the shape. Its picks are keyed apart (epilogue "exact", "exact+geglu",
-"exact+norm") and choose tiles only. FP8 weights (Fp8Matrix) take it too: their codes are read
-as they are, made 16-bit values of the model's dtype in registers (exactly) and multiplied by
-the same kernels, each cut's sums scaled by the weight rows' scales (W8A16; linear_fp8.py's
-FP8 tensor-core route, whose sums depend on the width, serves them with the switch off).
+"exact+norm") and choose tiles only. With the `exact_fp8` switch, FP8 weights (Fp8Matrix) take it
+too: their codes are read as bytes, decoded to 16-bit values of the model's dtype in registers
+(exactly) and multiplied by the same kernels, each cut's sums scaled by the weight rows' scales
+(W8A16). Without it (the default until a GPU run shows it bitwise) they keep linear_fp8.py's
+FP8 tensor-core route, whose sums depend on the width.
 
 A shape's pick comes from the tuning cache or the shipped table (`picks.py`, loaded by the
 warm-up), or `tune` times it the first time the shape is seen; the runner's warm-up
@@ -94,8 +95,12 @@ def linear_add_rms_norm(
 def width_inexact(matrices: list) -> str | None:
     """Why a row's bits may depend on how many rows its step runs, for these projections'
     weights (None: they do not; docs/exactness.md)."""
-    if not switches_in_force().exact:
+    switches = switches_in_force()
+    if not switches.exact:
         return "the exact route is switched off"
+    if not switches.exact_fp8 and any(isinstance(m, Fp8Matrix) for m in matrices):
+        return ("FP8 weights keep their FP8 tensor-core route, whose sums follow the width "
+                "(their exact route has not yet been measured bitwise on a GPU)")
     if any(isinstance(m, Blocks) for m in matrices):
         return ("GGUF block weights are not on the exact route yet (--gguf-weights dequantize "
                 "holds them in the model's dtype, which is)")
@@ -146,7 +151,8 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     if isinstance(weight, Blocks):
         return project_blocks(x, weight, geglu_out, norm, _project)
     switches = switches_in_force()
-    fp8 = weight if isinstance(weight, Fp8Matrix) and switches.exact else None
+    fp8 = weight if (isinstance(weight, Fp8Matrix) and switches.exact
+                     and switches.exact_fp8) else None
     route = None if fp8 is not None else ROUTES.get(type(weight))
     if route is not None:
         return route(x, weight, geglu_out, norm)

@@ -10,6 +10,9 @@ environment. Serving runs the defaults.
               fails to write cannot pass as a plausible value
     exact ... one reduction order per output at every width (docs/exactness.md); off: the
               fastest pick per width and cuBLAS among them, for A/B comparisons only
+    exact_fp8  FP8 weights on the exact route too (their codes as bf16 values, W8A16); off
+              (the default until a GPU run has shown its rows bitwise at every width): FP8
+              weights keep their FP8 tensor-core route, whose sums follow the width
 
 The switches in force live in a context variable: `switched` sets them for the code inside it
 (and for CUDA graphs captured there), then restores what was in force before.
@@ -31,6 +34,7 @@ class Switches:
     gemv: bool = True
     poison: bool = False
     exact: bool = True
+    exact_fp8: bool = False
 
 
 _CURRENT: ContextVar[Switches] = ContextVar(
