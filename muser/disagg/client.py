@@ -91,7 +91,7 @@ class Expect:
     fingerprint: str
     num_sliding: int
     num_full: int
-    row: tuple[int, int]  # kv heads, the row's width in the pool (head dim; FP8: its packed bytes)
+    row: tuple[int, int]  # kv heads, the pool's row width (head dim; FP8: packed bytes)
     window: int  # the model's sliding window: a ring of any capacity from it up installs
     vocab_size: int
 

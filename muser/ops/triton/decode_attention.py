@@ -63,15 +63,16 @@ def _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, 
         row = blk.to(tl.int64) * block_size + j % block_size
     if FP8:
         at_fp8 = (row * KVH + kvh) * (D + 4)
-        return (load_heads(k_ptr, at_fp8, d, valid, D, True, DOT),
-                load_heads(v_ptr, at_fp8, d, valid, D, True, DOT))
-    at = (row * KVH + kvh)[:, None] * D + d[None, :]
-    if MASKED:
-        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+        k = load_heads(k_ptr, at_fp8, d, valid, D, True, DOT)
+        v = load_heads(v_ptr, at_fp8, d, valid, D, True, DOT)
     else:
-        k = tl.load(k_ptr + at)
-        v = tl.load(v_ptr + at)
+        at = (row * KVH + kvh)[:, None] * D + d[None, :]
+        if MASKED:
+            k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+        else:
+            k = tl.load(k_ptr + at)
+            v = tl.load(v_ptr + at)
     return k, v
 
 

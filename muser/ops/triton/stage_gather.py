@@ -37,11 +37,11 @@ def _stage_gather_kernel(k_rows, v_rows, read_ptr, k_new, v_new, k_out, v_out, n
         d = tl.arange(0, D)
         heads = h < KVH
         at = i * ROW + h.to(tl.int64) * (D + 4)
-        k = tl.load(k_new + j * stride_kn + h[:, None] * D + d[None, :], mask=heads[:, None])
-        codes, scale, _ = quantize_heads(k.to(tl.float32))
+        kx = tl.load(k_new + j * stride_kn + h[:, None] * D + d[None, :], mask=heads[:, None])
+        codes, scale, _ = quantize_heads(kx.to(tl.float32))
         store_heads(k_out, at, d, codes, scale, heads, D)
-        v = tl.load(v_new + j * stride_vn + h[:, None] * D + d[None, :], mask=heads[:, None])
-        codes, scale, _ = quantize_heads(v.to(tl.float32))
+        vx = tl.load(v_new + j * stride_vn + h[:, None] * D + d[None, :], mask=heads[:, None])
+        codes, scale, _ = quantize_heads(vx.to(tl.float32))
         store_heads(v_out, at, d, codes, scale, heads, D)
     else:
         j = i - num_read
