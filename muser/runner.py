@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from muser import ops
-from muser.ops import kv_fp8
 from muser.attention.decode_meta import prepare_plan
 from muser.attention.plan import SeqInput, plan_step
 from muser.config import EngineConfig, ModelConfig
@@ -26,6 +25,7 @@ from muser.kvcache.pool import KVPool
 from muser.kvcache.reuse import CHECKPOINT_EVERY, PrefixCache
 from muser.kvcache.ring import RingState
 from muser.memory import MemoryReport
+from muser.ops import kv_fp8
 from muser.startup_record import StartupRecord
 
 

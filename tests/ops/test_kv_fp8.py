@@ -9,15 +9,18 @@ first, muser/ops/triton/kv_fp8.py)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from muser.ops import ref
 from muser.ops.kv_fp8 import dequantize_rows, packed, quantize_rows
-from muser.ops.triton import (decode_attention, prefill_attention, qk_norm_rope_pair,
-                              stage_gather, store_kv)
+from muser.ops.triton import (
+    decode_attention,
+    prefill_attention,
+    qk_norm_rope_pair,
+    stage_gather,
+    store_kv,
+)
 from muser.ops.triton.prefill_attention import FlashConfig
 
 from opcheck import ATTN_DTYPES, DEVICE, DTYPES, TOL, check, rand

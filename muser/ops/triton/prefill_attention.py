@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.errors import MuserError
+from muser.ops.kv_fp8 import head_dim_of, is_fp8, packed
 from muser.ops.ref import prefill_attention as reference_attention
 from muser.ops.routes import Route
 from muser.ops.tiles import EMPTY, FULL, classify_tiles
-from muser.errors import MuserError
-from muser.ops.kv_fp8 import head_dim_of, is_fp8, packed
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.kv_fp8 import dot_code, load_heads, to_dot
 from muser.ops.triton.launch import cdiv, launch

@@ -10,12 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.ops.triton.alloc import empty
-from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.kv_fp8 import is_fp8, packed
+from muser.ops.triton.alloc import empty
 from muser.ops.triton.kv_fp8 import codes_of, quantize_heads, store_heads, store_tail
-from muser.ops.triton.quantize_fp8 import activation_scale
+from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
+from muser.ops.triton.quantize_fp8 import activation_scale
 from muser.ops.triton.switches import current as switches_in_force
 
 

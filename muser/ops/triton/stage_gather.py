@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from muser.ops.triton.alloc import empty
 from muser.ops.kv_fp8 import head_dim_of, is_fp8
+from muser.ops.triton.alloc import empty
 from muser.ops.triton.kv_fp8 import quantize_heads, store_heads
 from muser.ops.triton.launch import launch, next_power_of_2
 
