@@ -77,7 +77,8 @@ for depth in [d for d in depths if d + steps + 1 > llm.config.max_model_len]:
           file=sys.stderr, flush=True)
 depths = [d for d in depths if d + steps + 1 <= llm.config.max_model_len]
 weight_bytes = llm.runner.model.weights.nbytes()
-row_bytes = 2 * cfg.num_kv_heads * cfg.head_dim * getattr(torch, llm.config.kv_dtype).itemsize  # K and V
+pool = llm.runner.pool  # NOTE: a row as the pool holds it (an FP8 cache packs its scales in)
+row_bytes = 2 * cfg.num_kv_heads * pool.pages.shape[-1] * pool.pages.element_size()  # K and V
 n_full, n_sliding = len(cfg.layers_of("global")), len(cfg.layers_of("sliding"))
 ids = torch.randint(10, cfg.vocab_size - 10, (max(depths) + 512,),
                     generator=torch.Generator().manual_seed(1)).tolist()
@@ -259,7 +260,7 @@ def main() -> int:
     ap.add_argument("--llama-cpp-python", action="store_true",
                     help="llama.cpp through llama-cpp-python on --model's file (the CPU run)")
     ap.add_argument("--gguf", help="the GGUF llama-bench reads (the preset's shape)")
-    ap.add_argument("--kv-dtype", choices=["float32", "bfloat16", "float16"],
+    ap.add_argument("--kv-dtype", choices=["float32", "bfloat16", "float16", "fp8"],
                     help="the KV cache's dtype in every version (default: the engine's)")
     ap.add_argument("--plot", type=Path, help="a PNG of the receipt")
     ap.add_argument("--out", type=Path, required=True)

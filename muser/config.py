@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from muser.env import reference_ops
+
 LayerKind = Literal["sliding", "global"]
 
 
@@ -159,6 +161,8 @@ PREFIX_CACHE = {"cpu": True, "cuda": True}
 
 
 QUANTIZATIONS = ("none", "fp8")
+# the KV cache's dtypes: "fp8" is e4m3 codes with a scale per row and KV head (muser/ops/kv_fp8.py)
+KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
 # speculative decoding's proposers (muser/engine/speculation.py): "ngram" is prompt lookup
 SPECULATIVE = ("none", "ngram")
 # draft tokens verified per step at most (--num-speculative-tokens): of K = 2..8, the best or
@@ -185,7 +189,7 @@ class EngineConfig:
 
     device: str
     dtype: str = "bfloat16"  # weights and activations fed to projections; see default_dtypes
-    kv_dtype: str = "bfloat16"
+    kv_dtype: str = "bfloat16"  # one of KV_DTYPES (--kv-cache-dtype)
     quantization: str = "none"  # "fp8": projections as FP8 weights (GPU, muser/ops/fp8.py)
     fp8_head: bool  # with "fp8": the LM head (the tied embedding) FP8 too
     # (for_device: on with "fp8", off without; True without "fp8": an error)
@@ -236,6 +240,13 @@ class EngineConfig:
         if self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must hold one "
                              f"decode row of every sequence (max_num_seqs = {self.max_num_seqs})")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got "
+                             f"{self.kv_dtype!r}")
+        if self.kv_dtype == "fp8" and _backend(self.device) == "cpu" and not reference_ops():
+            raise ValueError("an FP8 KV cache runs on the GPU: the CPU's attention kernels read "
+                             "float32 and 16-bit caches (--kv-cache-dtype float32, bfloat16 or "
+                             "float16 there)")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
                              f"{self.quantization!r}")

@@ -49,10 +49,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="weight/activation dtype of the projections (default: bfloat16 on the "
                    "GPU, float32 on the CPU, where float32 keeps the file's block codes and 16-bit "
                    "weights hold dequantized values)")
-    p.add_argument("--kv-dtype", choices=["bfloat16", "float32", "float16"],
-                   help="KV cache dtype (default: float32 on the CPU, where attention computes "
-                   "in float32 anyway: a 16-bit cache there holds and reads half the bytes, "
-                   "widened exactly as the kernel reads it; bfloat16 on the GPU)")
+    p.add_argument("--kv-cache-dtype", "--kv-dtype", dest="kv_dtype",
+                   choices=["auto", "bfloat16", "float16", "float32", "fp8"],
+                   help="KV cache dtype (--kv-dtype: the same flag). auto: float32 on the CPU, "
+                   "where attention computes in float32 anyway (a 16-bit cache there holds and "
+                   "reads half the bytes, widened exactly as the kernel reads it); bfloat16 on "
+                   "the GPU. fp8 (GPU): e4m3 codes with a power-of-two scale per token row and "
+                   "KV head, in the global pages and the sliding rings (~1.94x the tokens of "
+                   "bfloat16), read directly by the attention kernels; refused on the CPU "
+                   "(default: auto)")
     p.add_argument("--quantization", choices=["none", "fp8"], default="none",
                    help="fp8: the projections (QKV, O, gate/up, down) as FP8 e4m3 weights with "
                    "one float32 scale per output row, quantized at load, or as stored in an FP8 "
@@ -144,7 +149,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     if args.device:
         kwargs["device"] = args.device
     for name in ("dtype", "kv_dtype"):
-        if getattr(args, name):
+        if getattr(args, name) not in (None, "auto"):
             kwargs[name] = getattr(args, name)
     return kwargs
 

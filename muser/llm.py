@@ -73,19 +73,36 @@ def _keeps_blocks(config: EngineConfig) -> bool:
     return config.gguf_weights == "blocks" and backend(config.device) not in (cpu, ref)
 
 
+def _kv_dtype_named_once(kwargs: dict) -> dict:
+    """kv_cache_dtype folded into kv_dtype (one setting, two names); "auto" or None: dropped,
+    so the device's default applies."""
+    kwargs = dict(kwargs)
+    if "kv_cache_dtype" in kwargs:
+        other = kwargs.pop("kv_cache_dtype")
+        if kwargs.get("kv_dtype") not in (None, other):
+            raise ConfigError(f"kv_dtype={kwargs['kv_dtype']!r} and kv_cache_dtype={other!r} "
+                              "name one setting twice")
+        kwargs["kv_dtype"] = other
+    if kwargs.get("kv_dtype") in (None, "auto"):
+        kwargs.pop("kv_dtype", None)
+    return kwargs
+
+
 class LLM:
     def __init__(self, model: str | Path | None = None, progress: bool = True,
                  load_format: str = "auto", model_config: str | None = None,
                  log: StartupLog | None = None, dummy_made_on: str | None = None,
                  **engine_kwargs) -> None:
         """model: a GGUF file or a Hugging Face checkpoint directory (None: the embedded Gemma 3
-        270M); engine_kwargs: EngineConfig.
+        270M); engine_kwargs: EngineConfig (kv_cache_dtype: kv_dtype's other name, "auto"
+        the device's default, as --kv-cache-dtype).
         load_format="dummy": random weights of the named `model_config` (muser/presets.py),
         drawn on `dummy_made_on` (default: the engine's device).
         Startup phases are reported to `log` (default: a line each on stderr with `progress`);
         on a GPU the engine is warmed up before this returns (`muser/startup/`)."""
         self.startup = log or StartupLog(_stderr_line if progress else None)
         engine_kwargs.setdefault("device", default_device())
+        engine_kwargs = _kv_dtype_named_once(engine_kwargs)
         dtype, kv_dtype = default_dtypes(torch.device(engine_kwargs["device"]).type)
         engine_kwargs.setdefault("dtype", dtype)
         engine_kwargs.setdefault("kv_dtype", kv_dtype)

@@ -25,6 +25,7 @@ from muser.kvcache.pool import KVPool
 from muser.kvcache.reuse import CHECKPOINT_EVERY, PrefixCache
 from muser.kvcache.ring import RingState
 from muser.memory import MemoryReport
+from muser.ops import kv_fp8
 from muser.startup_record import StartupRecord
 
 
@@ -58,9 +59,11 @@ class Runner:
         # a row still inside a later row's window
         ring_capacity = cfg.sliding_window + (
             engine.num_speculative_tokens if engine.speculative != "none" else 0)
+        fp8 = engine.kv_dtype == "fp8"  # packed rows of codes and scales (muser/ops/kv_fp8.py)
         self.pool = KVPool(
             cfg, engine.max_num_seqs, ring_capacity, num_pages, engine.page_size,
-            getattr(torch, engine.kv_dtype), self.device,
+            kv_fp8.STORE_DTYPE if fp8 else getattr(torch, engine.kv_dtype), self.device,
+            row_pad=kv_fp8.PAD if fp8 else 0,
         )
         self.pages = PageAllocator(num_pages)
         # NOTE: before the warm-up, so that the GPU's pages are sized beside the store; no more

@@ -88,8 +88,9 @@ class SlotActions:
     def restore(self, slot: int, path: str, filename: str) -> dict[str, Any]:
         runner, start = self.engine.runner, time.perf_counter()
         pool, cfg = runner.pool, runner.cfg
-        shape = (len(cfg.layers_of("sliding")), len(cfg.layers_of("global")), cfg.num_kv_heads,
-                 cfg.head_dim)
+        # NOTE: the row as the pool holds it (an FP8 cache's packed rows: muser/ops/kv_fp8.py)
+        shape = (len(cfg.layers_of("sliding")), len(cfg.layers_of("global")),
+                 *pool.rows(0)[0].shape[1:])
         try:
             ids, snap, read = slot_file.read(path, self._fingerprint(), pool.dtype, shape)
         except FileNotFoundError:

@@ -70,3 +70,40 @@ def test_validation_messages() -> None:
         EngineConfig.for_device("cpu", kv_host_gb=-1.0)
     with pytest.raises(ValueError, match="kv_host_gb .* needs the prefix cache"):
         EngineConfig.for_device("cpu", kv_host_gb=1.0, prefix_cache=False)
+
+
+def test_kv_dtype_fp8_is_a_gpu_cache(monkeypatch) -> None:
+    """fp8 is one of the KV dtypes; the CPU's kernels refuse it at construction (before any
+    model loads), unless the ops are the torch reference's (MUSER_OPS=ref, which reads it)."""
+    assert EngineConfig.for_device("cuda", kv_dtype="fp8").kv_dtype == "fp8"
+    with pytest.raises(ValueError, match="kv_dtype must be one of bfloat16, float16, float32, "
+                                         "fp8, got 'int8'"):
+        EngineConfig.for_device("cuda", kv_dtype="int8")
+    monkeypatch.delenv("MUSER_OPS", raising=False)
+    with pytest.raises(ValueError, match="an FP8 KV cache runs on the GPU"):
+        EngineConfig.for_device("cpu", kv_dtype="fp8")
+    monkeypatch.setenv("MUSER_OPS", "ref")
+    assert EngineConfig.for_device("cpu", kv_dtype="fp8").kv_dtype == "fp8"
+
+
+def test_kv_cache_dtype_is_kv_dtype_by_another_name() -> None:
+    """--kv-cache-dtype and --kv-dtype set one field; auto leaves the device's default; LLM's
+    kv_cache_dtype folds into kv_dtype, and naming both differently is an error."""
+    import argparse
+
+    from muser.engine_args import add_engine_args, engine_kwargs
+    from muser.errors import MuserError
+    from muser.llm import _kv_dtype_named_once
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    for flag in ("--kv-cache-dtype", "--kv-dtype"):
+        assert engine_kwargs(p.parse_args([flag, "fp8"]))["kv_dtype"] == "fp8"
+    assert "kv_dtype" not in engine_kwargs(p.parse_args(["--kv-cache-dtype", "auto"]))
+    assert "kv_dtype" not in engine_kwargs(p.parse_args([]))
+    assert _kv_dtype_named_once({"kv_cache_dtype": "fp8"}) == {"kv_dtype": "fp8"}
+    assert _kv_dtype_named_once({"kv_cache_dtype": "auto", "device": "cpu"}) == {"device": "cpu"}
+    assert _kv_dtype_named_once({"kv_dtype": "fp8", "kv_cache_dtype": "fp8"}) == {
+        "kv_dtype": "fp8"}
+    with pytest.raises(MuserError, match="name one setting twice"):
+        _kv_dtype_named_once({"kv_dtype": "float32", "kv_cache_dtype": "fp8"})

@@ -39,6 +39,7 @@ def attend(
     norm_rope: tuple | None = None,
     store: bool = True,
     commit: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """q: [N, H, D], k/v: [N, KVH, D] new rows; k/v_rows: a layer's flat physical rows
     [R, KVH, D] -> [N, H, D]. `decode`: the metadata of the step's decode group (its leading
@@ -52,7 +53,9 @@ def attend(
 
     A layer reading another layer's cache (KV sharing) passes `store` False: its k/v are the
     owner's rows of this step, already stored (None on a step of decode rows alone). `commit`
-    False leaves a STAGING plan's rows uncommitted, for the cache's last reader to commit."""
+    False leaves a STAGING plan's rows uncommitted, for the cache's last reader to commit.
+    `dtype`: the dots' dtype over an FP8 cache (muser/ops/kv_fp8.py; the model's), whose
+    chunks never attend their new rows directly: they read the codes stored (or staged)."""
     outs = []
     if decode is not None:
         num = decode.src.shape[0]
@@ -60,7 +63,7 @@ def attend(
                                          decode.block_table, decode.starts, decode.lens,
                                          decode.origins, decode.block_size, scale,
                                          new=(k, v, decode.src, decode.write_dst) if store
-                                         else None, norm_rope=norm_rope))
+                                         else None, norm_rope=norm_rope, dtype=dtype))
     assert norm_rope is None or not plans, "norm_rope: a step of decode rows alone"
     whole = not outs and len(plans) == 1  # one sequence: its rows are all of them
     for p in plans:
@@ -75,7 +78,7 @@ def attend(
             keys, values, read = k_rows, v_rows, p.read_rows
         outs.append(ops.prefill_attention(q if whole else q[p.rows], keys, values, p.q_start,
                                           p.k_start, window, scale, p.tiles, tile, p.inner,
-                                          p.tile_ranges, read))
+                                          p.tile_ranges, read, dtype=dtype))
         if p.staging and commit:  # NOTE: commit only after the shadow was attended.
             ops.store_kv(k_rows, v_rows, kn, vn, p.write_src, p.write_dst)
     return outs[0] if len(outs) == 1 else torch.cat(outs)

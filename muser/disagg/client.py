@@ -91,7 +91,7 @@ class Expect:
     fingerprint: str
     num_sliding: int
     num_full: int
-    row: tuple[int, int]  # kv heads, head dim
+    row: tuple[int, int]  # kv heads, the pool's row width (head dim; FP8: packed bytes)
     window: int  # the model's sliding window: a ring of any capacity from it up installs
     vocab_size: int
 
@@ -310,8 +310,10 @@ def attach(llm, workers: list[str], min_tokens: int | None, timeout_s: float,
     prompt stays local). -> the RemotePrefill."""
     runner, cfg, engine = llm.runner, llm.model_config, llm.engine
     check_backend(backend, runner.device)
+    # NOTE: the row as our pool holds it: an FP8 cache's packed rows (muser/ops/kv_fp8.py)
+    # take only a worker's FP8 rows, byte for byte
     expect = Expect(llm.fingerprint(), len(cfg.layers_of("sliding")),
-                    len(cfg.layers_of("global")), (cfg.num_kv_heads, cfg.head_dim),
+                    len(cfg.layers_of("global")), tuple(runner.pool.rows(0)[0].shape[1:]),
                     cfg.sliding_window, cfg.vocab_size)
     remote = RemotePrefill(workers, min_tokens or 0, timeout_s, expect, backend,
                            runner.device, on_done=lambda: engine.wake())

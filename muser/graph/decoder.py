@@ -29,6 +29,7 @@ from muser.config import ModelConfig
 from muser.graph.moe import routed_experts
 from muser.graph.weights import LayerWeights, ModelWeights
 from muser.kvcache.pool import KVPool
+from muser.ops.kv_fp8 import is_fp8
 
 
 class Decoder:
@@ -140,14 +141,16 @@ class Decoder:
             norms = (w.q_norm, w.k_norm, cos, sin, cfg.rms_norm_eps)
             if not decode_alone:
                 store = (k_rows, v_rows, v, plan.stores[kind]) if plan.stores else None
-                q, k = ops.qk_norm_rope_pair(q, k, *norms, k_rows.dtype, store)
+                # NOTE: an FP8 cache's codes round the float32 keys once, whichever op stores
+                k_dtype = torch.float32 if is_fp8(k_rows) else k_rows.dtype
+                q, k = ops.qk_norm_rope_pair(q, k, *norms, k_dtype, store)
                 if layer_id in self.shared:
                     new_rows[layer_id] = (k, v)
             # NOTE: decode rows alone: decode attention normalizes and rotates them (no launch)
             norm_rope = norms if decode_alone else None
         a = attend(q, k, v, k_rows, v_rows, plan.kinds[kind], kind_window(kind, cfg),
                    cfg.attn_scale, plan.tile, ops, decode, norm_rope,
-                   store=owner == layer_id, commit=self.commits[layer_id])
+                   store=owner == layer_id, commit=self.commits[layer_id], dtype=act)
         h, x = ops.linear_add_rms_norm(a.reshape(n, heads * head_dim), w.o_proj, h,
                                        w.post_attn_norm, w.ffn_norm, cfg.rms_norm_eps, act)
         if w.moe is not None:  # the dense MLP and the routed experts, each normed, summed

@@ -1,6 +1,8 @@
 """KV tensors: a ring per sequence slot for sliding layers, a page pool for full layers, each
 row in its kind's geometry (ModelConfig.kv_row). Only layers that own a cache have one: a
-KV-sharing layer's views are its owner's (ModelConfig.kv_owner), no second copy.
+KV-sharing layer's views are its owner's (ModelConfig.kv_owner), no second copy. An FP8 cache
+is uint8 with `row_pad` bytes after each head's codes: its scale (muser/ops/kv_fp8.py), in the
+same rows, so every copy of pages, rings and slots carries it.
 
 Layers never allocate; they get views of these tensors through `layer()`.
 """
@@ -22,11 +24,13 @@ class KVPool:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        row_pad: int = 0,
     ) -> None:
         self.ring_capacity = ring_capacity
         self.page_size = page_size
         self.dtype = dtype
-        self._ring_row, self._page_row = cfg.kv_row("sliding"), cfg.kv_row("global")
+        (rh, rd), (ph, pd) = cfg.kv_row("sliding"), cfg.kv_row("global")
+        self._ring_row, self._page_row = (rh, rd + row_pad), (ph, pd + row_pad)
         sliding, full = cfg.cache_layers("sliding"), cfg.cache_layers("global")
         self._index = {layer_id: i for i, layer_id in enumerate(sliding)}
         self._index |= {layer_id: i for i, layer_id in enumerate(full)}

@@ -64,7 +64,7 @@ def write(path: str, fingerprint: str, token_ids: list[int], snap: KVSnapshot) -
 def read(path: str, fingerprint: str, dtype: torch.dtype,
          shape: tuple[int, int, int, int]) -> tuple[list[int], KVSnapshot, int]:
     """A slot file -> (token ids, snapshot, bytes read). `shape`: this model's (sliding layers,
-    full layers, kv_heads, head_dim). Raises SlotFileError naming what does not match, or
+    full layers, kv_heads, head_dim or an FP8 cache's packed row width). Raises SlotFileError naming what does not match, or
     OSError (a symlink: ELOOP)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:

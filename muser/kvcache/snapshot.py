@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from muser.errors import MuserError
 from muser.kvcache.placement import Placement
 from muser.kvcache.ring import RingState
 
@@ -58,9 +59,10 @@ def layer_checksums(t: torch.Tensor) -> list[int]:
     out MOD to a row, one pass over the bytes with no wider copy of them."""
     if t.shape[0] == 0:
         return []
-    n, per = t.shape[0], t[0].numel() * t.element_size() // 2
-    assert t.element_size() % 2 == 0 and per < 2**31, "16-bit words, fewer than 2^31 a slice"
-    words = t.detach().contiguous().view(-1).view(torch.int16).view(n, per)
+    n, nbytes = t.shape[0], t[0].numel() * t.element_size()
+    per = nbytes // 2
+    assert nbytes % 2 == 0 and per < 2**31, "16-bit words, fewer than 2^31 a slice"
+    words = t.detach().contiguous().view(-1).view(torch.uint8).view(torch.int16).view(n, per)
     rows = per // MOD
     cols = torch.zeros((n, MOD), dtype=torch.int64, device=t.device)
     step = max(1, SLAB // (n * MOD))  # NOTE: torch widens a pass's words to int64 first
@@ -114,6 +116,10 @@ def install(runner, snap: KVSnapshot, token_ids: list[int],
         runner.free(seq)
         raise
     device, dtype = runner.device, pool.dtype
+    if (snap.full.dtype == torch.uint8) != (dtype == torch.uint8):
+        # NOTE: uint8 is an FP8 cache's packed rows (muser/ops/kv_fp8.py): bytes, never cast
+        raise MuserError(f"a KV snapshot of {snap.full.dtype} rows does not install into a "
+                         f"{dtype} cache: FP8 and other KV dtypes do not convert")
     ring_rows = torch.tensor(ring.tail(ring.length), dtype=torch.long, device=device)
     ring_rows += seq.slot * ring.capacity
     full_rows = _page_rows(seq.page_ids, snap.num_tokens, pool.page_size, device)

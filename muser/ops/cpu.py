@@ -14,6 +14,7 @@ import functools
 import torch
 
 import muser.ops.native as c_kernels
+from muser.ops.kv_fp8 import is_fp8
 from muser.ops.packed import PackedMatrix
 from muser.ops.ref import (
     Weights,
@@ -153,10 +154,12 @@ def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, norm_rope: tuple | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """ref.decode_attention: the new rows stored first, then each sequence's query over its
     keys [start, len), read in place through the block table (a 16-bit cache widened exactly
-    as the kernel reads it)."""
+    as the kernel reads it). `dtype` is unused: this backend refuses FP8 caches (EngineConfig)."""
+    assert not is_fp8(k_rows), "FP8 KV caches are refused on the CPU backend"
     if norm_rope is not None:
         q, new = with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
     if new is not None:
@@ -169,10 +172,12 @@ def prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route,
     tile_ranges: torch.Tensor | None = None, read_rows: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """ref.prefill_attention, by one kernel for every route: each query row over exactly its
     visible keys, visited by distance (so the route, the tiles and where the keys came from
-    do not change a bit)."""
+    do not change a bit). `dtype` is unused: this backend refuses FP8 caches (EngineConfig)."""
+    assert not is_fp8(keys), "FP8 KV caches are refused on the CPU backend"
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
     if keys.dtype != values.dtype or keys.dtype not in c_kernels.FORMATS:

@@ -15,6 +15,8 @@ from muser.ops.blocks import BlockMatrix
 from muser.ops.dense_ref import attention_decode, attention_dense
 from muser.ops.flash_ref import attention_tiled
 from muser.ops.fp8 import Fp8Matrix
+from muser.ops.kv_fp8 import is_fp8, to_store
+from muser.ops.kv_fp8 import values as kv_values
 from muser.ops.packed import PackedMatrix, dense
 from muser.ops.routes import Route
 
@@ -178,14 +180,16 @@ def store_kv(
     k_rows: torch.Tensor, v_rows: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     src: torch.Tensor, dst: torch.Tensor,
 ) -> None:
-    """k_rows[dst[i]] = k_new[src[i]] (and v), cast to the cache dtype; dst < 0 writes nothing.
+    """k_rows[dst[i]] = k_new[src[i]] (and v), cast to the cache dtype (an FP8 cache: quantized,
+    muser/ops/kv_fp8.py); dst < 0 writes nothing.
 
-    k_rows/v_rows: [num_rows, kv_heads, head_dim] flat physical rows of one layer's store.
+    k_rows/v_rows: [num_rows, kv_heads, head_dim] flat physical rows of one layer's store
+    ([num_rows, kv_heads, head_dim + 4] uint8 for FP8).
     """
     keep = dst >= 0
     src, dst = src[keep], dst[keep]
-    k_rows[dst] = k_new[src].to(k_rows.dtype)
-    v_rows[dst] = v_new[src].to(v_rows.dtype)
+    k_rows[dst] = to_store(k_new[src], k_rows)
+    v_rows[dst] = to_store(v_new[src], v_rows)
 
 
 def stage_gather(
@@ -193,11 +197,12 @@ def stage_gather(
     k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous keys/values in logical order: rows `read_rows` of the store, then (staging
-    shadow) the chunk's own new rows -> ([S, kv_heads, head_dim], same) in the cache dtype."""
+    shadow) the chunk's own new rows -> ([S, kv_heads, head_dim], same) in the cache's form
+    (FP8: packed rows, the new ones quantized as store_kv stores them)."""
     keys, values = k_rows[read_rows], v_rows[read_rows]
     if k_new is not None:
-        keys = torch.cat((keys, k_new.to(k_rows.dtype)))
-        values = torch.cat((values, v_new.to(v_rows.dtype)))
+        keys = torch.cat((keys, to_store(k_new, k_rows)))
+        values = torch.cat((values, to_store(v_new, v_rows)))
     return keys, values
 
 
@@ -220,15 +225,18 @@ def decode_attention(
     q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, block_table: torch.Tensor,
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, norm_rope: tuple | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One query row per sequence over its cached keys. q: [B, H, D]; k/v_rows: flat physical
-    rows [R, KVH, D]; block_table: [B, blocks] int32; starts/lens/origins: [B] int32 ->
+    rows [R, KVH, D] (FP8: packed, read dequantized; `dtype`, the Triton twin's dot dtype, is
+    unused: this reference computes in float32); block_table: [B, blocks] int32; starts/lens/origins: [B] int32 ->
     [B, H, D] float32 (zeros where lens <= starts: padding rows).
 
     new = (k, v, src, dst): the step's new rows, stored first (store_kv); the row stored for
     sequence b is its newest key, logical lens[b] - 1. norm_rope: see with_norm_rope."""
     if norm_rope is not None:
-        q, new = with_norm_rope(q, new, norm_rope, k_rows.dtype, qk_norm_rope_pair)
+        k_dtype = torch.float32 if is_fp8(k_rows) else k_rows.dtype
+        q, new = with_norm_rope(q, new, norm_rope, k_dtype, qk_norm_rope_pair)
     if new is not None:
         store_kv(k_rows, v_rows, *new)
 
@@ -238,7 +246,7 @@ def decode_attention(
         if length <= start:
             continue
         rows = decode_rows(block_table[b], start, length, int(origins[b]), block_size)
-        out[b] = attention_decode(q[b], k_rows[rows], v_rows[rows], scale)
+        out[b] = attention_decode(q[b], kv_values(k_rows[rows]), kv_values(v_rows[rows]), scale)
     return out
 
 
@@ -274,16 +282,19 @@ def prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route,
     tile_ranges: torch.Tensor | None = None, read_rows: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """A chunk's queries q: [T, H, D] at positions q_start.. over contiguous keys/values
     [S, KVH, D] at k_start.. (causal, windowed when `window`) -> [T, H, D] float32. With
     read_rows [S], keys/values are the layer's store and its rows read_rows the keys in order.
+    FP8 keys/values (packed rows) are read dequantized (`dtype`: the Triton twin's dot dtype).
 
     The reference runs the chunk's route: SHORT_CHUNK (decode per row), TILED (classifier),
     DENSE or FALLBACK_F32 (masked dense). `tile_ranges` is only used by the Triton twin.
     """
     if read_rows is not None:
         keys, values = stage_gather(keys, values, read_rows)
+    keys, values = kv_values(keys), kv_values(values)
 
     if route in (Route.SHORT_CHUNK, Route.DECODE):
         rows = []
@@ -306,7 +317,8 @@ def qk_norm_rope_pair(
     store: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qk_norm_rope of the queries (f32) and of the keys (in k_dtype: the cache dtype, which
-    they are stored in); one launch on the GPU.
+    they are stored in; float32 for an FP8 cache, whose codes round the float32 keys once);
+    one launch on the GPU.
 
     store = (k_rows, v_rows, v, dst): also store row i's keys and values v[i] at flat cache
     row dst[i] (dst < 0: not stored). A prefill chunk written in place is stored here, before

@@ -18,9 +18,12 @@ decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
 gemm = importlib.import_module("muser.ops.triton.gemm")
 prefill = importlib.import_module("muser.ops.triton.prefill_attention")
 softmax = importlib.import_module("muser.ops.triton.softmax")
+qk_norm_rope = importlib.import_module("muser.ops.triton.qk_norm_rope")
+stage_gather = importlib.import_module("muser.ops.triton.stage_gather")
+store_kv = importlib.import_module("muser.ops.triton.store_kv")
 
-gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32",
-              "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32", "next_ptr": "*fp32",
+gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16",
+              "part_ptr": "*fp32", "cnt_ptr": "*i32", "res_ptr": "*fp32", "post_ptr": "*fp32", "next_ptr": "*fp32",
               "res_out_ptr": "*fp32", "eps": "fp32"}
 out = {}
 for name, block_n, block_m, block_k, stages in [("fma", 1, 8, 512, 3), ("dot", 16, 128, 128, 4)]:
@@ -55,13 +58,38 @@ for dim, group, kv_heads in ((256, 4, 1), (128, 2, 16)):  # gemma3-1b's heads, g
     out[f"attention exact {dim} pdl=True"] = ptx(
         decode_attention._decode_span_kernel, exact_attn, dict(
             KVH=kv_heads, G=group, BLOCK_G=16, D=dim, BLOCK_N=softmax.KEY_TILE,
-            SPAN=softmax.SPAN, SPLITS=8, NEW=True, ONE_BLOCK=False, PDL=True),
+            SPAN=softmax.SPAN, SPLITS=8, NEW=True, ONE_BLOCK=False, FP8=False, DOT=1, PDL=True),
         num_warps=4, num_stages=2)
     for split in (False, True):
         out[f"exact prefill attention {dim} split={split}"] = ptx(
             prefill._flash_exact_kernel, exact_attn, dict(
                 G=group, D=dim, BLOCK=softmax.KEY_TILE, SPAN=softmax.SPAN, HAS_WINDOW=split,
-                INDEXED=not split, PACK=1, SPLIT=split), num_warps=warps, num_stages=2)
+                INDEXED=not split, PACK=1, SPLIT=split, FP8=False, DOT=1), num_warps=warps,
+            num_stages=2)
+    # an FP8 cache (muser/ops/kv_fp8.py): packed uint8 rows, the new keys float32, bf16 dots
+    fp8 = exact_attn | {"k_ptr": "*u8", "v_ptr": "*u8", "kn_ptr": "*fp32"}
+    out[f"attention exact fp8 {dim} pdl=True"] = ptx(
+        decode_attention._decode_span_kernel, fp8, dict(
+            KVH=kv_heads, G=group, BLOCK_G=16, D=dim, BLOCK_N=softmax.KEY_TILE,
+            SPAN=softmax.SPAN, SPLITS=8, NEW=True, ONE_BLOCK=False, FP8=True, DOT=1, PDL=True),
+        num_warps=4, num_stages=2)
+    for split in (False, True):
+        out[f"fp8 exact prefill attention {dim} split={split}"] = ptx(
+            prefill._flash_exact_kernel, fp8, dict(
+                G=group, D=dim, BLOCK=softmax.KEY_TILE, SPAN=softmax.SPAN, HAS_WINDOW=split,
+                INDEXED=not split, PACK=1, SPLIT=split, FP8=True, DOT=1), num_warps=warps,
+            num_stages=2)
+# the FP8 cache's stores: gemma3-27b's rows (16 KV heads of 128)
+rows = {"k_rows": "*u8", "v_rows": "*u8", "src_ptr": "*i32", "dst_ptr": "*i32"}
+out["fp8 store_kv"] = ptx(store_kv._store_kv_fp8_kernel, rows | {
+    "k_new": "*fp32", "v_new": "*bf16"}, dict(KVH=16, BLOCK_H=16, D=128))
+out["fp8 stage_gather"] = ptx(stage_gather._stage_gather_kernel, rows | {
+    "read_ptr": "*i64", "k_new": "*fp32", "v_new": "*bf16", "k_out": "*u8", "v_out": "*u8"},
+    dict(ROW=16 * 132, BLOCK=4096, FP8=True, KVH=16, BLOCK_H=16, D=128))
+out["fp8 qk pair store"] = ptx(qk_norm_rope._qk_pair_kernel, rows | {
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "qw_ptr": "*fp32", "kw_ptr": "*fp32", "cos_ptr": "*fp32",
+    "sin_ptr": "*fp32", "q_out": "*fp32", "k_out": "*fp32", "v_ptr": "*bf16", "eps": "fp32"},
+    dict(HALF=64, HEADS=8, STORE=True, FP8=True, PDL=False))
 attn_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*fp32",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
@@ -78,8 +106,8 @@ flash_types = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "rows_ptr":
                "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32", "tiles_ptr": "*i8",
                "ranges_ptr": "*i32", "scale_log2": "fp32"}
 out["prefill attention in place"] = ptx(prefill._flash_kernel, flash_types,
-    dict(G=2, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=2, WIDE=2), num_warps=8,
-    num_stages=5)
+    dict(G=2, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=2, WIDE=2, DOT=1),
+    num_warps=8, num_stages=5)
 out["prefill attention combine"] = ptx(prefill._combine_kernel, flash_types | {"o_ptr": "*bf16"},
     dict(D=128), num_warps=1)
 # a float32 model (or KV cache): its operands as they are
@@ -95,8 +123,8 @@ out["float32 attention"] = ptx(decode_attention._decode_split_kernel, attn_types
     dict(KVH=1, G=4, BLOCK_G=16, D=256, BLOCK_N=32, SPLITS=32, NEW=True, NORM=False,
          PDL=False))
 out["float32 prefill attention"] = ptx(prefill._flash_kernel, flash_types | f32,
-    dict(G=1, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=1, WIDE=1), num_warps=4,
-    num_stages=3)
+    dict(G=1, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=1, WIDE=1, DOT=0),
+    num_warps=4, num_stages=3)
 json.dump(out, sys.stdout)
 '''
 
@@ -115,7 +143,7 @@ for name, heads, kv_heads, dim, in_place in (("27b", 32, 16, 128, False),
     c = prefill.launch_config(8, heads, kv_heads, 64, dim, 64, in_place, 4)
     out[f"{name} in_place={in_place}"] = compiled(prefill._flash_kernel, types, dict(
         G=heads // kv_heads, D=dim, BLOCK=64, HAS_WINDOW=False, INDEXED=in_place, PACK=c.pack,
-        WIDE=c.wide), num_warps=c.num_warps, num_stages=c.num_stages).metadata.shared
+        WIDE=c.wide, DOT=0), num_warps=c.num_warps, num_stages=c.num_stages).metadata.shared
 json.dump(out, sys.stdout)
 '''
 
@@ -136,20 +164,23 @@ def test_float32_prefill_attention_fits_shared_memory():
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 23
+    assert len(ptx) == 32
 
 
 def _tensor_core_instructions(code: str) -> set[str]:
     return set(re.findall(r"wgmma\.mma_async[\w.]*|mma\.sync[\w.]*", code))
 
 
+@pytest.mark.parametrize("fp8", ["", "fp8 "])
 @pytest.mark.parametrize("dim", [256, 128])
-def test_exact_attention_sums_on_bf16_tensor_cores_only(ptx, dim):
+def test_exact_attention_sums_on_bf16_tensor_cores_only(ptx, dim, fp8):
     """The exact route's decode programs (16 rows: mma.sync) and prefill programs (64 rows:
     wgmma) sum every dot on bf16 tensor cores into float32, whose chains give the same bits
-    whatever the instruction (bench/results/exact_probe_h100.json)."""
-    names = [f"attention exact {dim} pdl=True"] + [
-        f"exact prefill attention {dim} split={split}" for split in (False, True)]
+    whatever the instruction (bench/results/exact_probe_h100.json). Over an FP8 cache too: its
+    codes are widened to bf16 first, never multiplied as e4m3 (whose chains differ between
+    mma.sync and wgmma)."""
+    names = [f"attention exact {fp8}{dim} pdl=True"] + [
+        f"{fp8}exact prefill attention {dim} split={split}" for split in (False, True)]
     for name in names:
         found = _tensor_core_instructions(ptx[name])
         assert found and all("f32.bf16.bf16" in i for i in found), (name, found)

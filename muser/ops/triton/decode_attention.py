@@ -33,7 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.errors import MuserError
+from muser.ops.kv_fp8 import head_dim_of, is_fp8, packed
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.kv_fp8 import dot_code, load_heads, quantize_heads, store_heads, to_dot
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
 from muser.ops.triton.qk_norm_rope import norm_rope_whole, whole_angles, whole_weight
@@ -44,10 +47,11 @@ from muser.ops.triton.switches import current as switches_in_force
 @triton.jit
 def _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr, kvh, d,
              KVH: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr,
-             ONE_BLOCK: tl.constexpr):
+             ONE_BLOCK: tl.constexpr, FP8: tl.constexpr = False, DOT: tl.constexpr = 0):
     """The K and V rows [BLOCK_N, D] of keys i (logical indices); 0 where not valid. With
     ONE_BLOCK (a ring, or a page table of one block) every key is in the table's first block:
-    its load depends on no key index, so it is in flight with the sequence's metadata."""
+    its load depends on no key index, so it is in flight with the sequence's metadata. FP8
+    (MASKED): packed rows, dequantized to the dot dtype DOT (kv_fp8.py)."""
     j = (origin + i) % wrap
     if ONE_BLOCK:
         row = tl.load(table_ptr + b * stride_t).to(tl.int64) * block_size + j
@@ -57,13 +61,18 @@ def _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, 
         else:
             blk = tl.load(table_ptr + b * stride_t + j // block_size)
         row = blk.to(tl.int64) * block_size + j % block_size
-    at = (row * KVH + kvh)[:, None] * D + d[None, :]
-    if MASKED:
-        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+    if FP8:
+        at_fp8 = (row * KVH + kvh) * (D + 4)
+        k = load_heads(k_ptr, at_fp8, d, valid, D, True, DOT)
+        v = load_heads(v_ptr, at_fp8, d, valid, D, True, DOT)
     else:
-        k = tl.load(k_ptr + at)
-        v = tl.load(v_ptr + at)
+        at = (row * KVH + kvh)[:, None] * D + d[None, :]
+        if MASKED:
+            k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)  # in flight with K's load
+        else:
+            k = tl.load(k_ptr + at)
+            v = tl.load(v_ptr + at)
     return k, v
 
 
@@ -217,13 +226,15 @@ def _decode_span_kernel(
     origins_ptr, mid_o, mid_ml, H, stride_qb, stride_qh, stride_kn, stride_vn, stride_t,
     num_blocks, block_size, scale_log2, KVH: tl.constexpr, G: tl.constexpr,
     BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPAN: tl.constexpr,
-    SPLITS: tl.constexpr, NEW: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, NEW: tl.constexpr, ONE_BLOCK: tl.constexpr, FP8: tl.constexpr,
+    DOT: tl.constexpr, PDL: tl.constexpr,
 ):
     """The exact route (softmax.py): program (b, kv head, s) folds the keys of sequence b's
     s-th span, from the span holding its first key, in key tiles anchored at logical
     positions, into a partial of its own. With NEW the step's new row is stored by s = 0 and
-    enters the tile holding it from the input (the same values the store writes), so no
-    program reads that cache row."""
+    enters the tile holding it from the input (the same values the store writes: with FP8 its
+    codes, quantized here, dequantized), so no program reads that cache row. DOT: the dots'
+    dtype (the cache's; FP8: the model's), kv_fp8.py."""
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start = tl.load(starts_ptr + b)
     length = tl.load(lens_ptr + b)
@@ -241,11 +252,16 @@ def _decode_span_kernel(
         src = tl.load(src_ptr + b).to(tl.int64)
         dst = tl.load(dst_ptr + b).to(tl.int64)
     enter(PDL)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=g_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q = to_dot(tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                       mask=g_mask[:, None], other=0.0), DOT)
     if NEW:
-        k_new = tl.load(kn_ptr + src * stride_kn + kvh * D + d).to(k_ptr.dtype.element_ty)
-        v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d).to(v_ptr.dtype.element_ty)
+        k_new = tl.load(kn_ptr + src * stride_kn + kvh * D + d)
+        v_new = tl.load(vn_ptr + src * stride_vn + kvh * D + d)
+        if FP8:  # the new row's codes: stored below, and their values attended
+            k_codes, k_scale, k_new = quantize_heads(k_new.to(tl.float32)[None, :])
+            v_codes, v_scale, v_new = quantize_heads(v_new.to(tl.float32)[None, :])
+            k_new, v_new = tl.reshape(k_new, (D,)), tl.reshape(v_new, (D,))
+        k_new, v_new = to_dot(k_new, DOT), to_dot(v_new, DOT)
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, D), tl.float32)
@@ -253,13 +269,18 @@ def _decode_span_kernel(
         i = i0 + tl.arange(0, BLOCK_N)
         valid = (i >= lo) & (i < hi)
         k, v = _kv_tile(i, valid, origin, wrap, table_ptr, b, stride_t, block_size, k_ptr, v_ptr,
-                        kvh, d, KVH, D, True, ONE_BLOCK)
+                        kvh, d, KVH, D, True, ONE_BLOCK, FP8, DOT)
         if NEW:
             newest = (i == last)[:, None]
             k = tl.where(newest, k_new[None, :], k)
             v = tl.where(newest, v_new[None, :], v)
         acc, m, l = fold(q, acc, m, l, k, v, valid[None, :], scale_log2, BLOCK_N)
-    if NEW:
+    if NEW and FP8:
+        at_row = tl.full((1,), 0, tl.int64) + (dst * KVH + kvh) * (D + 4)
+        keep = tl.full((1,), 1, tl.int1) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: padding
+        store_heads(k_ptr, at_row, d, k_codes, k_scale, keep, D)
+        store_heads(v_ptr, at_row, d, v_codes, v_scale, keep, D)
+    elif NEW:
         at_new = (dst * KVH + kvh) * D + d
         store = (d < D) & (dst >= 0) & (split == 0)  # NOTE: dst < 0: a padding row
         tl.store(k_ptr + at_new, k_new, mask=store)
@@ -332,10 +353,11 @@ def decode_attention(
     starts: torch.Tensor, lens: torch.Tensor, origins: torch.Tensor, block_size: int,
     scale: float, new: tuple | None = None, splits: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-    norm_rope: tuple | None = None,
+    norm_rope: tuple | None = None, dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows; block_table: [B, blocks] int32;
-    starts/lens/origins: [B] int32 -> [B, H, D] in the cache dtype (zeros where lens <= starts).
+    """q: [B, H, D]; k/v_rows: [R, KVH, D] flat rows (FP8: packed [R, KVH, D + 4], the exact
+    route only); block_table: [B, blocks] int32; starts/lens/origins: [B] int32 -> [B, H, D]
+    in the cache dtype, or for FP8 in `dtype`, the dots' (zeros where lens <= starts).
     new = (k, v, src, dst): store k/v[src[b]] at row dst[b] first (ref.store_kv), in the same
     launch; the row stored for sequence b must be its newest key (logical lens[b] - 1).
     norm_rope = (q_weight, k_weight, cos, sin, eps), with new: q and new k are the projection's
@@ -346,11 +368,13 @@ def decode_attention(
     group = heads // kv_heads
     assert q.stride(2) == 1 and k_rows.is_contiguous() and v_rows.is_contiguous()
     assert block_table.dtype == torch.int32 and block_table.stride(1) == 1
+    assert head_dim_of(k_rows) == head_dim and k_rows.shape == v_rows.shape
     if new is not None:
         k_new, v_new, src, dst = new
         assert src.shape == dst.shape == (batch,)
         for t in (k_new, v_new):
-            assert t.stride(2) == 1 and t.stride(1) == head_dim and t.shape[1:] == k_rows.shape[1:]
+            assert t.stride(2) == 1 and t.stride(1) == head_dim
+            assert t.shape[1:] == (kv_heads, head_dim)
     else:
         k_new, v_new, src, dst = q, q, lens, lens  # unused
     if norm_rope is not None:
@@ -364,7 +388,10 @@ def decode_attention(
     if switches_in_force().exact:
         assert norm_rope is None, "the exact route normalizes q and k before attention"
         return _exact(q, k_rows, v_rows, block_table, starts, lens, origins, block_size, scale,
-                      new, k_new, v_new, src, dst)
+                      new, k_new, v_new, src, dst, dtype)
+    if is_fp8(k_rows):
+        raise MuserError("an FP8 KV cache is read on the exact attention route only (the "
+                         "`exact` switch is on in serving; docs/exactness.md)")
     picked = launch_config(batch, kv_heads, head_dim, block_table.shape[1] * block_size)
     splits, block_n, num_warps = splits or picked[0], block_n or picked[1], num_warps or picked[2]
     num_stages = num_stages or picked[3]
@@ -388,23 +415,27 @@ def decode_attention(
 
 
 def _exact(q, k_rows, v_rows, block_table, starts, lens, origins, block_size, scale, new, k_new,
-           v_new, src, dst) -> torch.Tensor:
+           v_new, src, dst, dtype) -> torch.Tensor:
     """decode_attention on the exact route (softmax.py): a span a program, merged in order."""
     batch, heads, head_dim = q.shape
     kv_heads = k_rows.shape[1]
     group = heads // kv_heads
+    fp8 = is_fp8(k_rows)
+    assert not fp8 or (k_rows.shape[2] == packed(head_dim) and dtype is not None)
+    dot = dtype if fp8 else k_rows.dtype
     splits = exact_spans(block_table.shape[1] * block_size)
     mid_o = empty((batch, heads, splits, head_dim), torch.float32, q.device)
     mid_ml = empty((batch, heads, splits, 2), torch.float32, q.device)
-    out = empty((batch, heads, head_dim), k_rows.dtype, q.device)
+    out = empty((batch, heads, head_dim), dot, q.device)
     launch(
         _decode_span_kernel, (batch, kv_heads, splits), q, k_rows, v_rows, k_new, v_new, src, dst,
         block_table, starts, lens, origins, mid_o, mid_ml, heads, q.stride(0), q.stride(1),
         k_new.stride(0), v_new.stride(0), block_table.stride(0), block_table.shape[1],
         block_size, scale * math.log2(math.e), KVH=kv_heads, G=group,
         BLOCK_G=max(16, next_power_of_2(group)), D=head_dim, BLOCK_N=KEY_TILE, SPAN=SPAN,
-        SPLITS=splits, NEW=new is not None, ONE_BLOCK=block_table.shape[1] == 1,
-        num_warps=4 if head_dim <= 256 else 8, num_stages=2, **options(q.device),
+        SPLITS=splits, NEW=new is not None, ONE_BLOCK=block_table.shape[1] == 1, FP8=fp8,
+        DOT=dot_code(dot), num_warps=4 if head_dim <= 256 else 8, num_stages=2,
+        **options(q.device),
     )
     launch(_decode_span_merge_kernel, (batch * heads,), mid_o, mid_ml, out, starts, lens, heads,
            D=head_dim, SPAN=SPAN, SPLITS=splits, **options(q.device))

@@ -32,30 +32,33 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.errors import MuserError
+from muser.ops.kv_fp8 import head_dim_of, is_fp8, packed
 from muser.ops.ref import prefill_attention as reference_attention
 from muser.ops.routes import Route
 from muser.ops.tiles import EMPTY, FULL, classify_tiles
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.kv_fp8 import dot_code, load_heads, to_dot
 from muser.ops.triton.launch import cdiv, launch
 from muser.ops.triton.softmax import EXACT_ROWS, KEY_TILE, SPAN, exact_warps, fold, merge_weights
 from muser.ops.triton.switches import current as switches_in_force
 
 
 @triton.jit
-def _query_tile(q_ptr, k_ptr, qt, group, T, stride_qt, stride_qh, G: tl.constexpr,
-                D: tl.constexpr, BLOCK: tl.constexpr, PACK: tl.constexpr):
+def _query_tile(q_ptr, qt, group, T, stride_qt, stride_qh, G: tl.constexpr,
+                D: tl.constexpr, BLOCK: tl.constexpr, PACK: tl.constexpr, DOT: tl.constexpr):
     """Query tile qt of head group `group`: PACK query heads of one key/value head share the
     program, its PACK * BLOCK rows (head, query row) pairs over the same query rows, so each
-    key tile is loaded once for them -> (q in the cache dtype, head, key/value head, query
-    row, row mask, head dims)."""
+    key tile is loaded once for them -> (q in the dot dtype DOT (kv_fp8.py: the cache's, or an
+    FP8 cache's model dtype), head, key/value head, query row, row mask, head dims)."""
     r = tl.arange(0, PACK * BLOCK)
     h = group * PACK + r // BLOCK
     kvh = group * PACK // G
     rq = qt * BLOCK + r % BLOCK
     d = tl.arange(0, D)
     q_mask = rq < T
-    q = tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
-                + d[None, :], mask=q_mask[:, None], other=0.0).to(k_ptr.dtype.element_ty)
+    q = to_dot(tl.load(q_ptr + rq[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh
+                       + d[None, :], mask=q_mask[:, None], other=0.0), DOT)
     return q, h, kvh, rq, q_mask, d
 
 
@@ -137,11 +140,11 @@ def _flash_kernel(
     q_start, k_start, window, scale_log2, num_k_tiles, stride_qt, stride_qh, stride_kt,
     stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, splits, G: tl.constexpr,
     D: tl.constexpr, BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
-    PACK: tl.constexpr, WIDE: tl.constexpr,
+    PACK: tl.constexpr, WIDE: tl.constexpr, DOT: tl.constexpr,
 ):
     qt, group, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q, h, kvh, rq, q_mask, d = _query_tile(q_ptr, k_ptr, qt, group, T, stride_qt, stride_qh, G,
-                                           D, BLOCK, PACK)
+    q, h, kvh, rq, q_mask, d = _query_tile(q_ptr, qt, group, T, stride_qt, stride_qh, G, D,
+                                           BLOCK, PACK, DOT)
     q_pos = q_start + rq
     m = tl.full((PACK * BLOCK,), float("-inf"), tl.float32)
     l = tl.zeros((PACK * BLOCK,), tl.float32)
@@ -210,22 +213,22 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, stride_ot, stride_oh, splits,
 @triton.jit
 def _exact_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, S, k_first, shift, window,
                 scale_log2, kvh, d, stride_kt, stride_kh, stride_vt, stride_vh,
-                BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr):
+                BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr,
+                D: tl.constexpr, FP8: tl.constexpr, DOT: tl.constexpr):
     """Key tile kt of the exact route: logical keys k_first + kt * BLOCK .., of which the given
-    ones are indices i - shift (i < shift and i >= S + shift: none), folded by softmax.fold."""
+    ones are indices i - shift (i < shift and i >= S + shift: none), folded by softmax.fold;
+    FP8: packed rows, dequantized to the dot dtype DOT (kv_fp8.py)."""
     r = tl.arange(0, BLOCK)
     i = kt * BLOCK + r - shift  # index into the given keys
     given = (i >= 0) & (i < S)
     if INDEXED:  # a tile's rows are consecutive store rows
         at = kt * BLOCK - shift
         first = tl.load(rows_ptr + tl.maximum(at, 0)).to(tl.int64) + tl.minimum(at, 0)
-        rk64 = (first + r)[:, None]
+        rk64 = first + r
     else:
-        rk64 = i[:, None].to(tl.int64)
-    k = tl.load(k_ptr + rk64 * stride_kt + kvh * stride_kh + d[None, :], mask=given[:, None],
-                other=0.0)
-    v = tl.load(v_ptr + rk64 * stride_vt + kvh * stride_vh + d[None, :], mask=given[:, None],
-                other=0.0)
+        rk64 = i.to(tl.int64)
+    k = load_heads(k_ptr, rk64 * stride_kt + kvh * stride_kh, d, given, D, FP8, DOT)
+    v = load_heads(v_ptr, rk64 * stride_vt + kvh * stride_vh, d, given, D, FP8, DOT)
     k_pos = k_first + kt * BLOCK + r
     visible = given[None, :] & (k_pos[None, :] <= q_pos[:, None])
     if HAS_WINDOW:
@@ -240,16 +243,16 @@ def _flash_exact_kernel(
     window, scale_log2, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     SPAN: tl.constexpr, HAS_WINDOW: tl.constexpr, INDEXED: tl.constexpr, PACK: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, FP8: tl.constexpr, DOT: tl.constexpr,
 ):
     """The exact route (softmax.py). Keys are the given S at logical k_first + shift ..
     (k_first a multiple of BLOCK). Program (query tile, head group, z) walks the key tiles its
     rows see, span by span: in registers, merging each span into the running sums (SPLIT
     False, z = 0), or only its tile's z-th span, whose partial it stores for
-    `_exact_combine_kernel` (SPLIT)."""
+    `_exact_combine_kernel` (SPLIT). FP8: the keys and values are packed rows (kv_fp8.py)."""
     qt, group, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q, h, kvh, rq, q_mask, d = _query_tile(q_ptr, k_ptr, qt, group, T, stride_qt, stride_qh, G,
-                                           D, BLOCK, PACK)
+    q, h, kvh, rq, q_mask, d = _query_tile(q_ptr, qt, group, T, stride_qt, stride_qh, G, D,
+                                           BLOCK, PACK, DOT)
     q_pos = q_start + rq
     lo, hi, span_lo, span_hi = _tile_spans(qt, T, q_start, k_first, shift, S, window, BLOCK,
                                            SPAN, HAS_WINDOW)
@@ -268,7 +271,8 @@ def _flash_exact_kernel(
         for kt in range(t0, t1):
             acc, m, l = _exact_tile(q, acc, m, l, kt, q_pos, rows_ptr, k_ptr, v_ptr, S, k_first,
                                     shift, window, scale_log2, kvh, d, stride_kt, stride_kh,
-                                    stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED)
+                                    stride_vt, stride_vh, BLOCK, HAS_WINDOW, INDEXED, D, FP8,
+                                    DOT)
         if SPLIT:
             M, L, A = m, l, acc
         else:
@@ -393,13 +397,15 @@ def prefill_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_start: int, k_start: int,
     window: int | None, scale: float, tiles: torch.Tensor | None, tile: int, route=None,
     tile_ranges: torch.Tensor | None = None, read_rows: torch.Tensor | None = None,
-    config: FlashConfig | None = None,
+    config: FlashConfig | None = None, dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D]; keys/values: [S, KVH, D] (unit last stride) at positions k_start.., or,
     with read_rows [S] (device ints, consecutive within each tile of `tile` rows), the layer's
     store [R, KVH, D] whose rows read_rows are the keys in order -> [T, H, D] in the keys'
-    dtype. tiles: the int8 classifier at `tile`
+    dtype. FP8 keys/values (packed [.., KVH, D + 4], kv_fp8.py): read on the exact route only,
+    dequantized to `dtype`, the dots' and the output's. tiles: the int8 classifier at `tile`
     (computed if None). config: the launch (default: `launch_config`'s rule)."""
+    assert head_dim_of(keys) == q.shape[2] and keys.dtype == values.dtype
     if route == Route.FALLBACK_F32:
         if read_rows is not None:
             keys, values = keys[read_rows], values[read_rows]
@@ -414,7 +420,10 @@ def prefill_attention(
     if switches_in_force().exact:
         if read_rows is not None and tile % KEY_TILE:  # rows consecutive in smaller tiles only
             keys, values, read_rows = keys[read_rows], values[read_rows], None
-        return _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config)
+        return _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config, dtype)
+    if is_fp8(keys):
+        raise MuserError("an FP8 KV cache is read on the exact attention route only (the "
+                         "`exact` switch is on in serving; docs/exactness.md)")
     if tiles is None:
         tiles = classify_tiles(q_start, num_q, k_start, num_k, window, tile, tile)
     if tiles.device != dev:
@@ -438,8 +447,8 @@ def prefill_attention(
         ml, tiles, ranges, num_q, num_k, q_start, k_start, window or 0, scale * _LOG2E, k_tiles,
         qs0, qs1, ks0, ks1, vs0, vs1, heads * head_dim, head_dim, cfg.splits,
         G=heads // kv_heads, D=head_dim, BLOCK=tile, HAS_WINDOW=window is not None,
-        INDEXED=read_rows is not None, PACK=cfg.pack, WIDE=cfg.wide, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        INDEXED=read_rows is not None, PACK=cfg.pack, WIDE=cfg.wide,
+        DOT=dot_code(keys.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:
         launch(_combine_kernel, (num_q, heads), part, ml, out, num_q, heads, heads * head_dim,
@@ -455,11 +464,14 @@ def exact_config(q_tiles: int, heads: int, spans: int, head_dim: int) -> FlashCo
     return FlashConfig(splits, exact_warps(head_dim), 2, 1, 1)
 
 
-def _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config):
+def _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config, dtype):
     """prefill_attention on the exact route (softmax.py)."""
     num_q, heads, head_dim = q.shape
     num_k = keys.shape[0] if read_rows is None else read_rows.shape[0]
     kv_heads, dev, tile = keys.shape[1], q.device, KEY_TILE
+    fp8 = is_fp8(keys)
+    assert not fp8 or (keys.shape[2] == packed(head_dim) and dtype is not None)
+    dot = dtype if fp8 else keys.dtype
     assert EXACT_ROWS == KEY_TILE, "the kernel's BLOCK is both"
     shift = k_start % tile
     k_first = k_start - shift
@@ -469,7 +481,7 @@ def _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config):
     # NOTE: a config's splits > 1 asks for span programs (one a span, however many it names);
     # its pack, wide and warps do not apply (one tile shape: exact_config)
     cfg = FlashConfig(spans if cfg.splits > 1 and spans > 1 else 1, exact_warps(head_dim), 2)
-    out = empty((num_q, heads, head_dim), keys.dtype, dev)
+    out = empty((num_q, heads, head_dim), dot, dev)
     part = ml = out  # NOTE: unused without span programs (a placeholder pointer)
     if cfg.splits > 1:
         part = empty((cfg.splits, num_q, heads, head_dim), torch.float32, dev)
@@ -481,8 +493,8 @@ def _exact(q, keys, values, read_rows, q_start, k_start, window, scale, config):
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
         values.stride(1), heads * head_dim, head_dim, G=heads // kv_heads, D=head_dim,
         BLOCK=tile, SPAN=SPAN, HAS_WINDOW=window is not None, INDEXED=read_rows is not None,
-        PACK=cfg.pack, SPLIT=cfg.splits > 1, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        PACK=cfg.pack, SPLIT=cfg.splits > 1, FP8=fp8, DOT=dot_code(dot),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:
         launch(_exact_combine_kernel, (num_q, heads), part, ml, out, num_q, heads, q_start,

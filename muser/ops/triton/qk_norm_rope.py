@@ -10,9 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
+from muser.ops.kv_fp8 import is_fp8, packed
 from muser.ops.triton.alloc import empty
+from muser.ops.triton.kv_fp8 import codes_of, quantize_heads, store_heads, store_tail
 from muser.ops.triton.launch import launch, next_power_of_2
 from muser.ops.triton.pdl import enter, options
+from muser.ops.triton.quantize_fp8 import activation_scale
 from muser.ops.triton.switches import current as switches_in_force
 
 
@@ -97,7 +100,8 @@ def _qk_norm_rope_kernel(
 def _qk_pair_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, v_ptr, k_rows, v_rows, dst_ptr,
     H, KVH, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_c, eps,
-    HALF: tl.constexpr, HEADS: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr,
+    HALF: tl.constexpr, HEADS: tl.constexpr, STORE: tl.constexpr, FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     n, h = tl.program_id(0), tl.program_id(1) * HEADS  # heads [0, H) are q's, then k's
     is_q = h < H
@@ -117,12 +121,32 @@ def _qk_pair_kernel(
         if STORE:
             dst = tl.load(dst_ptr + n).to(tl.int64)
             if dst >= 0:  # NOTE: dst < 0: a row this launch does not store
-                at = (dst * KVH + h) * 2 * HALF
-                _store_heads(k_rows + at, y1, y2, HALF, HEADS)
                 hh = tl.arange(0, HEADS)[:, None]
                 d = tl.arange(0, 2 * HALF)[None, :]
                 v = tl.load(v_ptr + n.to(tl.int64) * stride_vn + (h + hh) * stride_vh + d)
-                tl.store(v_rows + at + hh * (2 * HALF) + d, v.to(v_rows.dtype.element_ty))
+                if FP8:
+                    _store_fp8(k_rows, v_rows, (dst * KVH + h) * (2 * HALF + 4), y1, y2, v,
+                               HALF, HEADS)
+                else:
+                    at = (dst * KVH + h) * 2 * HALF
+                    _store_heads(k_rows + at, y1, y2, HALF, HEADS)
+                    tl.store(v_rows + at + hh * (2 * HALF) + d, v.to(v_rows.dtype.element_ty))
+
+
+@triton.jit
+def _store_fp8(k_rows, v_rows, at, y1, y2, v, HALF: tl.constexpr, HEADS: tl.constexpr):
+    """Heads' keys (rotated halves y1, y2 [HEADS, HALF] float32) and values v [HEADS, 2 HALF]
+    quantized into packed FP8 rows from element `at` on (muser/ops/kv_fp8.py)."""
+    half = tl.arange(0, HALF)
+    rows = at + tl.arange(0, HEADS).to(tl.int64) * (2 * HALF + 4)
+    every = tl.full((HEADS,), 1, tl.int1)
+    amax = tl.maximum(tl.max(tl.abs(y1), axis=1), tl.max(tl.abs(y2), axis=1))
+    scale, inverse = activation_scale(amax)
+    tl.store(k_rows + rows[:, None] + half[None, :], codes_of(y1, inverse))
+    tl.store(k_rows + rows[:, None] + HALF + half[None, :], codes_of(y2, inverse))
+    store_tail(k_rows, rows, scale, every, 2 * HALF)
+    codes, scale, _ = quantize_heads(v.to(tl.float32))
+    store_heads(v_rows, rows, tl.arange(0, 2 * HALF), codes, scale, every, 2 * HALF)
 
 
 # NOTE: one head a program keeps a decode step's few rows spread over the SMs; a prefill chunk
@@ -168,7 +192,8 @@ def qk_norm_rope_pair(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """qk_norm_rope of q: [N, H, D] and k: [N, KVH, D] in one launch -> (q float32, k in
     k_dtype). store = (k_rows, v_rows, v, dst): also k_rows[dst[i]] = k[i], v_rows[dst[i]] =
-    v[i] (cast to the cache dtype) where dst[i] >= 0 (ref.qk_norm_rope_pair)."""
+    v[i] (cast to the cache dtype; quantized into an FP8 cache's packed rows) where dst[i] >= 0
+    (ref.qk_norm_rope_pair)."""
     n, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     half = head_dim // 2
@@ -184,12 +209,13 @@ def qk_norm_rope_pair(
     else:
         k_rows, v_rows, v, dst = store
         assert k_rows.is_contiguous() and v_rows.is_contiguous() and v.stride(2) == 1
-        assert v.shape == k.shape and dst.shape == (n,) and k_rows.shape[1:] == k.shape[1:]
+        assert v.shape == k.shape and dst.shape == (n,)
+        assert k_rows.shape[1:] == (kv_heads, packed(head_dim) if is_fp8(k_rows) else head_dim)
     vs0, vs1, _ = v.stride()
     if n:
         per = heads_per_program(n, heads, kv_heads)
         launch(_qk_pair_kernel, (n, (heads + kv_heads) // per),
                q, k, q_weight, k_weight, cos, sin, q_out, k_out, v, k_rows, v_rows, dst, heads,
                kv_heads, qs0, qs1, ks0, ks1, vs0, vs1, cos.stride(0), eps, HALF=half,
-               HEADS=per, STORE=store is not None, **options(dev))
+               HEADS=per, STORE=store is not None, FP8=is_fp8(k_rows), **options(dev))
     return q_out, k_out
