@@ -110,10 +110,13 @@ def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig | None,
-         geglu_out: bool, norm: NormEpilogue | None, exact: bool = False):
+         geglu_out: bool, norm: NormEpilogue | None, exact: bool = False,
+         rows: int | None = None):
+    """rows: where weight is a row tile of a larger matrix (block_weights.py's LM head), that
+    matrix's rows: the exact route cuts K as for the whole matrix (order.py)."""
     if config is None:
         return _cublas(x, weight, geglu_out, norm)
-    cut = k_per_split(*weight.shape) if exact else None
+    cut = k_per_split(rows or weight.shape[0], weight.shape[1]) if exact else None
     if isinstance(config, GemmConfig):
         if exact:  # NOTE: the norm pair as its own row kernel, as after the decode GEMV
             return _after(gemm(x, weight, config, geglu_out, None, cut), False, norm)
@@ -124,7 +127,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-             norm: NormEpilogue | None):
+             norm: NormEpilogue | None, rows: int | None = None):
     if isinstance(weight, Blocks):
         return project_blocks(x, weight, geglu_out, norm, _project)
     route = ROUTES.get(type(weight))
@@ -140,9 +143,9 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     config = PICKS.pick.get(key, _UNSET)
     if config is _UNSET:
         if compile_only.get():
-            return _compile_candidates(x, weight, geglu_out, norm, switches.exact)
+            return _compile_candidates(x, weight, geglu_out, norm, switches.exact, rows)
         config = tune(key, x, weight, geglu_out, norm)
-    return _run(x, weight, config, geglu_out, norm, switches.exact)
+    return _run(x, weight, config, geglu_out, norm, switches.exact, rows)
 
 
 
@@ -206,13 +209,14 @@ def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool
 
 
 def _compile_candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-                        norm: NormEpilogue | None, exact: bool = False):
+                        norm: NormEpilogue | None, exact: bool = False,
+                        rows: int | None = None):
     """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
     configs = _candidates(x, weight, geglu_out, norm, exact)
     for config in configs[:-1] if exact else configs[1:]:
         with contextlib.suppress(Exception):  # as in tune: a config that fails is skipped
-            _run(x, weight, config, geglu_out, norm, exact)
-    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact)
+            _run(x, weight, config, geglu_out, norm, exact, rows)
+    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact, rows)
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:
