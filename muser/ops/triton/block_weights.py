@@ -1,24 +1,38 @@
 """GGUF block matrices (muser.ops.blocks) as the Triton backend reads them: projections, the
 embedding lookup and the prefill workspace. Weights stay the file's bytes on the device.
 
-- decode rows (N <= 8): the block GEMV (gemv_blocks.py) reads a matrix of one block type in
-  place, GeGLU or the residual add + RMSNorm in its epilogue (gemv.py's); a matrix of row
-  segments of several types (a Q4_K_M QKV) reads each into its columns of one output in the
-  engine's dtype (x quantized once, int8_rows.py, for every segment), and an epilogue
-  then runs as its own kernel;
+On the exact route (the `exact` switch with `gemv`, the defaults; docs/exactness.md) every
+width gives the bits of the dense exact route on W dequantized to the engine's dtype as
+dequantize_blocks.py rounds it (order.py's cuts of the whole matrix, tensor-core dot chains):
+- decode rows (N <= DOT_ROWS, 64): the block GEMV's dot kind (gemv_blocks_dot.py) reads the
+  blocks and dequantizes its tiles in registers; a matrix of row segments of several types (a
+  Q4_K_M QKV) reads each into its columns of one output, every segment cut as the whole
+  matrix; GeGLU in the epilogue (one block type) or as its own kernel, the residual add +
+  RMSNorm as its own row kernel, as the dense exact route runs them;
+- more rows: the workspace below, then linear.py's exact GEMM with the same cuts; the head's
+  row tiles are cut as the whole head (`rows`).
+Every type the kernels read (KERNEL_TYPES) and every shape is on it: a cut is a multiple of
+256 columns, so it begins on a block.
+
+Off it (A/B only):
+- decode rows (N <= 8): the int8 block GEMV (gemv_blocks.py) reads a matrix of one block type
+  in place, GeGLU or the residual add + RMSNorm in its epilogue (gemv.py's); a matrix of row
+  segments reads each into its columns of one output in the engine's dtype (x quantized
+  once, int8_rows.py, for every segment), and an epilogue then runs as its own kernel;
 - more rows (prefill chunks, decode batches of more than 8): the matrix is dequantized into
   one reused workspace in the engine's dtype (dequantize_blocks.py, gguf's values rounded
   once), then the dense projection runs on it (linear.py: its tuned GEMM or cuBLAS, epilogue
   included); a matrix larger than the workspace (the tied LM head, vocab rows) runs in row
-  tiles of it, each projected into its columns of the output;
-- the embedding: the rows asked for are gathered as blocks and dequantized (float32).
+  tiles of it, each projected into its columns of the output.
+The embedding: the rows asked for are gathered as blocks and dequantized (float32).
 
-The block GEMV's config is chosen per shape (rows, M, K, block type, x dtype): a pick from the
-tuning cache (family "blocks" in `picks.py`, written after a warm-up that timed any), else on
-CUDA the fastest of `candidates_blocks`, timed in CUDA graphs over copies of the blocks that
-defeat L2 (as linear.py times its GEMVs; the warm-up's decode shapes are timed there, and one
-first seen after it logs a warning); elsewhere `default_config`. The block GEMV has no cuBLAS
-twin: the `gemv` switch off (switches.py) reaches the dense route only.
+A block GEMV's config is chosen per shape (int8: rows, M, K, block type, x dtype; dot: also
+the engine dtype and the cut): a pick from the tuning cache (families "blocks" and
+"blocks_exact" in `picks.py`, written after a warm-up that timed any), else on CUDA the
+fastest of the candidates (`candidates_blocks`, `candidates_dot`), timed in CUDA graphs over
+copies of the blocks that defeat L2 (as linear.py times its GEMVs; the warm-up's decode shapes
+are timed there, and one first seen after it logs a warning); elsewhere a default. The block
+GEMVs have no cuBLAS twin: the `gemv` switch off reaches the dense route only.
 
 `prepare_weights` reserves the workspace before the warm-up: as many elements as the largest
 block matrix of the layers (at least HEAD_TILE_ROWS head rows), one buffer per device and dtype
