@@ -27,7 +27,7 @@ from gguf import GGML_QUANT_SIZES
 from muser.ops.blocks import KERNEL_TYPES, BlockMatrix
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.arrive import counters
-from muser.ops.triton.block_values import block_values
+from muser.ops.triton.block_values import block_tile
 from muser.ops.triton.gemv import DOT_ROWS, GemvConfig, finish, weight_rows, x_tile
 from muser.ops.triton.launch import cdiv, launch, next_power_of_2
 from muser.ops.triton.order import k_per_split
@@ -58,7 +58,7 @@ def _gemv_blocks_dot_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
-        w = block_values(base, kk[None, :], valid[:, None] & (kk[None, :] < k_hi), d_base, QTYPE)
+        w = block_tile(base, d_base, valid, k0, k_hi, QTYPE, BLOCK_M, BLOCK_K)
         x = x_tile(x_ptr, rn, kk, k_hi, N, stride_xn)
         # NOTE: the workspace's rounding of each value, then gemv._gemv_dot_kernel's dot
         acc = tl.dot(w.to(w_dtype), tl.trans(x.to(w_dtype)), acc, input_precision="ieee")
