@@ -5,6 +5,12 @@ significant bits times codes of at most 6 + 5 bits), Q4_K's final subtraction ro
 (fused into a multiply-add or not: the product before it is exact), and Q6_K's 19-bit scale
 times its 6-bit code rounds once, as gguf's float32 product does.
 
+Two readers of the same values: `block_values` per element (the workspace's dequantization,
+dequantize_blocks.py), `block_tile` a [BLOCK_M, BLOCK_K] tile of whole sub-blocks with each
+sub-block's scales loaded once (the exact route's block GEMV, gemv_blocks_dot.py). Both apply
+one set of functions (`_scales`, `_codes`, `_combine`) to the same operands, and every
+operation is elementwise: a value's bits do not depend on the reader or the tile.
+
 `base`: [BLOCK_M, 1] pointers to the first byte of each weight row; `kk`: [1, BLOCK_K] column
 indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0). Q8_0's and
 Q6_K's fp16 d are kept apart from their blocks (muser.ops.blocks.BlockMatrix; `d_base`:

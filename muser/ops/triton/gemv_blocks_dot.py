@@ -2,9 +2,10 @@
 for up to DOT_ROWS rows, W read as the file's bytes, with the bits of the dense route on W
 dequantized to the engine's dtype.
 
-Each weight tile is dequantized in registers by block_values (the float32 formula
-dequantize_blocks.py uses, elementwise, so the same float32 values in any tile), rounded to
-the engine dtype as dequantize_blocks.py stores it, and fed to gemv.py's `dot` kind's chain:
+Each weight tile is dequantized in registers by block_values.block_tile (the float32 formula
+dequantize_blocks.py applies, elementwise, so the same float32 values in any tile; each
+sub-block's scales loaded once), rounded to the engine dtype as dequantize_blocks.py stores
+it, and fed to gemv.py's `dot` kind's chain:
 K cut at the matrix's fixed offsets (order.py; where W is a row segment of a fused matrix,
 the whole matrix's cut), a program per cut, each cut one chain of tensor-core dots from zero,
 the last program of a row block adding the cuts in order (gemv.finish). So a row's bits are
@@ -14,7 +15,11 @@ order.SPLIT_ALIGN (256), so it begins on a block (256 values for the K-quants, 3
 Q4_0, Q5_0), and a program reads whole blocks of its rows.
 
 Against the int8 block GEMV (gemv_blocks.py): the same bytes read, x kept in the engine dtype
-(not quantized), a float32 product per weight instead of integer dot products on the codes.
+(not quantized), each weight made a float and multiplied on the tensor cores instead of integer
+dot products on the codes. sm_90 code at a 64 x 128 tile, the loop's instructions per weight:
+Q8_0 6.5, Q4_K 10.9, Q4_0 16.8, Q5_K 16.3, Q6_K 18.6, Q5_0 25.8 (the dense dot kind on bf16
+weights: 1.8; the int8 block GEMV's Q4_K ~1.7): not yet timed on a GPU, decode may be bound
+by these instructions rather than by the bytes.
 """
 
 from __future__ import annotations
