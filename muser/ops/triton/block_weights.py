@@ -26,8 +26,8 @@ Off it (A/B only):
   tiles of it, each projected into its columns of the output.
 The embedding: the rows asked for are gathered as blocks and dequantized (float32).
 
-A block GEMV's config is chosen per shape (int8: rows, M, K, block type, x dtype; dot: also
-the engine dtype and the cut): a pick from the tuning cache (families "blocks" and
+A block GEMV's config is chosen per shape (int8: rows, M, K, block type, x dtype; dot: rows
+past 8 by power-of-two bucket as linear.py keys them, also the engine dtype and the cut): a pick from the tuning cache (families "blocks" and
 "blocks_exact" in `picks.py`, written after a warm-up that timed any), else on CUDA the
 fastest of the candidates (`candidates_blocks`, `candidates_dot`), timed in CUDA graphs over
 copies of the blocks that defeat L2 (as linear.py times its GEMVs; the warm-up's decode shapes
@@ -65,7 +65,7 @@ from muser.ops.triton.gemv_blocks import (
 )
 from muser.ops.triton.gemv_blocks_dot import candidates_dot, linear_blocks_dot
 from muser.ops.triton.int8_rows import int8_rows
-from muser.ops.triton.launch import compile_only
+from muser.ops.triton.launch import compile_only, next_power_of_2
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.order import k_per_split
 from muser.ops.triton.switches import current as switches_in_force
@@ -74,7 +74,8 @@ from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation
 HEAD_TILE_ROWS = 4096  # the fewest head rows one workspace tile holds
 _WORKSPACE: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 PICKS = PickTable()  # (rows, M, K, block type, x dtype) -> BlockGemvConfig
-# the exact route's: (rows, M, K, block type, x dtype, engine dtype, cut) -> GemvConfig ("dot")
+# the exact route's: (rows or bucket, M, K, block type, x dtype, engine dtype, cut) -> GemvConfig
+# ("dot")
 EXACT_PICKS = PickTable()
 choices, remember, measured = PICKS.choices, PICKS.remember, PICKS.measured
 Dense = Callable[..., object]  # linear._project: (x, w, geglu_out, norm, rows=None)
@@ -208,7 +209,10 @@ def gemv_config(x: torch.Tensor, part: BlockMatrix, run: Callable, cut: int | No
         configs = candidates_blocks(n, m, k, part.qtype)
         default = default_config(n, m, k, part.qtype)
     else:
-        table, key = EXACT_PICKS, (n, m, k, part.qtype, x.dtype, part.dtype, cut)
+        # NOTE: rows keyed as linear._key keys them (exact up to 8, then power-of-two buckets,
+        # whose widest the warm-up runs)
+        rows = n if n <= MAX_ROWS else next_power_of_2(n)
+        table, key = EXACT_PICKS, (rows, m, k, part.qtype, x.dtype, part.dtype, cut)
         configs = candidates_dot(n, m, k, cut)
         default = configs[0] if x.is_cuda else configs[-1]  # the last: the interpreter's
     pick = table.pick.get(key)
