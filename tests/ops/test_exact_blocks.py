@@ -77,7 +77,7 @@ def _bound(x: torch.Tensor, dense: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def _inputs(gen, dtype, parts):
     w = _blocks(gen, dtype, *parts)
     m = w.shape[0]
-    x = rand(gen, ROWS, K)
+    x = rand(gen, ROWS, K, scale=1e-3)  # GeGLU's exp in range
     norm = (rand(gen, ROWS, m), rand(gen, m, scale=0.5) + 1, rand(gen, m, scale=0.5) + 1)
     return x, w, norm
 
