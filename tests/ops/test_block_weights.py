@@ -1,6 +1,7 @@
 """Projections and the embedding lookup over matrices kept as GGUF blocks (one type, or row
-segments of several), through the Triton backend's ops: the decode block GEMV (<= 8 rows) and
-the dequantized workspace (more rows, and the LM head in row tiles of it)."""
+segments of several), through the Triton backend's ops: the decode block GEMVs (on the exact
+route the dot kind, up to 64 rows; off it the int8 kind, up to 8) and the dequantized
+workspace (more rows, and the LM head in row tiles of it)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from muser.ops.triton import (
 )
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv_blocks import MAX_ROWS
+from muser.ops.triton.switches import switched
 from muser.runner import Runner
 from tests.error_bounds import gamma
 from tests.tiny_gguf import tiny_gguf
@@ -79,29 +81,39 @@ def _bound(x: torch.Tensor, w, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     return exact, (g * (mags + quant) + quant) * (1 + u) + u * exact.abs()
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "int8"])
 @pytest.mark.parametrize("parts", [SINGLE, MIXED, OTHERS], ids=["single", "mixed", "others"])
 @pytest.mark.parametrize("n,dtype", [(1, torch.float32), (3, torch.float16), (8, torch.float32),
                                      (17, torch.float32)])
-def test_linear_over_blocks(gen, parts, n, dtype):
-    """Decode rows (block GEMV per segment, into one output) and a prefill chunk (the matrix
-    dequantized into the workspace, then the dense projection) within the error bound."""
+def test_linear_over_blocks(gen, parts, n, dtype, exact):
+    """Decode rows (a block GEMV per segment, into one output: the dot kind on the exact route,
+    up to 64 rows; the int8 kind off it, up to 8) and a prefill chunk (the matrix dequantized
+    into the workspace, then the dense projection) within the error bound."""
     w = _blocks(gen, dtype, *parts)
     assert isinstance(w, BlockRows if len(parts) > 1 else BlockMatrix)
     x = rand(gen, n, K, dtype=dtype)
-    y = linear(x, w)
+    with switched(exact=exact, exact_blocks=exact):
+        y = linear(x, w)
     exact, bound = _bound(x, w, dtype)
     assert y.shape == (n, w.shape[0]) and y.dtype == dtype
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "int8"])
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "single"])
 @pytest.mark.parametrize("n", [2, 17])
-def test_epilogues_follow_the_projection(gen, n, mixed):
-    """GeGLU and the residual add + RMSNorm after a block projection: decode rows run them in
-    the block GEMV's epilogue (one block type) or as their own kernels after it (row segments
-    of several), the result in both those ops on linear()'s output, bit for bit; a prefill
-    chunk runs the dense projection on the dequantized matrix, so the result is the dense
-    route's on it, bit for bit."""
+def test_epilogues_follow_the_projection(gen, n, mixed, exact):
+    """GeGLU and the residual add + RMSNorm after a block projection: decode rows run GeGLU in
+    the block GEMV's epilogue (one block type; off the exact route the norm pair too) or as
+    their own kernels after it (row segments of several), the result in both those ops on
+    linear()'s output, bit for bit; a prefill chunk (off the exact route: 17 rows) runs the
+    dense projection on the dequantized matrix, so the result is the dense route's on it, bit
+    for bit; on the exact route 17 rows are decode rows and give the dense route's bits too."""
+    with switched(exact=exact, exact_blocks=exact):
+        _epilogues(gen, n, mixed)
+
+
+def _epilogues(gen, n: int, mixed: bool) -> None:
     dtype = torch.float32
     if mixed:
         gate_up = _blocks(gen, dtype, (QT.Q4_K, 24), (QT.Q6_K, 24))  # gate Q4_K, up Q6_K
@@ -204,7 +216,8 @@ def test_a_stored_block_pick_is_the_one_that_runs(gen):
                   if c != default_config(1, 24, K, QT.Q8_0))
     assert block_weights.remember({key: (stored, {"stored": 0.01})}, "cache") == 1
     assert block_weights.gemv_config(x, w, None) == stored  # chosen without running
-    y = linear(x, w)
+    with switched(exact=False):  # the int8 kind's route
+        y = linear(x, w)
     exact, bound = _bound(x, w, torch.float32)
     assert ((y.double().cpu() - exact.cpu()).abs() <= bound.cpu()).all()
     assert key not in block_weights.measured()

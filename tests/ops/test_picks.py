@@ -35,6 +35,7 @@ BLOCK = BlockGemvConfig(32, 4, 2, 4)
     ("fp8", (512, 13824, 1152, "geglu", torch.float32, torch.float32), "dequant"),
     ("fp8", (512, 1536, 200, "", torch.bfloat16, torch.bfloat16), "dequant"),  # K % 16 != 0
     ("blocks", (2, 6912, 1152, QT.Q4_K, torch.bfloat16), BLOCK),
+    ("blocks_exact", (48, 6912, 1152, QT.Q6_K, torch.float32, torch.bfloat16, 256), GEMV),
 ])
 def test_round_trip(family: str, key: tuple, pick) -> None:
     stored = picks.entries({family: {key: (pick, {"x": 1.0})}})
@@ -81,6 +82,10 @@ def test_families_do_not_share_keys() -> None:
     ("blocks|1|6912|1152|Q4_K|bfloat16", {"block_gemv": {"block_m": 0, "blocks": 4,
                                                          "split_k": 1, "num_warps": 4}}),
     ("blocks|64|6912|1152|Q4_K|bfloat16", picks.config_json(BLOCK)),  # no block GEMV for 64
+    ("blocks_exact|8|6912|1152|Q4_K|bfloat16|bfloat16|256", picks.config_json(BLOCK)),
+    ("blocks_exact|8|6912|1152|Q4_K|bfloat16|bfloat16|256", picks.config_json(
+        GemvConfig("fma", 8, 256, 1, 4))),  # the exact route runs the dot kind only
+    ("blocks_exact|80|6912|1152|Q4_K|bfloat16|bfloat16|256", picks.config_json(GEMV)),
 ])
 def test_bad_entries_are_ignored_with_a_warning(text: str, config) -> None:
     good = picks.key_text((1, 8, 8, "", torch.float32, torch.float32))
@@ -88,4 +93,4 @@ def test_bad_entries_are_ignored_with_a_warning(text: str, config) -> None:
     with pytest.warns(UserWarning, match="ignoring 1 bad entries"):
         parsed = picks.parse_entries(entries, Path("t"))
     assert parsed == {"linear": {(1, 8, 8, "", torch.float32, torch.float32): (None, {})},
-                      "fp8": {}, "blocks": {}}
+                      "fp8": {}, "blocks": {}, "blocks_exact": {}}

@@ -12,6 +12,8 @@ import pytest
 from sm90 import GDC, compile_ptx
 
 COMPILE = r'''
+from gguf import GGMLQuantizationType
+from muser.ops.blocks import KERNEL_TYPES
 # NOTE: modules, not the ops of the same names that muser.ops.triton exports
 gemv = importlib.import_module("muser.ops.triton.gemv")
 decode_attention = importlib.import_module("muser.ops.triton.decode_attention")
@@ -48,6 +50,16 @@ out["fp8 exact gemv dot pdl=True"] = ptx(gemv._gemv_dot_kernel, fp8, dict(
 out["gemm exact fp8 pdl=True"] = ptx(gemm._gemm_kernel, fp8, dict(
     GEGLU=False, NORM=False, NORM_ROWS=4, NORM_BLOCK=1024, BLOCK_N=128, BLOCK_M=128,
     BLOCK_K=64, CUTS=True, SCALED=1, PDL=True), num_warps=8, num_stages=3)
+# the exact route's decode GEMV over GGUF blocks: each type's tile dequantized in registers
+blocks_dot = importlib.import_module("muser.ops.triton.gemv_blocks_dot")
+block_types = {"x_ptr": "*bf16", "w_ptr": "*u8", "d_ptr": "*fp16", "out_ptr": "*bf16",
+               "part_ptr": "*fp32", "cnt_ptr": "*i32"}
+for qtype in KERNEL_TYPES:
+    for geglu in (False, True) if qtype.name == "Q4_K" else (False,):
+        out[f"block dot {qtype.name} geglu={geglu} pdl=True"] = ptx(
+            blocks_dot._gemv_blocks_dot_kernel, block_types, dict(
+                QTYPE=int(qtype), GEGLU=geglu, BLOCK_N=16, BLOCK_M=64, BLOCK_K=128, SPLIT_K=4,
+                PDL=True), num_stages=3)
 exact_attn = {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "kn_ptr": "*bf16",
               "vn_ptr": "*bf16", "src_ptr": "*i32", "dst_ptr": "*i32", "table_ptr": "*i32",
               "starts_ptr": "*i32", "lens_ptr": "*i32", "origins_ptr": "*i32",
@@ -125,6 +137,9 @@ out["float32 attention"] = ptx(decode_attention._decode_split_kernel, attn_types
 out["float32 prefill attention"] = ptx(prefill._flash_kernel, flash_types | f32,
     dict(G=1, D=128, BLOCK=64, HAS_WINDOW=False, INDEXED=True, PACK=1, WIDE=1, DOT=0),
     num_warps=4, num_stages=3)
+out["float32 block dot"] = ptx(blocks_dot._gemv_blocks_dot_kernel, block_types | f32, dict(
+    QTYPE=int(GGMLQuantizationType.Q4_K), GEGLU=False, BLOCK_N=16, BLOCK_M=64, BLOCK_K=64, SPLIT_K=2,
+    PDL=False), num_stages=2)
 json.dump(out, sys.stdout)
 '''
 
@@ -164,7 +179,7 @@ def test_float32_prefill_attention_fits_shared_memory():
 
 
 def test_every_variant_compiled(ptx):
-    assert len(ptx) == 32
+    assert len(ptx) == 32 + 7 + 1
 
 
 def _tensor_core_instructions(code: str) -> set[str]:
@@ -196,13 +211,25 @@ def test_fp8_weights_on_the_exact_route_multiply_as_bf16(ptx):
         assert found and all("f32.bf16.bf16" in i for i in found), (name, found)
 
 
+def test_exact_block_gemv_sums_on_bf16_tensor_cores(ptx):
+    """The exact route's decode GEMV over GGUF blocks (every type the kernels read) feeds its
+    tiles, dequantized in registers and rounded to bfloat16 (the workspace's values), to
+    bf16 tensor cores summing into float32: the chain of the dense route's dot kinds."""
+    names = [name for name in ptx if name.startswith("block dot")]
+    assert len(names) == 7
+    for name in names:
+        found = _tensor_core_instructions(ptx[name])
+        assert found and all("f32.bf16.bf16" in i for i in found), (name, found)
+        assert "cvt.rn.bf16" in ptx[name], name
+
+
 def test_float32_operands_multiply_in_float32(ptx):
     """float32 operands (a float32 model or KV cache) multiply in IEEE float32, not in TF32
     (Triton's default for them: 10-bit mantissas, past the float32 bounds the kernel tests
     hold); 16-bit ones keep their tensor cores (the tests above)."""
     for name, code in ptx.items():
         assert "tf32" not in code, name
-    assert sum(name.startswith("float32") for name in ptx) == 4
+    assert sum(name.startswith("float32") for name in ptx) == 5
 
 
 def test_prefill_gemm_runs_on_hopper_tensor_cores(ptx):

@@ -5,6 +5,12 @@ significant bits times codes of at most 6 + 5 bits), Q4_K's final subtraction ro
 (fused into a multiply-add or not: the product before it is exact), and Q6_K's 19-bit scale
 times its 6-bit code rounds once, as gguf's float32 product does.
 
+Two readers of the same values: `block_values` per element (the workspace's dequantization,
+dequantize_blocks.py), `block_tile` a [BLOCK_M, BLOCK_K] tile of whole sub-blocks with each
+sub-block's scales loaded once (the exact route's block GEMV, gemv_blocks_dot.py). Both apply
+one set of functions (`_scales`, `_codes`, `_combine`) to the same operands, and every
+operation is elementwise: a value's bits do not depend on the reader or the tile.
+
 `base`: [BLOCK_M, 1] pointers to the first byte of each weight row; `kk`: [1, BLOCK_K] column
 indices; `mask`: [BLOCK_M, BLOCK_K] which elements exist (others read as 0). Q8_0's and
 Q6_K's fp16 d are kept apart from their blocks (muser.ops.blocks.BlockMatrix; `d_base`:
@@ -38,51 +44,6 @@ def _byte(ptr, mask):
 
 
 @triton.jit
-def q8_0_values(base, kk, mask, d_base):
-    """Q8_0: 32 values of int8 codes q (a row: K bytes) and an fp16 d kept apart; x = d * q."""
-    q = tl.load(base + kk, mask=mask, other=0).to(tl.int8, bitcast=True)
-    d = tl.load(d_base + kk // 32, mask=mask, other=0.0).to(tl.float32)
-    return d * q.to(tl.float32)
-
-
-@triton.jit
-def q5_0_values(base, kk, mask):
-    """Q5_0: 32 values in 22 bytes (fp16 d, 32 high bits as a little-endian u32, 16 bytes of
-    nibbles: values 0-15 low, 16-31 high); x = d * (q - 16)."""
-    block = base + (kk // 32) * 22
-    j = kk % 32
-    high = (_byte(block + 2 + j // 8, mask) >> (j % 8)) & 1
-    low = (_byte(block + 6 + j % 16, mask) >> (4 * (j // 16))) & 0xF
-    return _f16(block, mask) * ((low | (high << 4)) - 16).to(tl.float32)
-
-
-@triton.jit
-def q4_0_values(base, kk, mask):
-    """Q4_0: 32 values in 18 bytes (fp16 d, 16 bytes of nibbles: values 0-15 low, 16-31
-    high); x = d * (q - 8)."""
-    block = base + (kk // 32) * 18
-    j = kk % 32
-    q = (_byte(block + 2 + j % 16, mask) >> (4 * (j // 16))) & 0xF
-    return _f16(block, mask) * (q - 8).to(tl.float32)
-
-
-@triton.jit
-def q6_k_values(base, kk, mask, d_base):
-    """Q6_K: 256 values in 208 bytes (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
-    scales of 16 values each) and an fp16 d kept apart. In half h = j // 128, value
-    l = j % 128 takes the low (l < 64) or high nibble of byte 64h + l % 64 and bits 2 (l // 32)
-    of byte 128 + 32h + l % 32; x = (d * scale) * (q - 32)."""
-    block = base + (kk // 256) * 208
-    j = kk % 256
-    h, l = j // 128, j % 128
-    low = (_byte(block + 64 * h + l % 64, mask) >> (4 * (l // 64))) & 0xF
-    high = (_byte(block + 128 + 32 * h + l % 32, mask) >> (2 * (l // 32))) & 3
-    scale = tl.load(block + 192 + j // 16, mask=mask, other=0).to(tl.int8, bitcast=True)
-    d = tl.load(d_base + kk // 256, mask=mask, other=0.0).to(tl.float32)
-    return (d * scale.to(tl.float32)) * ((low | (high << 4)) - 32).to(tl.float32)
-
-
-@triton.jit
 def _k4_scale_min(block, s, mask):
     """The 6-bit scale and min of sub-block s of 8 from a Q4_K / Q5_K block's 12 bytes at
     block + 4 (ggml's get_scale_min_k4)."""
@@ -95,51 +56,130 @@ def _k4_scale_min(block, s, mask):
     return sc, m
 
 
-@triton.jit
-def q4_k_values(base, kk, mask):
-    """Q4_K: 256 values in 144 bytes (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for
-    8 sub-blocks of 32, 128 bytes of nibbles: bytes 32g..32g+31 hold sub-block 2g in their low
-    nibbles, 2g+1 in their high ones); x = (d * sc) * q - (dmin * m)."""
-    block = base + (kk // 256) * 144
-    j = kk % 256
-    s = j // 32  # sub-block
-    sc, m = _k4_scale_min(block, s, mask)
-    q = (_byte(block + 16 + (s // 2) * 32 + j % 32, mask) >> (4 * (s % 2))) & 0xF
-    d1 = _f16(block, mask) * sc.to(tl.float32)
-    m1 = _f16(block + 2, mask) * m.to(tl.float32)
-    return d1 * q.to(tl.float32) - m1
+# Each type as three parts (B: values a block; S: values sharing a scale, its sub-block): the
+# scales of sub-block s of a block (`_scales` -> a, b), the integer code of value l of it, its
+# offset subtracted (`_codes`), and their one formula (`_combine`): x = a * q, or a * q - b for
+# Q4_K and Q5_K. block_values applies them per element; block_tile per sub-block and value, the
+# scales loaded once a sub-block: the same operations on the same operands, so the same values.
+#
+#     type  B    S   bytes  a, b                      q
+#     Q8_0  32   32  32     d (kept apart)            int8 code
+#     Q5_0  32   32  22     d                         5-bit code - 16
+#     Q4_0  32   32  18     d                         4-bit code - 8
+#     Q4_K  256  32  144    d * sc, dmin * m          4-bit code
+#     Q5_K  256  32  176    d * sc, dmin * m          5-bit code
+#     Q6_K  256  16  208    d (kept apart) * int8 sc  6-bit code - 32
 
 
 @triton.jit
-def q5_k_values(base, kk, mask):
-    """Q5_K: 256 values in 176 bytes (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins as
-    Q4_K's, 32 bytes of high bits: bit s of byte l is value l of sub-block s, 128 bytes of
-    nibbles as Q4_K's); x = (d * sc) * (q + 16 h) - (dmin * m)."""
-    block = base + (kk // 256) * 176
-    j = kk % 256
-    s = j // 32
-    sc, m = _k4_scale_min(block, s, mask)
-    high = (_byte(block + 16 + j % 32, mask) >> s) & 1
-    q = ((_byte(block + 48 + (s // 2) * 32 + j % 32, mask) >> (4 * (s % 2))) & 0xF) | (high << 4)
-    d1 = _f16(block, mask) * sc.to(tl.float32)
-    m1 = _f16(block + 2, mask) * m.to(tl.float32)
-    return d1 * q.to(tl.float32) - m1
+def _scales(block, s, mask, d_at, QTYPE: tl.constexpr):
+    """Sub-block s's (a, b), float32 (b: 0 but for Q4_K, Q5_K). block: pointers to each block's
+    first byte; d_at: Q8_0's and Q6_K's pointers to the block's d (unread otherwise)."""
+    if QTYPE == Q8_0:
+        return tl.load(d_at, mask=mask, other=0.0).to(tl.float32), 0.0
+    elif QTYPE == Q5_0 or QTYPE == Q4_0:
+        return _f16(block, mask), 0.0
+    elif QTYPE == Q6_K:
+        scale = tl.load(block + 192 + s, mask=mask, other=0).to(tl.int8, bitcast=True)
+        return tl.load(d_at, mask=mask, other=0.0).to(tl.float32) * scale.to(tl.float32), 0.0
+    else:
+        tl.static_assert(QTYPE == Q4_K or QTYPE == Q5_K, "Q4_0, Q5_0, Q8_0 and the K-quants")
+        sc, m = _k4_scale_min(block, s, mask)
+        return _f16(block, mask) * sc.to(tl.float32), _f16(block + 2, mask) * m.to(tl.float32)
+
+
+@triton.jit
+def _codes(block, s, l, mask, QTYPE: tl.constexpr):
+    """The int32 code of value l of sub-block s, its offset subtracted."""
+    if QTYPE == Q8_0:
+        return tl.load(block + l, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+    elif QTYPE == Q5_0:  # fp16 d, 32 high bits (4 bytes), 16 bytes of nibbles (0-15 low)
+        high = (_byte(block + 2 + l // 8, mask) >> (l % 8)) & 1
+        low = (_byte(block + 6 + l % 16, mask) >> (4 * (l // 16))) & 0xF
+        return (low | (high << 4)) - 16
+    elif QTYPE == Q4_0:  # fp16 d, 16 bytes of nibbles (values 0-15 low, 16-31 high)
+        return ((_byte(block + 2 + l % 16, mask) >> (4 * (l // 16))) & 0xF) - 8
+    elif QTYPE == Q6_K:  # value j = 16 s + l: half h = j // 128, i = j % 128 in it
+        j = 16 * s + l
+        h, i = j // 128, j % 128
+        low = (_byte(block + 64 * h + i % 64, mask) >> (4 * (i // 64))) & 0xF
+        high = (_byte(block + 128 + 32 * h + i % 32, mask) >> (2 * (i // 32))) & 3
+        return (low | (high << 4)) - 32
+    elif QTYPE == Q4_K:  # bytes 32g..32g+31 of the nibbles: sub-block 2g low, 2g + 1 high
+        return (_byte(block + 16 + (s // 2) * 32 + l, mask) >> (4 * (s % 2))) & 0xF
+    else:
+        tl.static_assert(QTYPE == Q5_K, "Q4_0, Q5_0, Q8_0 and the K-quants")
+        high = (_byte(block + 16 + l, mask) >> s) & 1  # bit s of byte l: sub-block s
+        low = (_byte(block + 48 + (s // 2) * 32 + l, mask) >> (4 * (s % 2))) & 0xF
+        return low | (high << 4)
+
+
+@triton.jit
+def _combine(a, b, q, QTYPE: tl.constexpr):
+    """The value: a * q (- b for Q4_K, Q5_K: after an exact product, so fused or not alike)."""
+    if QTYPE == Q4_K or QTYPE == Q5_K:
+        return a * q.to(tl.float32) - b
+    else:
+        return a * q.to(tl.float32)
+
+
+@triton.jit
+def _values(base, kk, mask, d_base, B: tl.constexpr, S: tl.constexpr, BYTES: tl.constexpr,
+            QTYPE: tl.constexpr):
+    block = base + (kk // B) * BYTES
+    j = kk % B
+    a, b = _scales(block, j // S, mask, d_base + kk // B, QTYPE)
+    return _combine(a, b, _codes(block, j // S, j % S, mask, QTYPE), QTYPE)
+
+
+@triton.jit
+def _tile(base, d_base, valid, k0, k_hi, B: tl.constexpr, S: tl.constexpr,
+          BYTES: tl.constexpr, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    tl.static_assert(BLOCK_K % S == 0, "a tile of whole sub-blocks")
+    sub = k0 // S + tl.arange(0, BLOCK_K // S)[None, :, None]  # the row's sub-blocks [1, T, 1]
+    k = sub * S  # their first columns
+    block = base[:, :, None] + (k // B) * BYTES  # [BLOCK_M, T, 1]
+    # NOTE: K and k_hi are multiples of S (whole blocks, cuts of 256): a sub-block is in or out
+    mask = valid[:, None, None] & (k < k_hi)
+    a, b = _scales(block, sub % (B // S), mask, d_base[:, :, None] + k // B, QTYPE)
+    q = _codes(block, sub % (B // S), tl.arange(0, S)[None, None, :], mask, QTYPE)
+    return tl.reshape(_combine(a, b, q, QTYPE), (BLOCK_M, BLOCK_K))
 
 
 @triton.jit
 def block_values(base, kk, mask, d_base, QTYPE: tl.constexpr):
     """W[rows, kk] float32 of blocks of type QTYPE (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K;
     `d_base`: Q8_0's and Q6_K's d pointers, unread otherwise)."""
-    if QTYPE == Q8_0:
-        return q8_0_values(base, kk, mask, d_base)
-    elif QTYPE == Q4_0:
-        return q4_0_values(base, kk, mask)
+    if QTYPE == Q8_0:  # a row: K bytes of codes
+        return _values(base, kk, mask, d_base, 32, 32, 32, QTYPE)
     elif QTYPE == Q5_0:
-        return q5_0_values(base, kk, mask)
+        return _values(base, kk, mask, d_base, 32, 32, 22, QTYPE)
+    elif QTYPE == Q4_0:
+        return _values(base, kk, mask, d_base, 32, 32, 18, QTYPE)
     elif QTYPE == Q4_K:
-        return q4_k_values(base, kk, mask)
+        return _values(base, kk, mask, d_base, 256, 32, 144, QTYPE)
     elif QTYPE == Q5_K:
-        return q5_k_values(base, kk, mask)
+        return _values(base, kk, mask, d_base, 256, 32, 176, QTYPE)
     else:
-        tl.static_assert(QTYPE == Q6_K, "block_values reads Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K")
-        return q6_k_values(base, kk, mask, d_base)
+        return _values(base, kk, mask, d_base, 256, 16, 208, QTYPE)
+
+
+@triton.jit
+def block_tile(base, d_base, valid, k0, k_hi, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """W[rows, k0 .. k0 + BLOCK_K) float32 [BLOCK_M, BLOCK_K]: block_values' values (0 in rows
+    not `valid` and at k_hi and past), each sub-block's scales loaded once. base, d_base:
+    [BLOCK_M, 1] pointers to each row's first byte and d; k0: a multiple of the sub-block."""
+    if QTYPE == Q8_0:
+        return _tile(base, d_base, valid, k0, k_hi, 32, 32, 32, QTYPE, BLOCK_M, BLOCK_K)
+    elif QTYPE == Q5_0:
+        return _tile(base, d_base, valid, k0, k_hi, 32, 32, 22, QTYPE, BLOCK_M, BLOCK_K)
+    elif QTYPE == Q4_0:
+        return _tile(base, d_base, valid, k0, k_hi, 32, 32, 18, QTYPE, BLOCK_M, BLOCK_K)
+    elif QTYPE == Q4_K:
+        return _tile(base, d_base, valid, k0, k_hi, 256, 32, 144, QTYPE, BLOCK_M, BLOCK_K)
+    elif QTYPE == Q5_K:
+        return _tile(base, d_base, valid, k0, k_hi, 256, 32, 176, QTYPE, BLOCK_M, BLOCK_K)
+    else:
+        return _tile(base, d_base, valid, k0, k_hi, 256, 16, 208, QTYPE, BLOCK_M, BLOCK_K)

@@ -1,5 +1,7 @@
 """Decode GEMV over GGUF blocks: y[N, M] = x[N, K] @ W[M, K]^T for a few rows (N <= 8), W read
 once as the file's bytes, so a step reads the file's size of weights, not its bf16 expansion.
+Off the exact route only (block_weights.py): x quantized to int8 levels gives bits of its own,
+not the workspace route's; the exact route's decode rows run gemv_blocks_dot.py.
 
 Every block type is a scale times an integer code plus an offset per sub-block j of B values,
 w_k = s_j q_k - t_j, so the sum runs per sub-block on the codes,

@@ -101,9 +101,10 @@ def width_inexact(matrices: list) -> str | None:
     if not switches.exact_fp8 and any(isinstance(m, Fp8Matrix) for m in matrices):
         return ("FP8 weights keep their FP8 tensor-core route, whose sums follow the width "
                 "(their exact route has not yet been measured bitwise on a GPU)")
-    if any(isinstance(m, Blocks) for m in matrices):
-        return ("GGUF block weights are not on the exact route yet (--gguf-weights dequantize "
-                "holds them in the model's dtype, which is)")
+    if not switches.exact_blocks and any(isinstance(m, Blocks) for m in matrices):
+        return ("GGUF block weights keep their int8 decode route, whose sums follow the width "
+                "(their exact route has not yet run on a GPU; --gguf-weights dequantize holds "
+                "them in the model's dtype, which is exact)")
     return None
 
 
@@ -131,11 +132,13 @@ def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig | None,
          geglu_out: bool, norm: NormEpilogue | None, exact: bool = False,
-         fp8: Fp8Matrix | None = None):
-    """fp8: `weight` is its codes (the exact route's FP8 projection: its scales and dtype)."""
+         fp8: Fp8Matrix | None = None, rows: int | None = None):
+    """fp8: `weight` is its codes (the exact route's FP8 projection: its scales and dtype).
+    rows: where weight is a row tile of a larger matrix (block_weights.py's LM head), that
+    matrix's rows: the exact route cuts K as for the whole matrix (order.py)."""
     if config is None:
         return _cublas(x, weight, geglu_out, norm)
-    cut = k_per_split(*weight.shape) if exact else None
+    cut = k_per_split(rows or weight.shape[0], weight.shape[1]) if exact else None
     scaled = {} if fp8 is None else {"scales": fp8.scales, "dtype": fp8.dtype}
     if isinstance(config, GemmConfig):
         if exact:  # NOTE: the norm pair as its own row kernel, as after the decode GEMV
@@ -147,7 +150,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
-             norm: NormEpilogue | None):
+             norm: NormEpilogue | None, rows: int | None = None):
     if isinstance(weight, Blocks):
         return project_blocks(x, weight, geglu_out, norm, _project)
     switches = switches_in_force()
@@ -167,9 +170,9 @@ def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
     config = PICKS.pick.get(key, _UNSET)
     if config is _UNSET:
         if compile_only.get():
-            return _compile_candidates(x, weight, geglu_out, norm, switches.exact, fp8)
+            return _compile_candidates(x, weight, geglu_out, norm, switches.exact, fp8, rows)
         config = tune(key, x, weight, geglu_out, norm, fp8)
-    return _run(x, weight, config, geglu_out, norm, switches.exact, fp8)
+    return _run(x, weight, config, geglu_out, norm, switches.exact, fp8, rows)
 
 
 
@@ -236,13 +239,13 @@ def _exact_candidates(n: int, m: int, k: int, geglu_out: bool, norm: bool, size:
 
 def _compile_candidates(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
                         norm: NormEpilogue | None, exact: bool = False,
-                        fp8: Fp8Matrix | None = None):
+                        fp8: Fp8Matrix | None = None, rows: int | None = None):
     """Inside compile_only: compile every candidate of a shape -> an output of its shape."""
     configs = _candidates(x, weight, geglu_out, norm, exact)
     for config in configs[:-1] if exact else configs[1:]:
         with contextlib.suppress(Exception):  # as in tune: a config that fails is skipped
-            _run(x, weight, config, geglu_out, norm, exact, fp8)
-    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact, fp8)
+            _run(x, weight, config, geglu_out, norm, exact, fp8, rows)
+    return _run(x, weight, configs[-1] if exact else None, geglu_out, norm, exact, fp8, rows)
 
 
 def _key(x: torch.Tensor, weight: torch.Tensor, epilogue: str) -> tuple:

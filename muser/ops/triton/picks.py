@@ -1,7 +1,7 @@
 """Kernel picks on disk: what the projections chose per shape key, as JSON, in the tuning cache
 of this machine's fingerprint (`muser/ops/tuning_cache.py`), plus a table shipped with the package.
 
-Three families of picks, each its module's:
+Four families of picks, each its module's:
 - "linear" (`linear.py`, dense weights): key `linear._key`'s tuple (rows or row bucket, M, K,
   epilogue, weight dtype, input dtype) written "rows|M|K|epilogue|wdtype|xdtype"; pick
   "cublas", {"gemv": {...}} or {"gemm": {...}};
@@ -9,7 +9,10 @@ Three families of picks, each its module's:
   "dequant" (more than MAX_ROWS rows, weights not bfloat16) or {"gemv": {...}} (FP8 GEMV
   kinds, up to MAX_ROWS);
 - "blocks" (`block_weights.py`, GGUF blocks): key (rows, M, K, block type, input dtype) written
-  "blocks|rows|M|K|Q4_K|xdtype"; pick {"block_gemv": {...}}.
+  "blocks|rows|M|K|Q4_K|xdtype"; pick {"block_gemv": {...}};
+- "blocks_exact" (`block_weights.py`, GGUF blocks on the exact route, up to DOT_ROWS rows): key
+  (rows, M, K, block type, input dtype, engine dtype, cut) written
+  "blocks_exact|rows|M|K|Q4_K|xdtype|dtype|cut"; pick {"gemv": {...}} of the "dot" kind.
 An entry is {"config": <pick>, "timed_ms": {...}}; one that does not parse into a known config
 of the right kind for its key is ignored with a warning.
 
@@ -39,8 +42,9 @@ from muser.ops.tuning_cache import TuningCache, read_fingerprint, read_picks
 
 Pick = GemvConfig | GemmConfig | BlockGemvConfig | str | None  # None: cuBLAS
 Family = dict[tuple, tuple[Pick, dict]]  # key -> (pick, timed_ms)
-FAMILIES = ("linear", "fp8", "blocks")
-_GEMV_KINDS = {"linear": ("fma", "dot"), "fp8": ("fma", "dot", "dot8", "row")}
+FAMILIES = ("linear", "fp8", "blocks", "blocks_exact")
+_GEMV_KINDS = {"linear": ("fma", "dot"), "fp8": ("fma", "dot", "dot8", "row"),
+               "blocks_exact": ("dot",)}
 SHIPPED = Path(__file__).with_name("picks_h200.json")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16,
                                                      torch.float32, torch.float8_e4m3fn)}
@@ -75,6 +79,10 @@ def key_text(key: tuple, family: str = "linear") -> str:
     if family == "blocks":
         rows, m, k, qtype, x_dtype = key
         fields = ("blocks", rows, m, k, GGMLQuantizationType(qtype).name, _name(x_dtype))
+    elif family == "blocks_exact":
+        rows, m, k, qtype, x_dtype, dtype, cut = key
+        fields = (family, rows, m, k, GGMLQuantizationType(qtype).name, _name(x_dtype),
+                  _name(dtype), cut)
     else:
         rows, m, k, epilogue, w_dtype, x_dtype = key
         fields = (rows, m, k, epilogue, _name(w_dtype), _name(x_dtype))
@@ -85,11 +93,15 @@ def key_text(key: tuple, family: str = "linear") -> str:
 def parse_key(text: str) -> tuple[str, tuple]:
     """-> (family, key)."""
     fields = text.split("|")
-    family = fields[0] if fields[0] in ("fp8", "blocks") else "linear"
+    family = fields[0] if fields[0] in FAMILIES else "linear"
     fields = fields[1:] if family != "linear" else fields
     if family == "blocks":
         rows, m, k, qtype, x_dtype = fields
         return family, (int(rows), int(m), int(k), GGMLQuantizationType[qtype], _DTYPES[x_dtype])
+    if family == "blocks_exact":
+        rows, m, k, qtype, x_dtype, dtype, cut = fields
+        return family, (int(rows), int(m), int(k), GGMLQuantizationType[qtype],
+                        _DTYPES[x_dtype], _DTYPES[dtype], int(cut))
     rows, m, k, epilogue, w_dtype, x_dtype = fields
     if epilogue not in ("", "geglu", "norm", "exact", "exact+geglu", "exact+norm"):
         raise ValueError(f"unknown epilogue {epilogue!r}")
@@ -108,7 +120,7 @@ def config_json(pick: Pick) -> Any:
 def parse_config(obj: Any, rows: int, family: str = "linear", exact: bool = False) -> Pick:
     """A stored pick of `family` for `rows` rows (GEMVs up to MAX_ROWS, or DOT_ROWS on the
     exact route; GEMM or a dense route above)."""
-    decode = rows <= (DOT_ROWS if exact else MAX_ROWS)
+    decode = rows <= (DOT_ROWS if exact or family == "blocks_exact" else MAX_ROWS)
     if family == "linear" and obj == "cublas":
         return None  # NOTE: parse_entries refuses it for an exact key
     if family == "fp8" and (obj == "scaled_mm" or (obj == "dequant" and not decode)):
@@ -116,7 +128,8 @@ def parse_config(obj: Any, rows: int, family: str = "linear", exact: bool = Fals
     kind, fields = next(iter(obj.items())) if isinstance(obj, dict) and len(obj) == 1 else (
         None, None)
     allowed = {"linear": {"gemv": GemvConfig, "gemm": GemmConfig}, "fp8": {"gemv": GemvConfig},
-               "blocks": {"block_gemv": BlockGemvConfig}}[family]
+               "blocks": {"block_gemv": BlockGemvConfig},
+               "blocks_exact": {"gemv": GemvConfig}}[family]
     cls = allowed.get(kind)
     if cls is None or (cls is GemmConfig) == decode:
         raise ValueError(f"not a {family} pick for {rows} rows: {obj!r}")

@@ -10,6 +10,10 @@ environment. Serving runs the defaults.
               fails to write cannot pass as a plausible value
     exact ... one reduction order per output at every width (docs/exactness.md); off: the
               fastest pick per width and cuBLAS among them, for A/B comparisons only
+    exact_blocks  GGUF block weights on the exact route too (block_weights.py: their tiles
+              dequantized in registers into the dense route's dot chains); off (the default
+              until a GPU run has shown it bitwise and timed its decode): decode rows keep
+              the int8 block GEMV, whose sums follow the width
     exact_fp8  FP8 weights on the exact route too (their codes as bf16 values, W8A16); off
               (the default until a GPU run has shown its rows bitwise at every width): FP8
               weights keep their FP8 tensor-core route, whose sums follow the width
@@ -35,6 +39,7 @@ class Switches:
     poison: bool = False
     exact: bool = True
     exact_fp8: bool = False
+    exact_blocks: bool = False
 
 
 _CURRENT: ContextVar[Switches] = ContextVar(

@@ -26,6 +26,7 @@ import triton
 from triton.runtime._async_compile import AsyncCompileMode
 from triton.runtime.errors import OutOfResources
 
+from muser.ops.triton.block_weights import EXACT_PICKS as EXACT_BLOCK_PICKS
 from muser.ops.triton.block_weights import PICKS as BLOCK_PICKS
 from muser.ops.triton.gemv import MAX_ROWS
 from muser.ops.triton.kernel_list import Compiled
@@ -93,6 +94,8 @@ FAMILIES = {  # picks.FAMILIES
     "linear": Family(LINEAR_PICKS.remember, LINEAR_PICKS.measured, linear_choices),
     "fp8": Family(FP8_PICKS.remember, FP8_PICKS.measured, FP8_PICKS.choices),
     "blocks": Family(BLOCK_PICKS.remember, BLOCK_PICKS.measured, BLOCK_PICKS.choices),
+    "blocks_exact": Family(EXACT_BLOCK_PICKS.remember, EXACT_BLOCK_PICKS.measured,
+                           EXACT_BLOCK_PICKS.choices),
 }
 
 
