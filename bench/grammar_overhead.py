@@ -57,15 +57,18 @@ def _host_costs(llm: LLM, num_rows: int) -> dict:
             "apply_us_p50": round(statistics.median(apply_us[1:]), 1)}
 
 
-def _tpot(llm: LLM, tokens: int, grammar: str | None) -> float:
+def tpot(llm: LLM, tokens: int, grammar: str | None) -> float:
+    """Decode ms per token of the embedded model's greedy reply under `grammar` (or none)."""
     c = llm.generate("Write a sentence:", SamplingParams(
         max_tokens=tokens, temperature=0, ignore_eos=True, grammar=grammar))
     assert len(c.token_ids) == tokens, c.text
     return c.tpot_s * 1e3
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setup(doc: str) -> tuple[argparse.Namespace, LLM]:
+    """The decode-cost benches' flags (--tokens, --repeats, --threads, --out) and the embedded
+    model on the CPU."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -74,16 +77,21 @@ def main() -> None:
     llm = LLM(None, progress=False, device="cpu")
     if args.threads:
         torch.set_num_threads(args.threads)  # NOTE: after LLM(), which sets its own count
+    return args, llm
+
+
+def main() -> None:
+    args, llm = setup(__doc__)
     t0 = time.perf_counter()
     llm.engine.grammars.compile(LLMatcher.grammar_from_lark('start: "x"'))
     vocab_s = time.perf_counter() - t0
     host = [_host_costs(llm, r) for r in (1, 4, 16)]
     lark = LLMatcher.grammar_from_lark(gbnf_to_lark(LONG))
-    _tpot(llm, 4, None), _tpot(llm, 4, lark)  # NOTE: warm-up
+    tpot(llm, 4, None), tpot(llm, 4, lark)  # NOTE: warm-up
     free, held = [], []
     for _ in range(args.repeats):
-        free.append(_tpot(llm, args.tokens, None))
-        held.append(_tpot(llm, args.tokens, lark))
+        free.append(tpot(llm, args.tokens, None))
+        held.append(tpot(llm, args.tokens, lark))
     result = {"machine": f"{platform.machine()} {torch.get_num_threads()} threads (shared)",
               "vocab": llm.tokenizer.vocab_size, "vocab_table_s": round(vocab_s, 2),
               "host_per_step": host, "decode_ms_per_token_free": [round(x, 1) for x in free],

@@ -11,16 +11,14 @@ the medians and their ratios to the unconstrained median.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
-from pathlib import Path
 
 import torch
+from grammar_overhead import setup, tpot
 from llguidance import LLMatcher
 
-from muser import LLM, SamplingParams
 from muser.server.tool_format import Function
 from muser.server.tool_json import JsonFormat
 
@@ -31,33 +29,18 @@ FUNCTIONS = [Function("write_note", None, NOTE),
                  "city": {"type": "string"}}, "required": ["city"]})]
 
 
-def _tpot(llm: LLM, tokens: int, grammar: str | None) -> float:
-    c = llm.generate("Write a sentence:", SamplingParams(
-        max_tokens=tokens, temperature=0, ignore_eos=True, grammar=grammar))
-    assert len(c.token_ids) == tokens, c.text
-    return c.tpot_s * 1e3
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--out", type=Path)
-    args = p.parse_args()
-    llm = LLM(None, progress=False, device="cpu")
-    if args.threads:
-        torch.set_num_threads(args.threads)  # NOTE: after LLM(), which sets its own count
+    args, llm = setup(__doc__)
     fmt = JsonFormat()
     modes = {"none": None,
              "auto": LLMatcher.grammar_from_lark(fmt.grammar(FUNCTIONS, False, True)),
              "required": LLMatcher.grammar_from_lark(fmt.grammar(FUNCTIONS, True, False))}
     for grammar in modes.values():
-        _tpot(llm, 4, grammar)  # NOTE: warm-up (the vocabulary table on the first grammar)
+        tpot(llm, 4, grammar)  # NOTE: warm-up (the vocabulary table on the first grammar)
     runs: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.repeats):
         for mode, grammar in modes.items():
-            runs[mode].append(_tpot(llm, args.tokens, grammar))
+            runs[mode].append(tpot(llm, args.tokens, grammar))
     medians = {m: statistics.median(v) for m, v in runs.items()}
     result = {"machine": f"{platform.machine()} {torch.get_num_threads()} threads (shared)",
               "tokens": args.tokens, "repeats": args.repeats,

@@ -17,9 +17,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from test_blocks import _random_blocks
+from test_exact_order import _project
 
 from muser.ops.blocks import BlockMatrix, BlockRows, cat_blocks, segments
-from muser.ops.triton import block_weights, linear, linear_add_rms_norm, linear_geglu, order
+from muser.ops.triton import block_weights, linear, order
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.gemv_blocks import linear_blocks
 from muser.ops.triton.order import k_per_split
@@ -57,16 +58,6 @@ def _blocks(gen, dtype, *parts: tuple[QT, int], k: int = K):
 def _dense(w, dtype: torch.dtype) -> torch.Tensor:
     """The matrix as the workspace holds it."""
     return torch.cat([dequantize_blocks(part, dtype) for _, part in segments(w)])
-
-
-def _project(epilogue: str, x, w, norm):
-    if epilogue == "plain":
-        return linear(x, w)
-    if epilogue == "geglu":
-        return linear_geglu(x, w)
-    res, post, nxt = norm
-    return torch.cat(linear_add_rms_norm(x, w, res[: x.shape[0]], post, nxt, 1e-6,
-                                         w.dtype), 1)
 
 
 def _bound(x: torch.Tensor, dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

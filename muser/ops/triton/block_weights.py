@@ -52,10 +52,10 @@ import torch
 from muser.ops.blocks import BlockMatrix, Blocks, block_tensors, segments
 from muser.ops.fp8 import Fp8Matrix
 from muser.ops.ref import Weights, fed
+from muser.ops.triton.after import after
 from muser.ops.triton.alloc import empty
 from muser.ops.triton.dequantize_blocks import dequantize_blocks
 from muser.ops.triton.embed import embed_rows
-from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import DOT_ROWS, GemvConfig, NormEpilogue
 from muser.ops.triton.gemv_blocks import (
     MAX_ROWS,
@@ -67,7 +67,6 @@ from muser.ops.triton.gemv_blocks import (
 from muser.ops.triton.gemv_blocks_dot import candidates_dot, linear_blocks_dot
 from muser.ops.triton.int8_rows import int8_rows
 from muser.ops.triton.launch import compile_only, next_power_of_2
-from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.order import k_per_split
 from muser.ops.triton.switches import current as switches_in_force
 from muser.ops.triton.timing import STATS, PickTable, graph_ms, rotation
@@ -142,7 +141,7 @@ def _project_dot(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpi
     for row, part in segments(weight):
         run = partial(linear_blocks_dot, x, cut=cut, out=y[:, row:row + part.shape[0]])
         run(part, gemv_config(x, part, run, cut))
-    return _after(y, geglu_out, norm)
+    return after(y, geglu_out, norm)
 
 
 def _project_int8(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEpilogue | None):
@@ -157,16 +156,7 @@ def _project_int8(x: torch.Tensor, weight: Blocks, geglu_out: bool, norm: NormEp
     for row, part in segments(weight):
         run = partial(linear_blocks, x, out=y[:, row:row + part.shape[0]], rows=rows)
         run(part, gemv_config(x, part, run))
-    return _after(y, geglu_out, norm)
-
-
-def _after(y: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None):
-    """The op after the projection as its own kernel."""
-    if geglu_out:
-        return geglu(y)
-    if norm is not None:
-        return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype)
-    return y
+    return after(y, geglu_out, norm)
 
 
 def _project_workspace(x: torch.Tensor, weight: Blocks, geglu_out: bool,

@@ -43,8 +43,8 @@ import torch
 
 from muser.ops.blocks import Blocks
 from muser.ops.fp8 import Fp8Matrix
+from muser.ops.triton.after import after
 from muser.ops.triton.block_weights import project as project_blocks
-from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemm import CANDIDATES as GEMM_CANDIDATES
 from muser.ops.triton.gemm import SMALL as SMALL_GEMM
 from muser.ops.triton.gemm import GemmConfig, gemm
@@ -58,7 +58,6 @@ from muser.ops.triton.gemv import (
     gemv,
 )
 from muser.ops.triton.launch import cdiv, compile_only, next_power_of_2
-from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.order import k_per_split
 from muser.ops.triton.pdl import enabled as pdl_enabled
 from muser.ops.triton.switches import current as switches_in_force
@@ -114,20 +113,11 @@ def choices() -> dict[str, dict]:
     return PICKS.choices(lambda c: "cublas" if c is None else str(c))
 
 
-def _after(y: torch.Tensor, geglu_out: bool, norm: NormEpilogue | None):
-    """The op after the projection as its own kernel."""
-    if geglu_out:
-        return geglu(y)
-    if norm is not None:
-        return add_rms_norm(norm.residual, y, norm.post, norm.next, norm.eps, norm.dtype)
-    return y
-
-
 def _cublas(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,
             norm: NormEpilogue | None):
     if x.dtype != weight.dtype:
         x = x.to(weight.dtype)
-    return _after(torch.mm(x, weight.t()), geglu_out, norm)
+    return after(torch.mm(x, weight.t()), geglu_out, norm)
 
 
 def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig | None,
@@ -142,11 +132,11 @@ def _run(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | GemmConfig 
     scaled = {} if fp8 is None else {"scales": fp8.scales, "dtype": fp8.dtype}
     if isinstance(config, GemmConfig):
         if exact:  # NOTE: the norm pair as its own row kernel, as after the decode GEMV
-            return _after(gemm(x, weight, config, geglu_out, None, cut, **scaled), False, norm)
+            return after(gemm(x, weight, config, geglu_out, None, cut, **scaled), False, norm)
         return gemm(x, weight, config, geglu_out, norm)
     if config.fused and not (exact and norm is not None):
         return gemv(x, weight, config, geglu_out, norm, cut, **scaled)
-    return _after(gemv(x, weight, config, k_per_split=cut, **scaled), geglu_out, norm)
+    return after(gemv(x, weight, config, k_per_split=cut, **scaled), geglu_out, norm)
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, geglu_out: bool,

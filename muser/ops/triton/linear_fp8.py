@@ -29,12 +29,13 @@ import math
 import torch
 
 from muser.ops.fp8 import Fp8Matrix, attached_rows, chunk_route, scaled_mm_fits
+from muser.ops.triton.after import after
 from muser.ops.triton.dequantize_fp8 import dequantize_fp8
 from muser.ops.triton.geglu import geglu
 from muser.ops.triton.gemv import MAX_ROWS, GemvConfig, NormEpilogue
 from muser.ops.triton.gemv_fp8 import DEFAULT, candidates_fp8, gemv_fp8
 from muser.ops.triton.launch import compile_only
-from muser.ops.triton.linear import GRAPH_ROWS, ROUTES, _after, _key
+from muser.ops.triton.linear import GRAPH_ROWS, ROUTES, _key
 from muser.ops.triton.norm import add_rms_norm
 from muser.ops.triton.quantize_fp8 import quantize_rows_fp8
 from muser.ops.triton.timing import STATS, PickTable, eager_ms, graph_ms, rotation
@@ -109,10 +110,10 @@ def _run(x: torch.Tensor, weight: Fp8Matrix, pick: Pick, geglu_out: bool,
                                 fp8_rows=rows)
         return geglu(y, fp8_rows=rows) if geglu_out else y
     if pick == "dequant":
-        return _after(dequant_mm(x, weight), geglu_out, norm)
+        return after(dequant_mm(x, weight), geglu_out, norm)
     if pick.fused:
         return gemv_fp8(x, weight, pick, geglu_out, norm)
-    return _after(gemv_fp8(x, weight, pick), geglu_out, norm)
+    return after(gemv_fp8(x, weight, pick), geglu_out, norm)
 
 
 def _candidates(x: torch.Tensor, weight: Fp8Matrix, geglu_out: bool,
