@@ -59,7 +59,9 @@ _FORCED_CONTROL_TEXTS = frozenset({
     "<reponame>", "<|file_sep|>",
 })
 _FORCED_USER_DEFINED_TEXTS = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
-_END_OF_TURN = "<end_of_turn>"
+# Ends of a turn, as llama.cpp reads them as end of generation: Gemma 3's, Gemma 4's, and Gemma
+# 4's hand-over to a tool after its calls
+_END_OF_TURN_TEXTS = ("<end_of_turn>", "<turn|>", "<|tool_response>")
 _ASCII_SPACE = " \t\n\v\f\r"
 
 
@@ -107,8 +109,8 @@ class Tokenizer:
         self._special_starts = re.compile(
             "[" + "".join(sorted({re.escape(t[0]) for t in self._special_text})) + "]"
         ) if self._special_text else None
-        end_of_turn = self._ids.get(_END_OF_TURN)
-        self.eot_ids = frozenset(i for i in (self.eos_id, end_of_turn) if i is not None)
+        ends = (self.eos_id, *(self._ids.get(t) for t in _END_OF_TURN_TEXTS))
+        self.eot_ids = frozenset(i for i in ends if i is not None)
 
     @classmethod
     def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:

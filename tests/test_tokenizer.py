@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from muser.tokenizer import IncrementalDecoder, Tokenizer
+from muser.tokenizer import TYPE_CONTROL, IncrementalDecoder, Tokenizer, spec_from_gguf
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "tokenizer_corpus.json").read_text("utf-8"))
 ENTRIES = GOLDEN["entries"]
@@ -65,6 +66,18 @@ def test_metadata(tok: Tokenizer) -> None:
     assert (tok.bos_id, tok.eos_id, tok.add_bos) == (2, 1, True)
     assert tok.eot_ids == frozenset({1, 106})
     assert tok.eot_ids <= set(GOLDEN["eog_ids"])
+
+
+def test_gemma4_turn_ends_end_generation(gguf_reader: gguf.GGUFReader) -> None:
+    """Gemma 4 ends a turn with <turn|> and hands over to a tool with <|tool_response>: both end
+    generation, as llama.cpp reads them (a vocabulary with them in two unused slots)."""
+    spec = spec_from_gguf(gguf_reader)
+    tokens, types = list(spec.tokens), list(spec.types)
+    slots = [i for i, t in enumerate(tokens) if t.startswith("<unused")][:2]
+    for i, text in zip(slots, ("<turn|>", "<|tool_response>"), strict=True):
+        tokens[i], types[i] = text, TYPE_CONTROL
+    marked = Tokenizer(dataclasses.replace(spec, tokens=tokens, types=types))
+    assert marked.eot_ids == frozenset({1, 106, *slots})
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=range(len(ENTRIES)))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.children import ending_with_parent
 from tests.server.conftest import _free_port
 
 WORKER_FLAGS = ["--device", "cpu", "--max-model-len", "2048", "--log-level", "info"]
@@ -36,7 +36,7 @@ def start_worker(tmp: Path, model_args: list[str], patch: str = "", port: int | 
     log = tmp / f"worker_{port}_{time.monotonic_ns()}.log"
     code = (f"{patch}\nfrom muser.cli import main\nraise SystemExit(main({['prefill-worker', '--listen', address, *model_args, *flags]!r}))")
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out,
+        proc = subprocess.Popen(ending_with_parent(["-c", code]), stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ,
                                                                "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 300

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from tests.children import ending_with_parent
 from tests.disagg.test_disagg import SLOW
 from tests.server.conftest import _free_port, _wait_healthy
 
@@ -21,10 +21,10 @@ def test_streams_decode_while_a_prompt_is_prefilled_remotely(gguf_path: Path, tm
     worker = worker_factory(["--model", str(gguf_path)], SLOW)  # 8 s per prefill
     port, log = _free_port(), tmp_path / "serve.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "muser", "serve", "--model",
+        proc = subprocess.Popen(ending_with_parent(["-m", "muser", "serve", "--model",
                                  str(gguf_path), "--device", "cpu", "--port", str(port),
                                  "--max-model-len", "2048", "--prefill-worker", worker.address,
-                                 "--disagg-min-tokens", "200", "--log-level", "info"],
+                                 "--disagg-min-tokens", "200", "--log-level", "info"]),
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
+from tests.children import ending_with_parent
 from tests.disagg.test_disagg import DIES
 from tests.server.conftest import _free_port, _wait_healthy
 
@@ -32,10 +32,10 @@ def test_a_worker_killed_mid_transfer_over_nccl(tmp_path: Path, worker_factory,
                                                 "--log-level", "info"])
     port, log = _free_port(), tmp_path / "serve.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "muser", "serve", *MODEL, "--device",
+        proc = subprocess.Popen(ending_with_parent(["-m", "muser", "serve", *MODEL, "--device",
                                  "cuda:1", "--port", str(port), "--prefill-worker",
                                  worker.address, "--disagg-backend", "nccl",
-                                 "--disagg-min-tokens", "64", "--log-level", "info"],
+                                 "--disagg-min-tokens", "64", "--log-level", "info"]),
                                 stdout=out, stderr=subprocess.STDOUT, env=ENV)
     url = f"http://127.0.0.1:{port}"
     try:

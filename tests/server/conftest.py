@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.children import ending_with_parent
 
 API_KEY, FILE_KEYS, ADMIN_KEY = "test-key", ("file-key-1", "file-key-2"), "admin-key"
 MAX_NUM_SEQS, MAX_QUEUE, MAX_MODEL_LEN, MAX_BODY = 4, 4, 1024, 65536
@@ -65,10 +66,10 @@ def start_server(gguf_path: Path, tmp: Path, args: list[str]) -> Server:
     """`muser serve` on a free loopback port with `args`, once /health answers 200."""
     port = _free_port()
     log = tmp / "server.log"
-    cmd = [sys.executable, "-m", "muser", "serve", "--model", str(gguf_path), "--device", "cpu",
+    cmd = ["-m", "muser", "serve", "--model", str(gguf_path), "--device", "cpu",
            "--port", str(port), "--log-level", "warning", *args]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(ending_with_parent(cmd), stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from tests.children import ending_with_parent
 from tests.server.conftest import _free_port, _wait_healthy
 
 
@@ -43,10 +43,10 @@ def _alive(pid: int) -> bool:
 def _serve(gguf_path: Path, tmp_path: Path) -> tuple[subprocess.Popen, str, Path]:
     port, log = _free_port(), tmp_path / "server.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "muser", "serve", "--model",
+        proc = subprocess.Popen(ending_with_parent(["-m", "muser", "serve", "--model",
                                  str(gguf_path), "--device", "cpu", "--port", str(port),
                                  "--max-num-seqs", "2", "--max-model-len", "512",
-                                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT,
+                                 "--log-level", "warning"]), stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc, log, 300)

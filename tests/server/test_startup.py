@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from tests.children import ending_with_parent
 from tests.server.conftest import _free_port
 
 
 def _serve(args: list[str], log: Path) -> subprocess.Popen:
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, "-m", "muser", "serve", "--device", "cpu",
-                                 "--log-level", "info", *args], stdout=out,
+        return subprocess.Popen(ending_with_parent(["-m", "muser", "serve", "--device", "cpu",
+                                 "--log-level", "info", *args]), stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
