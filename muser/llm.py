@@ -146,8 +146,15 @@ class LLM:
         return model_fingerprint(self.model_config, self.path, form)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
-        """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through."""
-        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        """Text -> ids with BOS and special tokens parsed (as llama.cpp does); ids pass through
+        (TypeError for a list of anything but ints: one prompt per call)."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(type(i) is int for i in prompt):
+            return list(prompt)
+        raise TypeError(f"prompt: a str or a list of token ids (ints), one prompt per call; "
+                        f"got {type(prompt).__name__}"
+                        + (f" of {type(prompt[0]).__name__}" if isinstance(prompt, list) else ""))
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams) -> Iterator[StepOutput]:
         """Yield StepOutputs as tokens are produced (with n samples, each output's `index`

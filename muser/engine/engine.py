@@ -59,7 +59,10 @@ class Engine:
         self._woken = threading.Event()
         self.wake: Callable[[], None] = self._woken.set  # a loop waiting for work sets its own
         self._arrived: list[Arrival] = []  # prefills done elsewhere, not yet installed
-        self.forks = Forks(runner, scheduler, self.grammars, self._adopt)
+        # NOTE: nothing the engine owns may hold the engine (a bound method of it included):
+        # LLM() freezes startup's objects for the collector, so a cycle through them is never
+        # freed, and a process that makes several LLMs keeps every one
+        self.forks = Forks(runner, scheduler, self.grammars)
         self.pooled = Pooled()
         e = runner.engine
         self.speculation = None if e.speculative == "none" else Speculation(
@@ -277,7 +280,7 @@ class Engine:
             at += d.width
         for i, seq in enumerate(list(due)):
             if seq.num_forks:
-                forks = self.forks.make(seq)
+                forks = self.forks.make(seq, self._adopt)
                 due += forks
                 rows += [i] * len(forks)
         for seq in [seq for seq in due if seq.sampling.max_tokens == 0]:

@@ -23,11 +23,8 @@ from muser.sequence import Sequence
 
 
 class Forks:
-    def __init__(self, runner: Runner, scheduler: Scheduler, grammars: GrammarMasks,
-                 adopt: Callable[[Sequence], None]) -> None:
-        """adopt: makes a new sequence live in the engine (its stop state, its uid known)."""
-        self.runner, self.scheduler, self.grammars, self.adopt = (
-            runner, scheduler, grammars, adopt)
+    def __init__(self, runner: Runner, scheduler: Scheduler, grammars: GrammarMasks) -> None:
+        self.runner, self.scheduler, self.grammars = runner, scheduler, grammars
         self.of: dict[int, list[int]] = {}  # a request's uid -> its forks' engine uids
         self._uids = itertools.count(-1, -1)
 
@@ -35,9 +32,10 @@ class Forks:
         """Requests with forks still known."""
         return len(self.of)
 
-    def make(self, seq: Sequence) -> list[Sequence]:
+    def make(self, seq: Sequence, adopt: Callable[[Sequence], None]) -> list[Sequence]:
         """`seq`'s other samples (its prompt just prefilled), each admitted to decode -> those
-        forked; one without a free page or slot waits to prefill on its own."""
+        forked; one without a free page or slot waits to prefill on its own. `adopt` makes a
+        new sequence live in the engine (its stop state, its uid known)."""
         forks = []
         params = dataclasses.replace(seq.sampling, n=1)
         for index in range(seq.sampling.n - seq.num_forks, seq.sampling.n):
@@ -46,7 +44,7 @@ class Forks:
             if params.grammar is not None:  # NOTE: each sample walks its own grammar
                 child.constraint = self.grammars.compile(params.grammar)
             child.next_prompt_lp = seq.num_prompt  # NOTE: the prompt's are the first sample's
-            self.adopt(child)
+            adopt(child)
             self.of.setdefault(seq.output_uid, []).append(child.uid)
             self.scheduler.release_seat(seq)
             try:
