@@ -2,8 +2,8 @@
 
 A format says whether the chat template renders tools, calls and results itself (`native`), how
 a call is rendered into history when it does not, the llguidance grammar of its call syntax,
-and makes a CallParser per sample. A parser turns the sample's
-text, fed as it streams, into Pieces in order:
+and makes a CallParser per sample. A parser turns the sample's text, fed as it streams, into
+Pieces in order:
 
     ("content", -1, text)     answer text
     ("reasoning", -1, text)   thinking-channel text
