@@ -307,19 +307,20 @@ def test_named_function_with_samples_streamed_and_not(client: openai.OpenAI,
         jsonschema.validate(json.loads(text), WEATHER)
 
 
-def test_auto_with_strict_is_held_once_a_call_opens(client: openai.OpenAI,
-                                                    g4_server: Server) -> None:
-    """strict: true was a 400 before this format had a grammar; auto with it is served."""
+def test_auto_with_strict_is_held_once_a_call_opens(client: openai.OpenAI, g4_server: Server,
+                                                    vocab: Vocab) -> None:
+    """strict: true was a 400 before this format had a grammar. auto: the base model answers
+    in text; pushed to open a call (a logit bias on <|tool_call>), the call is the grammar's."""
     strict = [{"type": "function", "function": {**t["function"], "strict": True}}
               for t in TOOLS]
-    for seed in (1, 2):
-        r = client.chat.completions.create(model=g4_server.model, messages=ASK, tools=strict,
-                                           temperature=1.0, seed=seed,
-                                           max_tokens=40).choices[0]
-        if r.message.tool_calls:
-            _checked(r.message.tool_calls)
-        else:
-            assert r.message.content and "<|tool_call>" not in r.message.content
+    body = {"model": g4_server.model, "messages": ASK, "tools": strict, "max_tokens": 60,
+            "temperature": 1.0, "seed": 4, "parallel_tool_calls": False}
+    text = client.chat.completions.create(**body).choices[0]
+    assert text.message.tool_calls is None and text.message.content
+    assert not any(m in text.message.content for m in MARKERS)
+    opened = vocab.tokenizer.token_id("<|tool_call>")
+    r = client.chat.completions.create(**body, logit_bias={str(opened): 100}).choices[0]
+    assert r.finish_reason == "tool_calls" and len(_checked(r.message.tool_calls)) == 1
 
 
 def test_unholdable_schema_is_a_400_on_the_server(g4_server: Server) -> None:
