@@ -3,11 +3,12 @@ conversation as the template takes it; the grammar that holds the calls.
 
     tool_choice   what the reply may be                      constraint (llguidance)
     none          text (tools not offered: as with none)     none
-    auto          text, or calls                             once a call opens (json format)
+    auto          text, or calls                             once a call opens
     required      one or more calls                          the whole reply
     named         one or more calls of that function         the whole reply
-    strict: true  (on any function, in auto) as auto         as auto; for formats without a
-                                                             grammar (gemma4) a 400
+
+`strict` changes nothing: the arguments are always held to their schema (a schema a format's
+grammar cannot hold faithfully is a 400 naming the construct).
 
 The format comes from the template (Gemma 4's `<|tool_call>` in it: gemma4; otherwise json),
 or from `muser serve --tool-call-parser`. Every check that fails is a 400 naming its field."""
@@ -21,7 +22,7 @@ from typing import Any
 from muser.server.errors import ApiError
 from muser.server.protocol import ChatMessage, ChatRequest
 from muser.server.structured import requested, unsatisfiable
-from muser.server.tool_format import Function, ToolFormat
+from muser.server.tool_format import Function, SchemaUnsupported, ToolFormat
 from muser.server.tool_gemma4 import CALL_OPEN, Gemma4Format
 from muser.server.tool_json import JsonFormat, call_text, describe, result_text
 
@@ -45,7 +46,6 @@ class ToolPlan:
     functions: tuple[Function, ...]  # offered (empty: tools off)
     choice: str  # "none" | "auto" | "required" | "named"
     parallel: bool
-    strict: bool  # some function asked strict: true
 
     @property
     def is_on(self) -> bool:
@@ -61,7 +61,7 @@ class ToolPlan:
         return self.is_on or self.format.has_reasoning()
 
     def grammar(self) -> str | None:
-        """The calls' grammar, or None (tools off, or a format without one in auto mode)."""
+        """The calls' grammar, or None (tools off)."""
         if not self.is_on:
             return None
         return self.format.grammar(list(self.functions), self.choice != "auto", self.parallel)
@@ -75,7 +75,7 @@ def plan(body: ChatRequest, fmt: ToolFormat) -> ToolPlan:
     if body.tools is None:
         if choice != "none":
             raise _bad("give tools with it (there is no function to call)", "tool_choice")
-        return ToolPlan(fmt, (), "none", body.parallel_tool_calls, False)
+        return ToolPlan(fmt, (), "none", body.parallel_tool_calls)
     functions = [_function(t.function, i) for i, t in enumerate(body.tools)]
     names = [f.name for f in functions]
     dup = next((n for n in names if names.count(n) > 1), None)
@@ -84,18 +84,18 @@ def plan(body: ChatRequest, fmt: ToolFormat) -> ToolPlan:
     if named is not None and named not in names:
         raise _bad(f"the function {named!r} is not among tools", "tool_choice")
     if choice == "none":
-        return ToolPlan(fmt, (), "none", body.parallel_tool_calls, False)
+        return ToolPlan(fmt, (), "none", body.parallel_tool_calls)
     if requested(body) is not None:
         raise _bad("response_format, json_schema and grammar cannot be combined with tools "
                    "(tool_choice none allows them)", "tools")
-    strict = any(t.function.strict for t in body.tools)
     kept = tuple(f for f in functions if named is None or f.name == named)
-    tool_plan = ToolPlan(fmt, kept, "named" if named else choice, body.parallel_tool_calls,
-                         strict)
-    if tool_plan.grammar() is None and (tool_plan.choice != "auto" or strict):
-        raise _bad(f"the {fmt.name} tool format has no grammar yet, so tool_choice "
-                   f"{tool_plan.choice!r} and strict: true cannot be guaranteed; use "
-                   "tool_choice auto", "tool_choice")
+    tool_plan = ToolPlan(fmt, kept, "named" if named else choice, body.parallel_tool_calls)
+    try:
+        tool_plan.grammar()
+    except SchemaUnsupported as exc:
+        where = f"tools[{names.index(exc.function)}].function.parameters"
+        raise _bad(f"{exc} (the {fmt.name} tool format's grammar cannot hold it faithfully)",
+                   where) from None
     return tool_plan
 
 

@@ -1,9 +1,9 @@
 """ToolFormat: how one model family writes tool calls (and its thinking), read back piece by piece.
 
 A format says whether the chat template renders tools, calls and results itself (`native`), how
-a call is rendered into history when it does not, the llguidance grammar of its call syntax
-(None: no guaranteed modes), and makes a CallParser per sample. A parser turns the sample's
-text, fed as it streams, into Pieces in order:
+a call is rendered into history when it does not, the llguidance grammar of its call syntax,
+and makes a CallParser per sample. A parser turns the sample's text, fed as it streams, into
+Pieces in order:
 
     ("content", -1, text)     answer text
     ("reasoning", -1, text)   thinking-channel text
@@ -32,6 +32,14 @@ class Function(NamedTuple):
     parameters: dict[str, Any]  # a JSON schema of an object
 
 
+class SchemaUnsupported(ValueError):
+    """A function's parameters use what a format's grammar cannot hold faithfully (a 400)."""
+
+    def __init__(self, function: str, message: str) -> None:
+        super().__init__(message)
+        self.function = function
+
+
 class CallParser(ABC):
     is_complete: bool = True  # after finish: no call was left open (cut off, or malformed)
 
@@ -58,8 +66,9 @@ class ToolFormat(ABC):
         """Whether its parser finds thinking text even with tools off."""
         return False
 
-    def grammar(self, functions: list[Function], required: bool, parallel: bool) -> str | None:
+    @abstractmethod
+    def grammar(self, functions: list[Function], required: bool, parallel: bool) -> str:
         """Lark text (llguidance) of its output: calls of these functions, each one's
         arguments held to its schema; required: nothing but calls, else text or calls (the
-        constraint bites once a call opens). None: this format has no grammar."""
-        return None
+        constraint bites once a call opens). A schema it cannot hold faithfully raises
+        SchemaUnsupported."""

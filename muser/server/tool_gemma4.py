@@ -8,15 +8,16 @@ declarations, calls and results itself).
 
 The markers are control tokens: the route passes their text to the parser (special_text).
 A call is read whole (its name and its arguments, as JSON, come together); one that does not
-parse, or is left open, comes back as content. No grammar yet: the guaranteed modes (required,
-a named function, strict) are refused with this format."""
+parse, or is left open, comes back as content. The calls' grammar, each function's schema
+written in this syntax, is muser/server/tool_gemma4_grammar.py."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
-from muser.server.tool_format import CallParser, Piece, ToolFormat
+from muser.server.tool_format import CallParser, Function, Piece, ToolFormat
 
 CALL_OPEN, CALL_CLOSE = "<|tool_call>", "<tool_call|>"
 THINK_OPEN, THINK_CLOSE = "<|channel>", "<channel|>"
@@ -137,9 +138,12 @@ def _scalar(text: str) -> Any:
     if text in ("true", "false", "null"):
         return json.loads(text)
     try:
-        return json.loads(text) if text[0] in "-0123456789" else text
+        value = json.loads(text) if text[0] in "-0123456789" else text
     except ValueError:
         return text
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a number past a double's range (no JSON once read)")
+    return value
 
 
 def _skip(s: str, i: int) -> int:
@@ -158,3 +162,9 @@ class Gemma4Format(ToolFormat):
 
     def has_reasoning(self) -> bool:
         return True
+
+    def grammar(self, functions: list[Function], required: bool, parallel: bool) -> str:
+        # NOTE: imported here: the grammar's module takes its markers from this one
+        from muser.server.tool_gemma4_grammar import calls_grammar
+
+        return calls_grammar(functions, required, parallel)

@@ -121,6 +121,7 @@ def test_gemma4_arguments_parse() -> None:
     assert parse_call('call:f{s:<|"|>a, b}<|"|>,n:-2.5,e:[]}') == ("f", {"s": "a, b}", "n": -2.5,
                                                                        "e": []})
     assert parse_call("call:f{a:1") is None and parse_call("call:f{a:1}}") is None
+    assert parse_call("call:f{a:1e400}") is None  # Infinity would be no JSON
 
 
 def test_gemma4_reasoning_without_tools_and_cut_calls_as_content() -> None:
@@ -139,12 +140,15 @@ def test_format_chosen_from_the_template_or_the_flag() -> None:
     assert choose_format("{{ '<|tool_call>' }}", "json").name == "json"
 
 
-def test_gemma4_refuses_what_it_cannot_guarantee() -> None:
-    for fields in ({"tool_choice": "required"},
-                   {"tool_choice": {"type": "function", "function": {"name": "now"}}}):
-        with pytest.raises(Exception, match="no grammar yet"):
-            _plan("gemma4", **fields)
-    assert _plan("gemma4").grammar() is None
+def test_gemma4_holds_every_mode_to_its_grammar() -> None:
+    """required, a named function and auto all constrain (tests/server/test_tool_gemma4.py
+    walks the grammar itself); a named function's grammar offers that function only."""
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    for fields in ({"tool_choice": "required"}, {"tools": strict}, {}):
+        grammar = _plan("gemma4", **fields).grammar()
+        assert "call:get_weather" in grammar and "call:now" in grammar
+    named = _plan("gemma4", tool_choice={"type": "function", "function": {"name": "now"}})
+    assert "call:now" in named.grammar() and "call:get_weather" not in named.grammar()
 
 
 class _Out:
