@@ -32,7 +32,11 @@ def start_draft(target: Runner, tokenizer: Tokenizer, draft: LoadedModel,
     its `tokenizer`; raises ConfigError naming the first difference."""
     check_draft(target, tokenizer, draft)
     engine = dataclasses.replace(target.engine, prefix_cache=False, kv_host_gb=0.0)
-    return start(draft.config, engine, draft.weights, log)
+    emit = log.emit
+    # NOTE: its lines (memory, CPU kernels) say whose they are
+    named = StartupLog(None if emit is None else (
+        lambda line: emit(line.replace("startup: ", "startup: draft model's ", 1))))
+    return start(draft.config, engine, draft.weights, named)
 
 
 def check_draft(target: Runner, tokenizer: Tokenizer, draft: LoadedModel) -> None:
