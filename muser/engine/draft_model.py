@@ -80,6 +80,9 @@ class DraftModel:
         """The draft's rows made `seq`'s context (steps 1 and 2) -> its logits after the
         context's last id [1, vocab]."""
         kv, ids = self._in_step(seq), seq.context_ids
+        # NOTE: every decode-ready sequence steps or is preempted (forget) between proposals,
+        # so its context has grown past the rows the draft holds
+        assert kv.num_cached < len(ids), "the draft's rows reach the context's last id"
         logits = self.runner.prefill(kv, ids[kv.num_cached:])
         kv.ids += ids[len(kv.ids):]
         return logits
