@@ -1,4 +1,5 @@
-"""Speculative decoding against plain decoding, side by side in one run (CPU, prompt lookup).
+"""Speculative decoding against plain decoding, side by side in one run (CPU; prompt lookup, or
+a draft model with --draft-model).
 
 Each workload is a committed prompt (bench/prompts/spec/*.txt: a passage of 300+ tokens the
 continuation reuses: a quotation, an edit, code with one change; and `free`, a story asked for
@@ -9,9 +10,12 @@ draft tokens accepted, the mean tokens a verify pass emitted, and whether the ou
 same token for token. One speculating engine serves every k (its rings hold the largest; a
 request's SamplingParams.speculative caps its drafts at the cell's k). --verify-costs also
 times one forward of 1..9 rows of one sequence (what a verify pass of K drafts costs, against
-one decode row).
+one decode row). --draft-model PATH|NAME speculates with that draft model (--speculative draft)
+in place of prompt lookup.
 
     python bench/spec_bench.py --out bench/results/spec_cpu.json
+    python bench/spec_bench.py --draft-model gemma3-270m --ks 2 4 --out \
+        bench/results/spec_draft_cpu.json
 """
 
 from __future__ import annotations
@@ -73,12 +77,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy; else seeded sampling (seed 0), exact all the same")
+    ap.add_argument("--draft-model", metavar="PATH|NAME",
+                    help="draft with this model (--speculative draft), not prompt lookup")
     ap.add_argument("--verify-costs", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     kw = {"progress": False, "device": "cpu", "max_num_seqs": 1, "max_model_len": 4096}
     plain = LLM(args.model, **kw)
-    spec = LLM(args.model, speculative="ngram", num_speculative_tokens=max(args.ks), **kw)
+    how = ({"speculative": "draft", "speculative_model": args.draft_model} if args.draft_model
+           else {"speculative": "ngram"})
+    spec = LLM(args.model, num_speculative_tokens=max(args.ks), **how, **kw)
+    draft = Path(args.draft_model).name if args.draft_model else "ngram"
     stats = spec.engine.speculation.stats
     cells = []
     for workload in args.workloads:
@@ -104,7 +113,7 @@ def main() -> None:
         for k in args.ks:
             d, a, v = counts[k]
             a_spec = statistics.median(spec_tps[k])
-            cell = {"model": plain.path.name if plain.path else "default", "draft": "ngram",
+            cell = {"model": plain.path.name if plain.path else "default", "draft": draft,
                     "k": k, "workload": workload, "temperature": args.temperature, "batch": 1, "prompt_tokens": len(ids),
                     "output_tokens": args.max_tokens, "tokens_per_s_plain": round(a_plain, 2),
                     "tokens_per_s_spec": round(a_spec, 2), "speedup": round(a_spec / a_plain, 3),

@@ -163,8 +163,9 @@ PREFIX_CACHE = {"cpu": True, "cuda": True}
 QUANTIZATIONS = ("none", "fp8")
 # the KV cache's dtypes: "fp8" is e4m3 codes with a scale per row and KV head (muser/ops/kv_fp8.py)
 KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
-# speculative decoding's proposers (muser/engine/speculation.py): "ngram" is prompt lookup
-SPECULATIVE = ("none", "ngram")
+# speculative decoding's proposers (muser/engine/speculation.py): "ngram" is prompt lookup,
+# "draft" a small model sharing the target's vocabulary (speculative_model)
+SPECULATIVE = ("none", "ngram", "draft")
 # draft tokens verified per step at most (--num-speculative-tokens): of K = 2..8, the best or
 # within 4 % of the best on each of the CPU's prompt-lookup workloads
 # (bench/results/spec_cpu.json)
@@ -211,7 +212,10 @@ class EngineConfig:
     kv_host_gb: float = 0.0  # host tier of the prefix cache: what the device evicts (0: none)
     gguf_weights: str = "blocks"  # GPU: "blocks" keeps GGUF blocks the kernels read as the
     # file's bytes, "dequantize" expands every matrix to `dtype`
-    speculative: str = "none"  # "ngram": draft tokens by prompt lookup, verified exactly
+    speculative: str = "none"  # "ngram": draft tokens by prompt lookup, "draft": by a draft
+    # model (speculative_model); either verified exactly
+    speculative_model: str | None = None  # with "draft": a GGUF file, a Hugging Face
+    # checkpoint directory, or a name muser.loading.default_model.model_path knows
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS  # most drafts per sequence and step
     # a sequence that fills the context drops the oldest half of its rows after n_keep and
     # goes on, the rest's KV computed again (muser/engine/shift.py); off: it ends ("length")
@@ -258,6 +262,14 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, got "
                              f"{self.speculative!r}")
+        if (self.speculative == "draft") != (self.speculative_model is not None):
+            raise ValueError("speculative 'draft' needs a speculative_model "
+                             "(--speculative-model), and a speculative_model needs "
+                             f"speculative 'draft' (got {self.speculative!r})")
+        if self.speculative == "draft" and _backend(self.device) != "cpu":
+            raise ValueError("speculative 'draft' runs on the CPU for now: the draft's runner "
+                             "has no GPU memory sizing or decode graphs yet (--speculative "
+                             "ngram runs on the GPU)")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got "
                              f"{self.num_speculative_tokens}")

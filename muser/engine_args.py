@@ -117,14 +117,18 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    "after the first n_keep (llama-server's) and go on: the KV of what is kept "
                    "is computed again as a prefill of it (default: the sequence ends with "
                    "finish reason length)")
-    p.add_argument("--speculative", choices=["none", "ngram"], default="none",
+    p.add_argument("--speculative", choices=["none", "ngram", "draft"], default="none",
                    help="speculative decoding: ngram drafts each sequence's next tokens by "
                    "prompt lookup (what followed the latest earlier occurrence of its last 2-4 "
-                   "tokens in its prompt and outputs) and verifies them in one pass at the "
-                   "width of the decode row and its drafts; outputs are exactly plain "
-                   "decoding's (greedy and seeded sampling), they come faster where the "
-                   "continuation repeats its context (edits, quotations, code). CPU only for "
-                   "now (default: %(default)s)")
+                   "tokens in its prompt and outputs), draft by a small model sharing the "
+                   "target's vocabulary (--speculative-model; CPU only for now); the drafts are "
+                   "verified in one pass at the width of the decode row and its drafts; outputs "
+                   "are exactly plain decoding's (greedy and seeded sampling), they come faster "
+                   "where the drafts hold (default: %(default)s)")
+    p.add_argument("--speculative-model", metavar="PATH|NAME",
+                   help="with --speculative draft: the draft model, a GGUF file or Hugging Face "
+                   "checkpoint directory, or gemma3-270m (the embedded Gemma 3 270M); its "
+                   "tokenizer must equal the target's")
     p.add_argument("--num-speculative-tokens", type=positive_int,
                    default=NUM_SPECULATIVE_TOKENS, metavar="K",
                    help="with --speculative: most draft tokens per sequence and step; each "
@@ -145,6 +149,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     if hasattr(args, "speculative"):
         kwargs |= {"speculative": args.speculative,
                    "num_speculative_tokens": args.num_speculative_tokens,
+                   "speculative_model": args.speculative_model,
                    "context_shift": args.context_shift}
     if args.device:
         kwargs["device"] = args.device

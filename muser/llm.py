@@ -19,14 +19,17 @@ from muser.engine import Engine
 from muser.errors import ConfigError, GenerationError
 from muser.graph.weights import with_fp8_head
 from muser.loading import load_model
+from muser.loading.default_model import model_path
 from muser.loading.dummy import load_dummy
 from muser.loading.fingerprint import fingerprint as model_fingerprint
 from muser.ops import backend, cpu, ref
 from muser.ops.fp8 import require_fp8_device
+from muser.runner import Runner
 from muser.scheduler import Scheduler
 from muser.sequence import Sequence
 from muser.startup import StartupLog
-from muser.startup.start import start
+from muser.startup.draft import start_draft
+from muser.startup.start import note_speculation, start
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,16 +130,29 @@ class LLM:
         config = dataclasses.replace(config, max_model_len=min(config.max_model_len, limit))
         self.model_config, self.tokenizer, self.path = loaded.config, loaded.tokenizer, loaded.path
         self.runner = start(self.model_config, config, weights, self.startup)
+        self.draft = self._start_draft(config, dtype, progress)
+        note_speculation(self.startup, self.runner, self.draft)
         # NOTE: serving's configuration: the runner's, with the chunk cap the startup measured
         self.config = c = dataclasses.replace(
             config, decode_waiting_chunk=self.runner.startup.waiting_chunk)
         scheduler = Scheduler(c.max_num_seqs, c.prefill_chunk, c.decode_waiting_chunk,
                               max_batched_tokens=c.max_batched_tokens, page_size=c.page_size)
-        self.engine = Engine(self.runner, self.tokenizer, scheduler)
+        self.engine = Engine(self.runner, self.tokenizer, scheduler, self.draft)
         # NOTE: what startup made (the model's objects, the tokenizer's tables) lives as long as
         # the engine: frozen, the collector's full passes between tokens no longer walk it
         gc.freeze()
         self.startup.ready()
+
+    def _start_draft(self, config: EngineConfig, dtype: torch.dtype,
+                     progress: bool) -> Runner | None:
+        """With --speculative draft: the draft model's runner (muser/startup/draft.py)."""
+        if config.speculative != "draft":
+            return None
+        with self.startup.phase("draft weights"):
+            loaded = load_model(model_path(config.speculative_model, progress), dtype,
+                                config.device, progress, _keeps_codes(config),
+                                blocks=_keeps_blocks(config))
+        return start_draft(self.runner, self.tokenizer, loaded, self.startup)
 
     def fingerprint(self) -> str:
         """What another process compares before it uses this one's KV (a prefill worker's, a

@@ -216,6 +216,20 @@ class Runner:
             self.pages.free(seq.page_ids[keep:])
             del seq.page_ids[keep:]
 
+    def truncate(self, seq: Placement, num_cached: int, ring: RingState) -> None:
+        """`seq`'s cache back to its first `num_cached` rows, `ring` the state its ring had
+        with them; pages past them given back (a draft model's drafts that did not hold,
+        muser/engine/draft_model.py). NOTE: the sliding ring holds window +
+        num_speculative_tokens rows, so the rows dropped, at most that many, overwrote only
+        rows that have left every later row's window; the prefix cache's checkpoints would
+        hold the dropped rows, so a runner that truncates has none."""
+        assert self.prefix is None, "truncating a sequence the prefix cache records"
+        assert num_cached <= seq.num_cached and ring.logical_end == num_cached, (
+            num_cached, seq.num_cached, ring)
+        assert seq.num_cached - num_cached <= self.engine.num_speculative_tokens
+        seq.num_cached, seq.ring = num_cached, ring
+        self.trim(seq)
+
     @torch.inference_mode()
     def forward_ahead(self, seqs: list[Placement], tokens: torch.Tensor) -> Ahead:
         """Queue the decode step that appends tokens[i] to seqs[i], the tokens [B] still on the

@@ -13,8 +13,8 @@ It owns everything about the request the engine keeps:
     output identity ... uid; a fork's `parent` (the request whose uid its outputs carry) and
                         `index` (which of the request's n samples)
     prompt logprobs ... the next prompt position due and those not yet sent
-    speculation ....... drafts (this step's proposals to verify), lookup and drafting (the
-                        proposer's and the adaptive draft length's state,
+    speculation ....... drafts (this step's proposals to verify), lookup / draft and drafting
+                        (the proposer's and the adaptive draft length's state,
                         muser/engine/speculation.py), num_drafted / num_accepted (its counts)
 
 The runner keeps device tensors only (the pool, keyed by slot and page ids); nothing here is a
@@ -61,6 +61,7 @@ class Sequence(Placement):
     drafts: list[int] = field(default_factory=list)  # proposed to follow its decode row now
     lookup: Any = None  # muser.engine.lookup.NgramIndex (prompt lookup's index of its ids)
     drafting: Any = None  # muser.engine.speculation.Drafting (its draft length's state)
+    draft: Any = None  # muser.engine.draft_model.DraftKV (its rows in the draft model's cache)
     num_drafted: int = 0  # draft tokens verified for it
     num_accepted: int = 0  # of those, accepted (outputs that came from a draft)
     num_kept: int = 0  # context shift: the leading rows a shift keeps (n_keep, BOS included)

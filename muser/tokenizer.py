@@ -117,6 +117,29 @@ class Tokenizer:
         """Read the tokenizer from a GGUF file; ValueError if its tokenizer model is unsupported."""
         return cls(spec_from_gguf(reader))
 
+    def difference(self, draft: Tokenizer) -> str | None:
+        """What keeps a draft model's ids (`draft`'s vocabulary) from reading as this one's, in
+        words; None: every id `draft` has is the same token here, special where it is special
+        here, with the same BOS / EOS / end-of-turn ids. This one may have ids past the
+        draft's last (a vocabulary padded to a larger embedding): the draft never proposes
+        them."""
+        if draft.vocab_size > self.vocab_size:
+            return (f"the draft has {draft.vocab_size} tokens, the target {self.vocab_size}: "
+                    f"ids {self.vocab_size} to {draft.vocab_size - 1} are not the target's")
+        for name in ("bos_id", "eos_id", "eot_ids"):
+            a, b = getattr(self, name), getattr(draft, name)
+            if a != b:
+                shown = (sorted(a), sorted(b)) if name == "eot_ids" else (a, b)
+                return f"{name}: the target's is {shown[0]}, the draft's {shown[1]}"
+        for i, (a, b) in enumerate(zip(self._texts, draft._texts)):
+            if a != b:
+                return f"token {i} is {a!r} in the target, {b!r} in the draft"
+        for i, (a, b) in enumerate(zip(self._attrs, draft._attrs)):
+            if (a ^ b) & (_ATTR_SPECIAL | _ATTR_PARTITIONED):
+                return (f"token {i} ({self._texts[i]!r}) is special in one and not the other "
+                        f"(target: {self.is_special(i)}, draft: {draft.is_special(i)})")
+        return None
+
     def is_special(self, token_id: int) -> bool:
         """Whether the token is a control/unknown token (hidden when decoding with skip_special)."""
         return bool(self._attrs[token_id] & _ATTR_SPECIAL)

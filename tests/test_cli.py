@@ -62,7 +62,10 @@ def test_generate_streams_from_prompt_file_and_stdin(gguf_path: Path, tmp_path: 
     (["generate", "--prompt-file", "/nonexistent.txt"], "cannot read --prompt-file"),
     (["generate", "hi", "--device", "cpu", "--quantization", "fp8"],
      "--quantization fp8 runs on a CUDA GPU of compute capability >= 8.9"),
-    (["generate", "hi", "--speculative", "draft"], "invalid choice: 'draft'"),
+    (["generate", "hi", "--speculative", "drafts"], "invalid choice: 'drafts'"),
+    (["generate", "hi", "--speculative", "draft"], "needs a speculative_model"),
+    (["generate", "hi", "--speculative", "draft", "--speculative-model", "/nonexistent.gguf"],
+     "/nonexistent.gguf: no such file or directory"),
     (["generate", "hi", "--num-speculative-tokens", "0"], "must be >= 1"),
 ])
 def test_bad_options_fail_cleanly(args: list[str], needle: str) -> None:

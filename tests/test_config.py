@@ -60,8 +60,14 @@ def test_validation_messages() -> None:
         EngineConfig.for_device("cpu", quantization="int4")
     with pytest.raises(ValueError, match="fp8_head applies to quantization 'fp8' only"):
         EngineConfig.for_device("cpu", fp8_head=True)
-    with pytest.raises(ValueError, match="speculative must be one of none, ngram"):
+    with pytest.raises(ValueError, match="speculative must be one of none, ngram, draft"):
+        EngineConfig.for_device("cpu", speculative="eagle")
+    with pytest.raises(ValueError, match="speculative 'draft' needs a speculative_model"):
         EngineConfig.for_device("cpu", speculative="draft")
+    with pytest.raises(ValueError, match="a speculative_model needs speculative 'draft'"):
+        EngineConfig.for_device("cpu", speculative="ngram", speculative_model="gemma3-270m")
+    with pytest.raises(ValueError, match="speculative 'draft' runs on the CPU for now"):
+        EngineConfig.for_device("cuda", speculative="draft", speculative_model="gemma3-270m")
     with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
         EngineConfig.for_device("cpu", speculative="ngram", num_speculative_tokens=0)
     # NOTE: on a GPU the weights decide (startup's check: tests/ops/test_exact_order.py)

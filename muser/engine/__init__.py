@@ -7,7 +7,8 @@ emit over `Sequence`s (muser/sequence.py); its collaborators each own one concer
     echo.py      prompt logprobs
     speculation.py  speculative decoding: drafts per decoding sequence, their length, what
                  a verify pass accepts (proposer.py: the proposer seam; lookup.py: prompt
-                 lookup, --speculative ngram)
+                 lookup, --speculative ngram; draft_model.py: a draft model, --speculative
+                 draft)
     sampling.py  sampler rows of a step's due sequences
     emit.py      a sampled token -> its text, stops, finish
     source.py    admission sources (prefill elsewhere) that register with the engine

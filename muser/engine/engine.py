@@ -11,10 +11,10 @@ Its collaborators, each in its own file: n-sample forks (forks.py), prompt logpr
 decode ahead (ahead.py), speculative decoding (speculation.py: the drafts of the sequences
 about to decode, proposed before the step is scheduled, verified at the width of the decode
 row and its drafts, the accepted ones committed as their tokens are emitted; proposer.py,
-lookup.py), the admission sources that prefill prompts elsewhere (source.py: a prefill
-worker's client registers itself), what a token emits (emit.py: text, stops, finishes), the
-context shift of a sequence that fills the context (shift.py), and embedding requests' pooled
-hidden states (embedding.py: their one output, nothing sampled).
+lookup.py, draft_model.py), the admission sources that prefill prompts elsewhere (source.py: a
+prefill worker's client registers itself), what a token emits (emit.py: text, stops,
+finishes), the context shift of a sequence that fills the context (shift.py), and embedding
+requests' pooled hidden states (embedding.py: their one output, nothing sampled).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 
 from muser.core import Logprobs, SamplingParams, SlotInfo, Status, StepOutput, check_prompt
 from muser.engine.ahead import DecodeAhead, gather
+from muser.engine.draft_model import DraftModel
 from muser.engine.echo import ECHO_ROWS, due_prompt_logprobs
 from muser.engine.embedding import Pooled
 from muser.engine.emit import emit
@@ -49,7 +50,9 @@ from muser.tokenizer import IncrementalDecoder, Tokenizer
 
 
 class Engine:
-    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler) -> None:
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, scheduler: Scheduler,
+                 draft: Runner | None = None) -> None:
+        """draft: the draft model's runner, with --speculative draft (muser/startup/draft.py)."""
         self.runner, self.tokenizer, self.scheduler = runner, tokenizer, scheduler
         self.max_model_len = runner.engine.max_model_len
         self.live: dict[int, Sequence] = {}
@@ -65,8 +68,12 @@ class Engine:
         self.forks = Forks(runner, scheduler, self.grammars)
         self.pooled = Pooled()
         e = runner.engine
+        if (e.speculative == "draft") != (draft is not None):
+            raise ValueError("a draft model's runner goes with speculative 'draft', and only "
+                             "with it")
+        proposer = DraftModel(draft, self.sampler) if draft is not None else PromptLookup()
         self.speculation = None if e.speculative == "none" else Speculation(
-            PromptLookup(), e.num_speculative_tokens, self.max_model_len)
+            proposer, e.num_speculative_tokens, self.max_model_len)
         # the token ids whose rows each slot's last sequence left in the prefix cache (what
         # llama-server calls the slot's cache; muser/slot_actions.py saves and erases it)
         self.slot_ids: dict[int, list[int]] = {}
@@ -342,6 +349,8 @@ class Engine:
         before = self.runner.pages.num_free
         self.ahead.settle(seq)
         self.runner.free(seq)
+        if self.speculation is not None:
+            self.speculation.forget(seq)
         return self.runner.pages.num_free - before
 
     def run(self, seq: Sequence) -> Iterator[StepOutput]:
@@ -394,6 +403,8 @@ class Engine:
             self.ahead.settle(seq)  # NOTE: its row computed ahead is in its final checkpoint
             self.slot_ids[seq.slot] = list(seq.token_ids)
             self.runner.free(seq)
+        if self.speculation is not None:
+            self.speculation.forget(seq)
         self.live.pop(seq.uid, None)
         self.pooled.forget(seq.uid)
         self.forks.forget_done(seq.output_uid, self.live)

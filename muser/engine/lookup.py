@@ -51,3 +51,7 @@ class PromptLookup:
         if seq.lookup is None:
             seq.lookup = NgramIndex()
         return seq.lookup.draft(seq.all_ids, k)
+
+    def forget(self, seq: Sequence) -> None:
+        """Nothing to free: the index lives on the sequence, and stays true across a
+        preemption."""

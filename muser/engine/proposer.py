@@ -5,7 +5,7 @@ the drafts of every sequence about to decode; the scheduler fits them into the s
 appends them to the sequence's decode row, and the verify step accepts the prefix of them that
 the target model itself chooses. Without --speculative the engine has no proposer: a decode row
 is the sequence's last token alone. Prompt lookup (`--speculative ngram`) is
-muser/engine/lookup.py.
+muser/engine/lookup.py, a draft model (`--speculative draft`) muser/engine/draft_model.py.
 """
 
 from __future__ import annotations
@@ -18,5 +18,10 @@ from muser.sequence import Sequence
 class Proposer(Protocol):
     def propose(self, seq: Sequence, k: int) -> list[int]:
         """At most `k` draft token ids to follow `seq`'s ids ([]: none)."""
+        ...
+
+    def forget(self, seq: Sequence) -> None:
+        """`seq` leaves the batch (finished, cancelled or preempted): what the proposer holds
+        for it outside the sequence goes."""
         ...
 

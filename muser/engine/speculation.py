@@ -7,6 +7,7 @@
                       draft's row would need the grammar advanced by the drafts before it)
     accepted(...) ... after sampling: how many drafts the target's own choices confirm
     verified(...) ... the sequence's draft length adapts to what held (Drafting)
+    forget(seq) ..... the sequence leaves the batch: the proposer frees what it holds for it
 
 Exactness. Row i of a verify pass (the decode row, then drafts) is sampled exactly as plain
 decoding samples that position: the same logits (on the CPU bitwise the same at any width,
@@ -14,7 +15,9 @@ docs/exactness.md), the same draw number (the output index), the same penalty hi
 drafts before it, which are the outputs plain decoding had, if they were accepted). Draft i+1
 is accepted when row i's token equals it, so every token emitted is the token plain decoding
 emits there, greedy or sampled with a seed: speculation changes when tokens come, never which.
-For a draft with no distribution of its own (prompt lookup proposes one token), this is
+A draft model's drafts are drawn with the same noise from its own distribution q
+(muser/engine/draft_model.py), so they hold where q's draw agrees with p's. For a draft with
+no distribution of its own (prompt lookup proposes one token), this is
 rejection sampling (Leviathan et al.) with a point-mass draft: the draft is accepted with
 probability p(draft), and a rejected row's token is drawn from p given that it is not the
 draft, the normalized residual max(0, p - q).
@@ -90,6 +93,10 @@ class Speculation:
         # NOTE: the verify pass's last row is sampled too: no draft past max_tokens or context
         return min(k, p.max_tokens - len(seq.output_ids) - 1,
                    self.max_model_len - seq.num_cached - 2)
+
+    def forget(self, seq: Sequence) -> None:
+        """`seq` finished, was cancelled or was preempted (Proposer.forget)."""
+        self.proposer.forget(seq)
 
     def verified(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """`seq`'s verify pass accepted num_accepted of its num_drafts drafts."""

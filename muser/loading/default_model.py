@@ -12,6 +12,19 @@ from muser.env import cache_dir
 from muser.errors import ModelLoadError
 
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+EMBEDDED = "gemma3-270m"  # the name that stands for the embedded model where a path may go
+
+
+def model_path(name_or_path: str | Path, progress: bool = True) -> Path:
+    """A model given by path (a GGUF file, a Hugging Face checkpoint directory or its
+    config.json) or by name (EMBEDDED: the embedded Gemma 3 270M) -> its path."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    if str(name_or_path) == EMBEDDED:
+        return default_model_path(progress)
+    raise ModelLoadError(f"{name_or_path}: no such file or directory, and not a model name "
+                         f"(known: {EMBEDDED}, the embedded Gemma 3 270M Q4_K_M)")
 
 
 def default_model_path(progress: bool = True) -> Path:

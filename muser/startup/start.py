@@ -81,12 +81,26 @@ def warm_up(runner: Runner, log: StartupLog) -> StartupRecord:
         log.note(f"prefix cache host tier: {e.kv_host_gb:g} GiB of "
                  f"{'pinned ' if runner.device.type == 'cuda' else ''}host memory for the "
                  f"pages and checkpoints the device evicts")
-    if e.speculative != "none":
-        log.note(f"speculative decoding: {e.speculative} (prompt lookup), at most "
-                 f"{e.num_speculative_tokens} draft tokens per sequence and step, verified "
-                 f"exactly; sliding rings hold {runner.pool.ring_capacity} rows "
-                 f"(window {runner.cfg.sliding_window} + {e.num_speculative_tokens})")
     return StartupRecord(MappingProxyType(phases), cap, report)
+
+
+def note_speculation(log: StartupLog, runner: Runner, draft: Runner | None = None) -> None:
+    """State the speculative configuration of `runner` (the target) and its `draft` model's
+    runner, if any, in the startup log."""
+    e = runner.engine
+    if e.speculative == "none":
+        return
+    rings = (f"sliding rings hold {runner.pool.ring_capacity} rows (window "
+             f"{runner.cfg.sliding_window} + {e.num_speculative_tokens})")
+    how = "ngram (prompt lookup)"
+    if draft is not None:
+        d = draft.cfg
+        how = (f"draft model {e.speculative_model} ({d.num_layers} layers, hidden "
+               f"{d.hidden_size}, window {d.sliding_window}; its own KV: "
+               f"{draft.pages.num_free} pages of {e.page_size} rows, rings of "
+               f"{draft.pool.ring_capacity} rows, one per sequence slot)")
+    log.note(f"speculative decoding: {how}, at most {e.num_speculative_tokens} draft tokens "
+             f"per sequence and step, verified exactly; the target's {rings}")
 
 
 def _on_gpu(runner: Runner, log: StartupLog) -> tuple[int | None, int | None]:
