@@ -115,11 +115,16 @@ class ChatMessage(Body):
     name: Annotated[str, Field(max_length=256)] | None = None
     tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None  # assistant's
     tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # tool's
+    # an earlier reply's thinking (llama-server's and DeepSeek's name), for templates that
+    # render it
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("tool_calls: only an assistant message carries them")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError("reasoning_content: only an assistant message carries it")
         if (self.tool_call_id is None) == (self.role == "tool"):
             raise ValueError("tool_call_id: a tool message needs one, and only a tool message")
         return self
@@ -132,8 +137,11 @@ class ChatMessage(Body):
 
     def turn(self) -> dict[str, str]:
         """The message as the chat template takes it ('developer' is a system turn)."""
-        return {"role": "system" if self.role == "developer" else self.role,
+        turn = {"role": "system" if self.role == "developer" else self.role,
                 "content": self.text()}
+        if self.reasoning_content is not None:
+            turn["reasoning_content"] = self.reasoning_content
+        return turn
 
 
 class TemplateKwargs(Body):
