@@ -109,7 +109,7 @@ def test_streams_frame_as_llama_server_off_v1_and_as_openai_on_v1(compat: Server
     assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3
     assert all(ch["system_fingerprint"].startswith("b") for ch in chunks)
     raw = _sse(c, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3})
-    assert raw[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert raw[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     client = openai.OpenAI(base_url=compat.url + "/v1", api_key="none", max_retries=0)
     parts = list(client.completions.create(model="davinci-002", prompt="Hello", max_tokens=3,
                                            temperature=0, stream=True))
