@@ -97,6 +97,8 @@ async def completions(request: Request) -> Any:
                        "invalid_value", "max_tokens")
     n = 0 if body.max_tokens == 0 else ctx.max_tokens(
         body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
+    if body.n_predict is not None:
+        n = ctx.n_predict(body.n_predict, max(len(ids) for ids in all_ids))
     num_samples = check_samples(ctx, body.n, body.best_of, body.stream)
     k = body.logprobs
     # NOTE: ranking best_of samples needs their tokens' logprobs, asked for or not
@@ -176,8 +178,9 @@ async def chat(ctx: ServerContext, body: ChatRequest, request: Request, llama: b
     tools = _tool_plan(ctx, body)
     prompt = await _chat_prompt(ctx, body, llama, tools)
     ids = await ctx.encode(prompt)
-    n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
-                       "max_tokens")
+    n = ctx.n_predict(body.n_predict, len(ids)) if body.n_predict is not None else (
+        ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
+                       "max_tokens"))
     num_samples = check_samples(ctx, body.n, None, body.stream)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(

@@ -60,6 +60,9 @@ class OpenAISampling(OpenAIStructured, Body):
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    # NOTE: llama-server's, on its OpenAI routes too: overrides max_tokens, -1 or more than
+    # fits is the context's rest (ServerContext.n_predict)
+    n_predict: Annotated[int, Field(ge=-1, le=MAX_INT32)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] = 1.0
     top_p: TopP = 1.0
     top_k: TopK = 0
@@ -236,6 +239,9 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     n_cmpl: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     return_tokens: bool = False
+    # NOTE: llama-server's choice of sampling inside the compute graph or after it; muser's
+    # engine samples in one place, so both values give the same tokens and probabilities
+    backend_sampling: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
     n_probs: NumLogprobs = 0
     # llama.cpp's scope: over the last repeat_last_n ids of prompt + output

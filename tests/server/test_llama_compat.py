@@ -152,6 +152,26 @@ def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
 
+def test_n_predict_on_the_openai_routes(compat: Server) -> None:
+    """llama-server's n_predict overrides max_tokens there too; -1 or more than fits is the
+    context's rest (a finish of "length")."""
+    c = compat.client(key=None)
+    r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 9, "n_predict": 3})
+    assert r.json()["usage"]["completion_tokens"] == 3
+    for n_predict in (-1, 10 * CTX):
+        r = c.post("/v1/chat/completions", json={"messages": CHAT, "n_predict": n_predict,
+                                                 "ignore_eos": True}).json()
+        assert r["usage"]["total_tokens"] == CTX and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_backend_sampling_gives_the_same_tokens(compat: Server) -> None:
+    c = compat.client(key=None)
+    body = {"prompt": "Hello", "n_predict": 4, "n_probs": 3, "seed": 5}
+    on, off = (c.post("/completion", json=body | {"backend_sampling": b}).json()
+               for b in (True, False))
+    assert on["completion_probabilities"] == off["completion_probabilities"]
+
+
 def test_logit_bias_in_each_form(compat: Server) -> None:
     """A banned token is never chosen, whether named by id (false or -100) or by a text, in
     llama-server's pairs, its object, or OpenAI's object; a bias shows in generation_settings."""
