@@ -65,7 +65,10 @@ async def _metrics(request: Request) -> Response:
 
 
 class _RequestCounter:
-    """Counts every HTTP response by route and status code (pure ASGI: streaming untouched)."""
+    """Counts the HTTP responses of the routes that need the engine by route and status code
+    (pure ASGI: streaming untouched). The read-only probes (Sleep.wakes false: /health, /props,
+    /models, /metrics, GET /slots) are not counted: a scraper or a load balancer polling them
+    is no traffic, and a sleeping server's metrics stay as they were."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -81,14 +84,14 @@ class _RequestCounter:
                 scope["app"].state.metrics.observe_request(route, message["status"])
             await send(message)
 
-        sleep = scope["app"].state.sleep if Sleep.wakes(scope) else None
-        if sleep is not None:
-            sleep.begin()
+        if not Sleep.wakes(scope):
+            return await self.app(scope, receive, send)
+        sleep = scope["app"].state.sleep
+        sleep.begin()
         try:
             await self.app(scope, receive, counted_send)
         finally:
-            if sleep is not None:
-                sleep.end()
+            sleep.end()
 
 
 async def _watch_when_ready(startup: Startup, sleep: Sleep) -> None:
