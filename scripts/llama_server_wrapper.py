@@ -125,6 +125,12 @@ EXCLUDED: dict[str, str] = {
     "against a document, jina-reranker); no Gemma model has one",
     _U + "test_kv_keep_only_active.py": "first asserts a line of llama-server's own debug log "
     "(__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__): text of its source, in no API",
+    _U + "test_embedding.py::test_embedding_pooling_none": _TEXT + " (5 vectors for 'hello "
+    "hello hello': 3 tokens and its [CLS] and [SEP]; Gemma's are 3 and its BOS)",
+    _U + "test_embedding.py::test_embedding_usage_single": _TEXT + " (9 and 6 prompt tokens "
+    "with [CLS] and [SEP]; 8 and 5 with Gemma's BOS)",
+    _U + "test_embedding.py::test_embedding_usage_multiple": _TEXT + " (2 x 9 prompt tokens "
+    "with [CLS] and [SEP]; 2 x 8 with Gemma's BOS)",
     _U + "test_compat_oai_responses.py::test_responses_with_openai_library": _TEXT
     + " (its answer matches 'Suddenly')",
     _U + "test_compat_oai_responses.py::test_responses_stream_with_openai_library": _TEXT

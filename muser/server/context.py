@@ -206,7 +206,7 @@ class ServerContext:
                             "increasing it", "context_length_exceeded", "prompt",
                             kind="exceed_context_size_error",
                             extra={"n_prompt_tokens": num_prompt, "n_ctx": self.max_model_len})
-        return ApiError(400, f"the prompt has {num_prompt} tokens; the context holds "
+        return ApiError(400, f"the prompt has {num_prompt} tokens, too large: the context holds "
                         f"{self.max_model_len} (prompt + at least one new token)",
                         "context_length_exceeded", "prompt")
 

@@ -193,10 +193,25 @@ class ChatRequest(OpenAISampling):
 
 
 class PromptObject(Body):
-    """llama-server's {"prompt_string": ...} prompt; multimodal_data is refused by name."""
+    """llama-server's prompt object: {"prompt_string": text} or {"content": [text parts]}
+    (their texts joined as they are); multimodal_data is refused by name."""
 
-    prompt_string: str
+    prompt_string: str | None = None
+    content: Annotated[list[TextPart], Field(min_length=1)] | None = None
     multimodal_data: None = None
+
+    @model_validator(mode="after")
+    def _one_text(self) -> PromptObject:
+        if (self.prompt_string is None) == (self.content is None):
+            raise ValueError("a prompt object has prompt_string or content (text parts), "
+                             "one of them")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.prompt_string is not None:
+            return self.prompt_string
+        return "".join(part.text for part in self.content or ())
 
 
 OnePrompt = str | list[int | str] | PromptObject
