@@ -215,7 +215,8 @@ class PromptObject(Body):
 
 
 OnePrompt = str | list[int | str] | PromptObject
-PromptItem = int | str | TokenIds | PromptObject
+# NOTE: in a list of prompts, a prompt may itself mix ids and texts
+PromptItem = int | str | TokenIds | Annotated[list[int | str], Field(min_length=1)] | PromptObject
 
 
 def split_prompts(prompt: str | PromptObject | list[PromptItem]) -> list[OnePrompt]:

@@ -188,6 +188,11 @@ def test_prompt_objects(embedder: Server) -> None:
         "This is a test", {"prompt_string": "This is a test"}, parts]}).json()
     assert res["data"][0]["embedding"] == res["data"][1]["embedding"] == res["data"][2][
         "embedding"]
+    ids = c.post("/tokenize", json={"content": "This is a test", "add_special": True}).json()[
+        "tokens"]
+    mixed = c.post("/v1/embeddings", json={"input": [ids, [ids[0], "This is a test"]]}).json()
+    assert mixed["data"][0]["embedding"] == mixed["data"][1]["embedding"] == res["data"][0][
+        "embedding"]
     for bad in ({"content": "text"}, {"content": [{"type": "image_url", "image_url": {}}]}, {}):
         assert c.post("/v1/embeddings", json={"input": bad}).status_code == 400, bad
 
