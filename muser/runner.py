@@ -67,10 +67,12 @@ class Runner:
         )
         self.pages = PageAllocator(num_pages)
         # NOTE: before the warm-up, so that the GPU's pages are sized beside the store; no more
-        # checkpoints than the most pages the pool may get
+        # checkpoints than two for each page the pool may get (a sequence that ends leaves
+        # two: its prompt's end and its own, so even one page of one slot serves the same
+        # prompt again)
         self.prefix = PrefixCache(
             self.pool, self.pages, int(engine.prefix_cache_gb * 2**30),
-            engine.max_num_seqs * pages_per_seq,
+            2 * engine.max_num_seqs * pages_per_seq,
             int(engine.kv_host_gb * 2**30)) if engine.prefix_cache else None
         # NOTE: on a GPU the eager decode group's block table is as wide as a graph's, so its
         # kernel shapes depend on the batch size only (each seen by the warm-up)

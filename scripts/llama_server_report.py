@@ -16,7 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 _WRAPPER = runpy.run_path(str(Path(__file__).with_name("llama_server_wrapper.py")))
-EXCLUDED, FILES, is_excluded = (_WRAPPER[k] for k in ("EXCLUDED", "FILES", "is_excluded"))
+EXCLUDED, FILES, is_excluded, START_TIMEOUT_S = (
+    _WRAPPER[k] for k in ("EXCLUDED", "FILES", "is_excluded", "START_TIMEOUT_S"))
 # NOTE: `pytest -v` lines, and pytest-xdist's ("[gw0] [  5%] PASSED unit/...")
 _LINE = re.compile(r"^unit/(test_\w+\.py)::(.*?) (PASSED|FAILED|ERROR|SKIPPED)\s+\[\s*\d+%\]$")
 _XDIST = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) unit/(test_\w+\.py)::(.*?)\s*$")
@@ -57,6 +58,8 @@ def main(log: str, out: str) -> None:
         "wall_s": int(wall[1]) if (wall := _WALL.search(text)) else None,
         "jobs": int(os.environ.get("JOBS", "1")),
         "servers_reused": os.environ.get("LLAMA_SUITE_REUSE") == "1",
+        "whole_files_per_worker": os.environ.get("LLAMA_SUITE_REUSE") == "1",
+        "server_start_timeout_s": START_TIMEOUT_S,
         "totals": {**total, "included": included, "not_run": included - len(outcomes)},
         "files": {name: dict(counts) for name, counts in per_file.items()},
         "failed": {f"unit/{k}": reasons.get(f"unit/{k}", "") for k, (_, r) in

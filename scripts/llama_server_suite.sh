@@ -7,7 +7,9 @@
 #   PORT             first port the tests' servers use (default: 18080)
 #   JOBS             tests run at once (pytest-xdist workers; default: 2)
 #   REUSE            1: consecutive tests with the same server flags share one server (see
-#                    scripts/llama_server_wrapper.py; for a loaded machine; default: 0)
+#                    scripts/llama_server_wrapper.py; for a loaded machine; default: 0); each
+#                    worker then runs whole files (pytest-xdist --dist loadfile), so that a
+#                    file's tests follow one another
 set -euo pipefail
 
 VERSION=0.3.36
@@ -81,7 +83,9 @@ export LLAMA_SERVER_BIN_PATH=$WORK/llama-server LLAMA_SUITE_PORT=$PORT PYTHONPAT
 START=$(date +%s)
 "$WORK/venv/bin/python" -m pytest --collect-only -q -p no:cacheprovider -p llama_server_wrapper \
   "${FILES[@]/#/unit/}" | tail -n 1 > "$WORK/pytest.log"
-"${NICE[@]}" "$WORK/venv/bin/python" -m pytest -v -n "$JOBS" -p no:cacheprovider \
+DIST=load
+if [ "${REUSE:-0}" = 1 ]; then DIST=loadfile; fi
+"${NICE[@]}" "$WORK/venv/bin/python" -m pytest -v -n "$JOBS" --dist "$DIST" -p no:cacheprovider \
   -p llama_server_wrapper "${FILES[@]/#/unit/}" >> "$WORK/pytest.log" 2>&1 || true
 echo "suite wall time: $(( $(date +%s) - START )) s" | tee -a "$WORK/pytest.log"
 tail -n 2 "$WORK/pytest.log" | head -n 1

@@ -13,7 +13,15 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from muser.server import embedding_routes, llama_routes, openai_routes, slot_routes
+from muser.server import (
+    embedding_routes,
+    llama_routes,
+    messages_routes,
+    openai_routes,
+    predict_routes,
+    responses_routes,
+    slot_routes,
+)
 from muser.server.cors import Cors
 from muser.server.errors import ApiError, install_error_handlers
 from muser.server.metrics import Metrics
@@ -22,11 +30,13 @@ from muser.server.startup import Startup
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/completion", "/tokenize",
           "/detokenize", "/health", "/props", "/slots", "/metrics", "/apply-template", "/infill",
-          "/v1/embeddings", "/embedding")
+          "/v1/embeddings", "/embedding", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/responses", "/v1/responses/input_tokens", "/predict")
 # NOTE: llama-server's other names for the same handlers (declared beside each route); metrics
 # count them under the route
 ALIASES = {"/completions": "/completion", "/chat/completions": "/v1/chat/completions",
-           "/models": "/v1/models", "/v1/health": "/health", "/embeddings": "/embedding"}
+           "/models": "/v1/models", "/v1/health": "/health", "/embeddings": "/embedding",
+           "/responses": "/v1/responses", "/responses/input_tokens": "/v1/responses/input_tokens"}
 
 
 async def _ready(request: Request) -> None:
@@ -55,7 +65,10 @@ async def _metrics(request: Request) -> Response:
 
 
 class _RequestCounter:
-    """Counts every HTTP response by route and status code (pure ASGI: streaming untouched)."""
+    """Counts the HTTP responses of the routes that need the engine by route and status code
+    (pure ASGI: streaming untouched). The read-only probes (Sleep.wakes false: /health, /props,
+    /models, /metrics, GET /slots) are not counted: a scraper or a load balancer polling them
+    is no traffic, and a sleeping server's metrics stay as they were."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -71,14 +84,14 @@ class _RequestCounter:
                 scope["app"].state.metrics.observe_request(route, message["status"])
             await send(message)
 
-        sleep = scope["app"].state.sleep if Sleep.wakes(scope) else None
-        if sleep is not None:
-            sleep.begin()
+        if not Sleep.wakes(scope):
+            return await self.app(scope, receive, send)
+        sleep = scope["app"].state.sleep
+        sleep.begin()
         try:
             await self.app(scope, receive, counted_send)
         finally:
-            if sleep is not None:
-                sleep.end()
+            sleep.end()
 
 
 async def _watch_when_ready(startup: Startup, sleep: Sleep) -> None:
@@ -114,9 +127,11 @@ def create_app(startup: Startup, metrics: Metrics, sleep_idle_s: float | None = 
     install_error_handlers(app)
     app.include_router(llama_routes.health_router)
     user, admin = [Depends(_ready), Depends(_user)], [Depends(_ready), Depends(_admin)]
-    app.include_router(openai_routes.router, dependencies=user)
-    app.include_router(llama_routes.router, dependencies=user)
-    app.include_router(embedding_routes.router, dependencies=user)
+    routers = [openai_routes.router, llama_routes.router, embedding_routes.router,
+               messages_routes.router, responses_routes.router, predict_routes.router]
+    for router in routers:
+        app.include_router(router, dependencies=user)
+    app.state.predict_formats = predict_routes.formats(routers)
     app.include_router(slot_routes.router, dependencies=admin)
     app.add_api_route("/metrics", _metrics, methods=["GET"], dependencies=user)
     app.add_middleware(_RequestCounter)

@@ -66,6 +66,10 @@ class ServerContext:
     async def read_body(self, request: Request, model: type[BodyT]) -> BodyT:
         """Size-limited, strict JSON sent as application/json -> `model`; any problem is a
         4xx ApiError (a client gone mid-body: one log line, and nothing was started)."""
+        return validate(model, await self.read_json(request))
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The body as read_body reads it, a JSON object not yet validated."""
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
@@ -93,13 +97,7 @@ class ServerContext:
             raise ApiError(400, f"the body is not valid JSON: {exc}", "invalid_json") from None
         if not isinstance(obj, dict):
             raise ApiError(400, "the body must be a JSON object", "invalid_json")
-        try:
-            return model.model_validate(obj)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            param = ".".join(str(p) for p in err["loc"])
-            raise ApiError(400, f"{param}: {_MESSAGES.get(err['type'], err['msg'])}",
-                           "invalid_value", param) from None
+        return obj
 
     async def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                           tools: list[dict[str, Any]] | None = None,
@@ -208,9 +206,20 @@ class ServerContext:
                             "increasing it", "context_length_exceeded", "prompt",
                             kind="exceed_context_size_error",
                             extra={"n_prompt_tokens": num_prompt, "n_ctx": self.max_model_len})
-        return ApiError(400, f"the prompt has {num_prompt} tokens; the context holds "
+        return ApiError(400, f"the prompt has {num_prompt} tokens, too large: the context holds "
                         f"{self.max_model_len} (prompt + at least one new token)",
                         "context_length_exceeded", "prompt")
+
+
+def validate(model: type[BodyT], obj: dict[str, Any]) -> BodyT:
+    """A JSON object -> `model`; the first problem is a 400 naming its field."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"])
+        raise ApiError(400, f"{param}: {_MESSAGES.get(err['type'], err['msg'])}",
+                       "invalid_value", param) from None
 
 
 def check_progress(return_progress: bool, stream: bool) -> None:

@@ -163,7 +163,8 @@ class Generation:
         t = self.timings()
         self.metrics.observe_finished(t["prompt_ms"], t["predicted_ms"],
                                       self.num_prompt + self.num_output,
-                                      self.num_prompt - self.num_cached, self.num_cached)
+                                      self.num_prompt - self.num_cached, self.num_cached,
+                                      self.num_output)
 
     def close(self) -> None:
         if self.finish_reason is None:

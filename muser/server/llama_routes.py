@@ -170,7 +170,7 @@ async def completion(request: Request) -> Any:
 async def encode_prompt(ctx: ServerContext, prompt: OnePrompt) -> list[int]:
     """One prompt as llama-server reads it (muser/server/protocol.py: split_prompts) -> ids."""
     if isinstance(prompt, PromptObject):
-        return await ctx.encode(prompt.prompt_string)
+        return await ctx.encode(prompt.text)
     if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
         return await ctx.encode(prompt)
     if isinstance(prompt, list):

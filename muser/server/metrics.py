@@ -149,10 +149,11 @@ class Metrics:
         self.stats, self.llama = stats, LlamaTotals()
 
     def observe_finished(self, prompt_ms: float, predicted_ms: float, num_tokens: int,
-                         prompt_n: int, cache_n: int) -> None:
-        """A generation's phases and prompt tokens (computed, cached), for the llamacpp:
-        families (once per generation)."""
-        self.llama.observe(prompt_ms / 1e3, predicted_ms / 1e3, num_tokens, prompt_n, cache_n)
+                         prompt_n: int, cache_n: int, predicted_n: int) -> None:
+        """A generation's phases, prompt tokens (computed, cached) and generated tokens, for
+        the llamacpp: families (once per generation)."""
+        self.llama.observe(prompt_ms / 1e3, predicted_ms / 1e3, num_tokens, prompt_n, cache_n,
+                           predicted_n)
 
     def observe_request(self, route: str, code: int) -> None:
         self.requests.labels(route, str(code)).inc()

@@ -97,6 +97,8 @@ async def completions(request: Request) -> Any:
                        "invalid_value", "max_tokens")
     n = 0 if body.max_tokens == 0 else ctx.max_tokens(
         body.max_tokens, _DEFAULT_COMPLETION_TOKENS, "max_tokens")
+    if body.n_predict is not None:
+        n = ctx.n_predict(body.n_predict, max(len(ids) for ids in all_ids))
     num_samples = check_samples(ctx, body.n, body.best_of, body.stream)
     k = body.logprobs
     # NOTE: ranking best_of samples needs their tokens' logprobs, asked for or not
@@ -156,7 +158,16 @@ async def completions(request: Request) -> Any:
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Any:
     ctx = _ctx(request)
-    body = with_defaults(await ctx.read_body(request, ChatRequest), ctx)
+    body = await ctx.read_body(request, ChatRequest)
+    return await chat(ctx, body, request, is_llama_path(request))
+
+
+async def chat(ctx: ServerContext, body: ChatRequest, request: Request, llama: bool
+               ) -> dict[str, Any] | GenerationStream:
+    """One chat request -> the chat.completion object, or its chunks' stream; llama:
+    llama-server's dialect (muser/server/context.py is_llama_path). The other APIs' routes
+    (messages_routes.py, responses_routes.py) translate to and from this."""
+    body = with_defaults(body, ctx)
     ctx.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs: set logprobs to true with it", "invalid_value",
@@ -164,12 +175,12 @@ async def chat_completions(request: Request) -> Any:
     k = (body.top_logprobs or 0) if body.logprobs else None
     check_progress(body.return_progress, body.stream)
     slot = ctx.slot(body.id_slot)
-    llama = is_llama_path(request)
     tools = _tool_plan(ctx, body)
     prompt = await _chat_prompt(ctx, body, llama, tools)
     ids = await ctx.encode(prompt)
-    n = ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
-                       "max_tokens")
+    n = ctx.n_predict(body.n_predict, len(ids)) if body.n_predict is not None else (
+        ctx.max_tokens(body.max_completion_tokens or body.max_tokens, ctx.max_model_len,
+                       "max_tokens"))
     num_samples = check_samples(ctx, body.n, None, body.stream)
     bias = logit_bias.resolve(ctx.tokenizer, body.logit_bias, openai=not llama)
     sampling = await with_grammar(body, sampling_or_400(
@@ -205,8 +216,8 @@ async def chat_completions(request: Request) -> Any:
                     for d in rest] + [{"index": index, "delta": {}, "logprobs": None,
                                        "finish_reason": reason}]
 
-        # NOTE: the role chunk's content: "" as OpenAI sends it, null as llama-server does
-        first = [{"index": i, "delta": {"role": "assistant", "content": None if llama else ""},
+        # NOTE: the role chunk's content is null, as llama-server sends it (OpenAI sends "")
+        first = [{"index": i, "delta": {"role": "assistant", "content": None},
                   "logprobs": None, "finish_reason": None} for i in range(num_samples)]
         return _stream(ctx, gen, head, body.include_usage, llama, content, finish, first,
                        always=k is not None or tools.parses, per_token=body.timings_per_token)
@@ -236,9 +247,12 @@ async def chat_input_tokens(request: Request) -> dict[str, int]:
     """How many tokens the conversation's prompt takes (nothing is generated)."""
     ctx = _ctx(request)
     body = await ctx.read_body(request, ChatRequest)
-    ids = await ctx.encode(await _chat_prompt(ctx, body, is_llama_path(request),
-                                              _tool_plan(ctx, body)))
-    return {"input_tokens": len(ids)}
+    return {"input_tokens": len(await chat_prompt_ids(ctx, body, is_llama_path(request)))}
+
+
+async def chat_prompt_ids(ctx: ServerContext, body: ChatRequest, llama: bool) -> list[int]:
+    """The token ids of the conversation's prompt, as chat() would run it."""
+    return await ctx.encode(await _chat_prompt(ctx, body, llama, _tool_plan(ctx, body)))
 
 
 def _tool_plan(ctx: ServerContext, body: ChatRequest) -> ToolPlan:

@@ -60,6 +60,9 @@ class OpenAISampling(OpenAIStructured, Body):
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    # NOTE: llama-server's, on its OpenAI routes too: overrides max_tokens, -1 or more than
+    # fits is the context's rest (ServerContext.n_predict)
+    n_predict: Annotated[int, Field(ge=-1, le=MAX_INT32)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] = 1.0
     top_p: TopP = 1.0
     top_k: TopK = 0
@@ -115,11 +118,16 @@ class ChatMessage(Body):
     name: Annotated[str, Field(max_length=256)] | None = None
     tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None  # assistant's
     tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # tool's
+    # an earlier reply's thinking (llama-server's and DeepSeek's name), for templates that
+    # render it
+    reasoning_content: str | None = None
 
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("tool_calls: only an assistant message carries them")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError("reasoning_content: only an assistant message carries it")
         if (self.tool_call_id is None) == (self.role == "tool"):
             raise ValueError("tool_call_id: a tool message needs one, and only a tool message")
         return self
@@ -132,8 +140,11 @@ class ChatMessage(Body):
 
     def turn(self) -> dict[str, str]:
         """The message as the chat template takes it ('developer' is a system turn)."""
-        return {"role": "system" if self.role == "developer" else self.role,
+        turn = {"role": "system" if self.role == "developer" else self.role,
                 "content": self.text()}
+        if self.reasoning_content is not None:
+            turn["reasoning_content"] = self.reasoning_content
+        return turn
 
 
 class TemplateKwargs(Body):
@@ -182,14 +193,30 @@ class ChatRequest(OpenAISampling):
 
 
 class PromptObject(Body):
-    """llama-server's {"prompt_string": ...} prompt; multimodal_data is refused by name."""
+    """llama-server's prompt object: {"prompt_string": text} or {"content": [text parts]}
+    (their texts joined as they are); multimodal_data is refused by name."""
 
-    prompt_string: str
+    prompt_string: str | None = None
+    content: Annotated[list[TextPart], Field(min_length=1)] | None = None
     multimodal_data: None = None
+
+    @model_validator(mode="after")
+    def _one_text(self) -> PromptObject:
+        if (self.prompt_string is None) == (self.content is None):
+            raise ValueError("a prompt object has prompt_string or content (text parts), "
+                             "one of them")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.prompt_string is not None:
+            return self.prompt_string
+        return "".join(part.text for part in self.content or ())
 
 
 OnePrompt = str | list[int | str] | PromptObject
-PromptItem = int | str | TokenIds | PromptObject
+# NOTE: in a list of prompts, a prompt may itself mix ids and texts
+PromptItem = int | str | TokenIds | Annotated[list[int | str], Field(min_length=1)] | PromptObject
 
 
 def split_prompts(prompt: str | PromptObject | list[PromptItem]) -> list[OnePrompt]:
@@ -228,6 +255,9 @@ class LlamaCompletionRequest(LlamaStructured, Body):
     n_cmpl: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
     return_tokens: bool = False
+    # NOTE: llama-server's choice of sampling inside the compute graph or after it; muser's
+    # engine samples in one place, so both values give the same tokens and probabilities
+    backend_sampling: bool = False
     response_fields: Annotated[list[str], Field(max_length=64)] | None = None
     n_probs: NumLogprobs = 0
     # llama.cpp's scope: over the last repeat_last_n ids of prompt + output

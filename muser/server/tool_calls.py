@@ -132,7 +132,7 @@ def conversation(body: ChatRequest, tool_plan: ToolPlan
         turn.pop("from_tool", None)
     if tool_plan.is_on:
         offer = describe(list(tool_plan.functions), tool_plan.parallel)
-        if turns[0]["role"] == "system":
+        if turns and turns[0]["role"] == "system":
             turns[0] = {**turns[0], "content": offer + "\n\n" + turns[0]["content"]}
         else:
             turns.insert(0, {"role": "system", "content": offer})

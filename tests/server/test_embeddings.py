@@ -179,6 +179,24 @@ def test_llama_shape_and_normalizations(embedder: Server) -> None:
     assert [r["index"] for r in both] == [0, 1] and both[0]["embedding"][0] == vector(2)
 
 
+def test_prompt_objects(embedder: Server) -> None:
+    """llama-server's prompt objects: {"prompt_string"} and {"content": [text parts]}, whose
+    texts join as they are."""
+    c = embedder.client(None)
+    parts = {"content": [{"type": "text", "text": "This is "}, {"type": "text", "text": "a test"}]}
+    res = c.post("/v1/embeddings", json={"input": [
+        "This is a test", {"prompt_string": "This is a test"}, parts]}).json()
+    assert res["data"][0]["embedding"] == res["data"][1]["embedding"] == res["data"][2][
+        "embedding"]
+    ids = c.post("/tokenize", json={"content": "This is a test", "add_special": True}).json()[
+        "tokens"]
+    mixed = c.post("/v1/embeddings", json={"input": [ids, [ids[0], "This is a test"]]}).json()
+    assert mixed["data"][0]["embedding"] == mixed["data"][1]["embedding"] == res["data"][0][
+        "embedding"]
+    for bad in ({"content": "text"}, {"content": [{"type": "image_url", "image_url": {}}]}, {}):
+        assert c.post("/v1/embeddings", json={"input": bad}).status_code == 400, bad
+
+
 def test_errors(embedder: Server, server: Server) -> None:
     off = server.client().post("/v1/embeddings", json={"input": SHORT})
     assert off.status_code == 501 and "`--embedding`" in off.json()["error"]["message"]

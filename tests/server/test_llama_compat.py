@@ -109,7 +109,7 @@ def test_streams_frame_as_llama_server_off_v1_and_as_openai_on_v1(compat: Server
     assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3
     assert all(ch["system_fingerprint"].startswith("b") for ch in chunks)
     raw = _sse(c, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3})
-    assert raw[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert raw[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     client = openai.OpenAI(base_url=compat.url + "/v1", api_key="none", max_retries=0)
     parts = list(client.completions.create(model="davinci-002", prompt="Hello", max_tokens=3,
                                            temperature=0, stream=True))
@@ -150,6 +150,26 @@ def test_unsupported_fields_are_refused_by_name(compat: Server, path: str, field
             {"prompt": "Hi"}) | {field: value}
     r = compat.client(key=None).post(path, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_n_predict_on_the_openai_routes(compat: Server) -> None:
+    """llama-server's n_predict overrides max_tokens there too; -1 or more than fits is the
+    context's rest (a finish of "length")."""
+    c = compat.client(key=None)
+    r = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 9, "n_predict": 3})
+    assert r.json()["usage"]["completion_tokens"] == 3
+    for n_predict in (-1, 10 * CTX):
+        r = c.post("/v1/chat/completions", json={"messages": CHAT, "n_predict": n_predict,
+                                                 "ignore_eos": True}).json()
+        assert r["usage"]["total_tokens"] == CTX and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_backend_sampling_gives_the_same_tokens(compat: Server) -> None:
+    c = compat.client(key=None)
+    body = {"prompt": "Hello", "n_predict": 4, "n_probs": 3, "seed": 5}
+    on, off = (c.post("/completion", json=body | {"backend_sampling": b}).json()
+               for b in (True, False))
+    assert on["completion_probabilities"] == off["completion_probabilities"]
 
 
 def test_logit_bias_in_each_form(compat: Server) -> None:

@@ -34,3 +34,19 @@ def test_metrics_cover_latency_queues_tokens_and_routes(server: Server) -> None:
               for s in families["muser_request_errors"].samples
               if s.name == "muser_request_errors_total"}
     assert ("/completion", "400") in errors and ("/completion", "200") not in errors
+
+
+def _gauge(text: str, name: str) -> float:
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == name)
+
+
+def test_throughput_gauges_cover_the_window_since_the_last_scrape(server: Server) -> None:
+    c = server.client()
+    c.post("/completion", json={"prompt": "Hello", "n_predict": 4, "temperature": 0})
+    first, second = c.get("/metrics").text, c.get("/metrics").text
+    for name in ("llamacpp:predicted_tokens_seconds", "llamacpp:prompt_tokens_seconds"):
+        assert _gauge(first, name) > 0 and _gauge(second, name) == 0
+    # NOTE: the probes are no traffic: scrapes and /health, /props between them change nothing
+    c.get("/health"), c.get("/props")
+    assert c.get("/metrics").text == second
