@@ -97,8 +97,8 @@ def test_cpu_runner_reports_what_it_holds() -> None:
     assert m.kv_sliding == runner.pool.rings.nbytes and m.kv_pages == runner.pool.pages.nbytes
     assert m.num_pages == runner.pages.num_pages == 3 * 5  # max_num_seqs x pages per sequence
     assert m.workspace_basis == "estimated" and m.workspace > 0
-    assert m.prefix_cache == runner.prefix.store.nbytes > 0  # one checkpoint per page at most
-    assert runner.prefix.stats().capacity == 15 and runner.prefix.store.rings.shape[0] == 15
+    assert m.prefix_cache == runner.prefix.store.nbytes > 0  # two checkpoints per page at most
+    assert runner.prefix.stats().capacity == 30 and runner.prefix.store.rings.shape[0] == 30
     assert lines == ["startup: " + m.pretty()]
     assert _runner(num_pages=7).memory.num_pages == 7  # an explicit num_pages wins
     assert _runner(prefix_cache=False).memory.prefix_cache == 0

@@ -23,7 +23,8 @@ from muser.server.errors import ApiError
 from muser.server.protocol import ChatMessage, ChatRequest
 from muser.server.structured import requested, unsatisfiable
 from muser.server.tool_format import Function, SchemaUnsupported, ToolFormat
-from muser.server.tool_gemma4 import CALL_OPEN, Gemma4Format
+from muser.server.tool_gemma4 import Gemma4Format
+from muser.server.tool_gemma4_markers import CALL_OPEN
 from muser.server.tool_json import JsonFormat, call_text, describe, result_text
 
 FORMATS: dict[str, ToolFormat] = {"json": JsonFormat(), "gemma4": Gemma4Format()}

@@ -18,10 +18,9 @@ import math
 from typing import Any
 
 from muser.server.tool_format import CallParser, Function, Piece, ToolFormat
+from muser.server.tool_gemma4_grammar import calls_grammar
+from muser.server.tool_gemma4_markers import CALL_CLOSE, CALL_OPEN, QUOTE, THINK_CLOSE, THINK_OPEN
 
-CALL_OPEN, CALL_CLOSE = "<|tool_call>", "<tool_call|>"
-THINK_OPEN, THINK_CLOSE = "<|channel>", "<channel|>"
-QUOTE = '<|"|>'
 LABEL = "thought\n"
 
 
@@ -164,7 +163,4 @@ class Gemma4Format(ToolFormat):
         return True
 
     def grammar(self, functions: list[Function], required: bool, parallel: bool) -> str:
-        # NOTE: imported here: the grammar's module takes its markers from this one
-        from muser.server.tool_gemma4_grammar import calls_grammar
-
         return calls_grammar(functions, required, parallel)

@@ -31,7 +31,7 @@ from typing import Any
 
 from muser.server.structured import JSON_OPTIONS
 from muser.server.tool_format import Function, SchemaUnsupported
-from muser.server.tool_gemma4 import CALL_CLOSE, CALL_OPEN, QUOTE, THINK_CLOSE, THINK_OPEN
+from muser.server.tool_gemma4_markers import CALL_CLOSE, CALL_OPEN, QUOTE, THINK_CLOSE, THINK_OPEN
 
 MARKERS = (CALL_OPEN, CALL_CLOSE, QUOTE, THINK_OPEN, THINK_CLOSE)
 TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")

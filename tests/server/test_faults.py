@@ -212,7 +212,8 @@ def _good(server: Server, i: int) -> str:
         assert r.status_code == 200
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    return "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+    # NOTE: the role chunk's content is null, as llama-server sends it
+    return "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
                    for line in lines[:-1])
 
 
