@@ -64,3 +64,15 @@ def generation_failed(reason: str, error: str | None) -> ApiError:
     if reason == "error" and error is not None:
         return ApiError(400, error, "grammar_failed")
     return ApiError(500 if reason == "error" else 503, f"generation {reason}", reason)
+
+
+def bad_field(param: str, message: str) -> ApiError:
+    """A 400 naming the request field `param` (the compatibility routes' bodies)."""
+    return ApiError(400, f"{param}: {message}", "invalid_value", param)
+
+
+def refuse_unknown(body: dict[str, Any], known: frozenset[str], why: str = "") -> None:
+    """A 400 naming the first field of `body` not in `known` (`why`: what the route says)."""
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise bad_field(unknown[0], "unknown field; this server does not support it" + why)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from muser.server.errors import ApiError
+from muser.server.errors import ApiError, bad_field, refuse_unknown
 
 _PASSED = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream")
 _KNOWN = frozenset(_PASSED + ("system", "messages", "tools", "tool_choice", "stop_sequences",
@@ -29,20 +29,14 @@ _KNOWN = frozenset(_PASSED + ("system", "messages", "tools", "tool_choice", "sto
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", "invalid_value", param)
-
-
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The Messages body -> a /v1/chat/completions body; a shape it cannot carry is a 400
     naming the field."""
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise _bad(unknown[0], "unknown field; this server does not support it")
+    refuse_unknown(body, _KNOWN)
     if "messages" not in body:
-        raise _bad("messages", "field required")
+        raise bad_field("messages", "field required")
     if not isinstance(body["messages"], list):
-        raise _bad("messages", "must be a list of messages")
+        raise bad_field("messages", "must be a list of messages")
     chat: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
     chat["messages"] = _system(body.get("system")) + [
         m for i, msg in enumerate(body["messages"]) for m in _message(msg, f"messages.{i}")]
@@ -62,7 +56,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 def _list(body: dict[str, Any], key: str) -> list[Any]:
     if not isinstance(body[key], list):
-        raise _bad(key, "must be a list")
+        raise bad_field(key, "must be a list")
     return body[key]
 
 
@@ -72,7 +66,7 @@ def _system(system: Any) -> list[dict[str, Any]]:
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
     if not isinstance(system, list):
-        raise _bad("system", "must be text or a list of text blocks")
+        raise bad_field("system", "must be text or a list of text blocks")
     return [{"role": "system", "content": "".join(
         _text(b, f"system.{i}") for i, b in enumerate(system))}]
 
@@ -80,7 +74,7 @@ def _system(system: Any) -> list[dict[str, Any]]:
 def _text(block: Any, param: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(
             block.get("text"), str):
-        raise _bad(param, "must be a text block: {\"type\": \"text\", \"text\": ...}")
+        raise bad_field(param, "must be a text block: {\"type\": \"text\", \"text\": ...}")
     return block["text"]
 
 
@@ -88,12 +82,12 @@ def _message(msg: Any, param: str) -> list[dict[str, Any]]:
     """One Anthropic message -> its chat messages (a user turn's tool results follow it as
     tool messages)."""
     if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-        raise _bad(f"{param}.role", "must be 'user' or 'assistant'")
+        raise bad_field(f"{param}.role", "must be 'user' or 'assistant'")
     content = msg.get("content")
     if isinstance(content, str):
         return [{"role": msg["role"], "content": content}]
     if not isinstance(content, list):
-        raise _bad(f"{param}.content", "must be text or a list of content blocks")
+        raise bad_field(f"{param}.content", "must be text or a list of content blocks")
     parts, calls, results, thinking = [], [], [], []
     for j, block in enumerate(content):
         where = f"{param}.content.{j}"
@@ -111,7 +105,7 @@ def _message(msg: Any, param: str) -> list[dict[str, Any]]:
         elif kind == "image":
             raise _image(where)
         else:
-            raise _bad(where, f"unknown content block type {kind!r}")
+            raise bad_field(where, f"unknown content block type {kind!r}")
     out: list[dict[str, Any]] = []
     if parts or calls or thinking:
         turn: dict[str, Any] = {"role": msg["role"], "content": parts or ""}
@@ -130,7 +124,7 @@ def _result(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{param}.content", "must be text or a list of content blocks")
+        raise bad_field(f"{param}.content", "must be text or a list of content blocks")
     for k, block in enumerate(content):
         if isinstance(block, dict) and block.get("type") == "image":
             raise _image(f"{param}.content.{k}")
@@ -138,12 +132,12 @@ def _result(content: Any, param: str) -> str:
 
 
 def _image(param: str) -> ApiError:
-    return _bad(param, "image input is not supported: this server's model takes text only")
+    return bad_field(param, "image input is not supported: this server's model takes text only")
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or "name" not in tool:
-        raise _bad(param, "a tool needs a name (and an input_schema)")
+        raise bad_field(param, "a tool needs a name (and an input_schema)")
     function = {"name": tool["name"], "parameters": tool.get("input_schema", {})}
     if tool.get("description") is not None:
         function["description"] = tool["description"]
@@ -155,12 +149,12 @@ def _tool_choice(choice: Any) -> Any:
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
     if kind not in _CHOICES:
-        raise _bad("tool_choice.type", "must be 'auto', 'any', 'tool' or 'none'")
+        raise bad_field("tool_choice.type", "must be 'auto', 'any', 'tool' or 'none'")
     return _CHOICES[kind]
 
 
 def _thinking(thinking: Any) -> bool:
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if kind not in ("enabled", "disabled"):
-        raise _bad("thinking.type", "must be 'enabled' or 'disabled'")
+        raise bad_field("thinking.type", "must be 'enabled' or 'disabled'")
     return kind == "enabled"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from muser.server.errors import ApiError
+from muser.server.errors import bad_field, refuse_unknown
 
 _PASSED = ("model", "temperature", "top_p", "top_k", "seed", "stream", "parallel_tool_calls",
            "user", "timings_per_token", "return_progress")
@@ -28,21 +28,15 @@ _KNOWN = frozenset(_PASSED + ("input", "instructions", "max_output_tokens", "too
 _TEXT_PARTS = ("input_text", "output_text")
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", "invalid_value", param)
-
-
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The Responses body -> a /v1/chat/completions body; a shape it cannot carry is a 400
     naming the field."""
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise _bad(unknown[0], "unknown field; this server does not support it (nothing is "
-                   "stored: each request carries its whole conversation)")
+    refuse_unknown(body, _KNOWN, " (nothing is stored: each request carries its whole "
+                   "conversation)")
     if body.get("store"):
-        raise _bad("store", "nothing is stored on this server: send false or leave it out")
+        raise bad_field("store", "nothing is stored on this server: send false or leave it out")
     if "input" not in body:
-        raise _bad("input", "field required")
+        raise bad_field("input", "field required")
     chat: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
     messages: list[dict[str, Any]] = []
     if body.get("instructions") is not None:
@@ -53,7 +47,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         for i, item in enumerate(body["input"]):
             _add(messages, item, f"input.{i}")
     else:
-        raise _bad("input", "must be text or a list of input items")
+        raise bad_field("input", "must be text or a list of input items")
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
@@ -69,7 +63,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 def _add(messages: list[dict[str, Any]], item: Any, param: str) -> None:
     """One input item onto the chat messages."""
     if not isinstance(item, dict):
-        raise _bad(param, "must be an input item (an object)")
+        raise bad_field(param, "must be an input item (an object)")
     kind = item.get("type", "message")
     if kind == "message":
         messages.append({"role": item.get("role"), "content": _text(item.get("content"),
@@ -86,7 +80,7 @@ def _add(messages: list[dict[str, Any]], item: Any, param: str) -> None:
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                          "content": _text(item.get("output"), f"{param}.output")})
     else:
-        raise _bad(f"{param}.type", f"{kind!r} is not an input item this server takes "
+        raise bad_field(f"{param}.type", f"{kind!r} is not an input item this server takes "
                    "(message, function_call, function_call_output)")
 
 
@@ -94,7 +88,7 @@ def _text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(param, "must be text or a list of text parts")
+        raise bad_field(param, "must be text or a list of text parts")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -102,14 +96,14 @@ def _text(content: Any, param: str) -> str:
             why = "image and file input is not supported: this server's model takes text " \
                   "only" if kind in ("input_image", "input_file") else \
                   "must be an input_text or output_text part with its text"
-            raise _bad(f"{param}.{j}", why)
+            raise bad_field(f"{param}.{j}", why)
         texts.append(part["text"])
     return "".join(texts)
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type") != "function":
-        raise _bad(param, "only function tools are supported: {\"type\": \"function\", "
+        raise bad_field(param, "only function tools are supported: {\"type\": \"function\", "
                    "\"name\", \"parameters\"}")
     function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
     return {"type": "function", "function": function}
