@@ -26,7 +26,7 @@ from pydantic import Field
 from muser.server.context import ServerContext, validate
 from muser.server.generation import Generation, GenerationStream
 from muser.server.messages_request import to_chat
-from muser.server.openai_routes import chat, chat_prompt_ids
+from muser.server.openai_routes import chat, chat_prompt_ids, chunks_of
 from muser.server.protocol import MAX_MESSAGES, ChatMessage, ChatRequest
 
 router = APIRouter()
@@ -139,11 +139,7 @@ async def _events(chunks: AsyncIterator[str], gen: Generation) -> AsyncIterator[
     """The chat stream's chunks (sample 0's) -> Anthropic's events. message_start waits for
     the first output, which tells the cached prompt tokens."""
     blocks, head, reason = _Blocks(), None, "stop"
-    async for sse in chunks:
-        data = sse.removeprefix("data: ").strip()
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
+    async for chunk in chunks_of(chunks):
         if "error" in chunk:
             yield _event("error", {"error": {"type": chunk["error"]["type"],
                                              "message": chunk["error"]["message"]}})

@@ -53,6 +53,16 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+async def chunks_of(events: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The chat stream's SSE events (sse's) -> its chunks, up to [DONE] (the Messages and
+    Responses routes translate them)."""
+    async for event in events:
+        data = event.removeprefix("data: ").strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
 def _ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 
 from muser.server.context import ServerContext, is_llama_path, validate
 from muser.server.generation import Generation, GenerationStream
-from muser.server.openai_routes import chat, chat_prompt_ids
+from muser.server.openai_routes import chat, chat_prompt_ids, chunks_of
 from muser.server.protocol import ChatRequest
 from muser.server.responses_request import to_chat
 from muser.server.results import timings
@@ -144,11 +144,7 @@ class _Stream:
 
     async def events(self, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         reason = "stop"
-        async for sse in chunks:
-            data = sse.removeprefix("data: ").strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
+        async for chunk in chunks_of(chunks):
             if "error" in chunk:
                 yield self.event("error", {"code": chunk["error"]["code"],
                                            "message": chunk["error"]["message"], "param": None})
